@@ -1,0 +1,100 @@
+"""Jobs as the scheduler sees them: a gang of workers, a queue, a priority, preemption costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.domain.cluster import WorkerPlacement
+from gpufleet.domain.errors import FieldProblem, check
+from gpufleet.domain.resources import WorkerRequest
+
+JobId = str
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job to place: `workers` identical workers placed all-or-nothing (a gang).
+
+    Elastic jobs set `min_workers < workers`: the gang of `min_workers` is placed all-or-nothing and
+    further workers up to `workers` are added when they fit. `submit_seq` is the total tie-breaker of
+    every ordering. Times are seconds on the control plane's clock.
+    """
+
+    id: JobId
+    queue: str
+    request: WorkerRequest
+    workers: int = 1
+    min_workers: int | None = None
+    priority: int = 0
+    preemptible: bool = True
+    submit_seq: int = 0
+    submitted_at: float = 0.0
+    expected_duration: float | None = None
+    checkpoint_interval: float | None = None
+    attained_gpu_seconds: float = 0.0
+    job_type: str = ""
+
+    def __post_init__(self) -> None:
+        problems: list[FieldProblem] = []
+        if not self.id:
+            problems.append(FieldProblem("id", "is empty", "give the job an id"))
+        if not self.queue or not self.queue.strip():
+            problems.append(FieldProblem("queue", "is empty", "name the team queue to submit to"))
+        if self.workers < 1:
+            problems.append(FieldProblem("workers", f"is {self.workers}", "ask for 1 or more workers"))
+        if self.min_workers is not None and not 1 <= self.min_workers <= self.workers:
+            problems.append(
+                FieldProblem(
+                    "min_workers",
+                    f"is {self.min_workers} with workers={self.workers}",
+                    "give 1 <= min_workers <= workers",
+                )
+            )
+        if self.request.fractional and self.workers > 1:
+            problems.append(
+                FieldProblem("workers", "a gang of fractional-GPU workers", "use whole GPUs for multi-worker jobs")
+            )
+        if self.expected_duration is not None and self.expected_duration <= 0:
+            problems.append(FieldProblem("expected_duration", "is not positive", "give seconds > 0"))
+        if self.checkpoint_interval is not None and self.checkpoint_interval <= 0:
+            problems.append(FieldProblem("checkpoint_interval", "is not positive", "give seconds > 0"))
+        if self.attained_gpu_seconds < 0:
+            problems.append(FieldProblem("attained_gpu_seconds", "is negative", "give >= 0"))
+        check(problems, f"job {self.id!r}")
+
+    @property
+    def gang_size(self) -> int:
+        """Workers that must be placed together for the job to start."""
+        return self.min_workers if self.min_workers is not None else self.workers
+
+    @property
+    def gpu_milli_total(self) -> int:
+        return self.request.gpu_milli_total * self.workers
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job that holds resources now (running, launching, or evicting).
+
+    `last_checkpoint_at` is when its work was last saved: preempting it loses the work since then.
+    `evicting_for` is set while it is being preempted for another job.
+    """
+
+    job: Job
+    workers: tuple[WorkerPlacement, ...]
+    started_at: float = 0.0
+    last_checkpoint_at: float | None = None
+    evicting_for: JobId | None = None
+
+    @property
+    def id(self) -> JobId:
+        return self.job.id
+
+    @property
+    def evicting(self) -> bool:
+        return self.evicting_for is not None
+
+    def lost_work_seconds(self, now: float) -> float:
+        """Seconds of work lost if it were stopped at `now` (since its last checkpoint or start)."""
+        saved = self.last_checkpoint_at if self.last_checkpoint_at is not None else self.started_at
+        return max(0.0, now - max(saved, self.started_at))

@@ -1,0 +1,103 @@
+"""Queues (one per team), cohorts that share idle quota, and quotas per resource and per GPU model.
+
+Quota semantics follow Kueue's ClusterQueue/cohort model:
+
+- `nominal`: what the queue is guaranteed (None: unlimited).
+- `borrowing_limit`: how much above nominal it may use from its cohort's idle quota (None: no limit
+  beyond what the cohort has idle; 0: no borrowing).
+- `lending_limit`: how much of its unused nominal it lends to the cohort (None: all of it). The rest
+  (nominal - lending_limit) stays reserved for the queue alone.
+
+Resource keys: `gpu` (milli-GPU, any model), `gpu:<MODEL>` (milli-GPU of one model), `cpu`
+(milli-cores), `memory` (bytes). A queue that names per-model GPU quotas may only use those models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpufleet.domain.errors import FieldProblem, check
+
+GPU = "gpu"
+CPU = "cpu"
+MEMORY = "memory"
+GPU_MODEL_PREFIX = "gpu:"
+
+
+def gpu_model_key(model: str) -> str:
+    return GPU_MODEL_PREFIX + model
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    nominal: int | None = None
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+    @property
+    def guaranteed(self) -> int:
+        """The part of nominal that is never lent."""
+        if self.nominal is None:
+            return 0
+        if self.lending_limit is None:
+            return 0
+        return max(0, self.nominal - self.lending_limit)
+
+    @property
+    def lendable(self) -> int:
+        if self.nominal is None:
+            return 0
+        return self.nominal - self.guaranteed
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """A team's queue. `weight` scales its fair share; `cohort` names the group it borrows within."""
+
+    name: str
+    quotas: Mapping[str, Quota] = field(default_factory=dict)
+    cohort: str | None = None
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        problems: list[FieldProblem] = []
+        if not self.name or not self.name.strip():
+            problems.append(FieldProblem("name", "is empty", "name the queue, e.g. team-a"))
+        if not self.weight > 0:
+            problems.append(FieldProblem("weight", f"is {self.weight}", "give a weight > 0"))
+        if self.cohort is not None and not self.cohort.strip():
+            problems.append(FieldProblem("cohort", "is empty", "name the cohort or leave it unset"))
+        for key, quota in self.quotas.items():
+            if key not in (GPU, CPU, MEMORY) and not (key.startswith(GPU_MODEL_PREFIX) and len(key) > 4):
+                problems.append(
+                    FieldProblem(f"quotas.{key}", "is not a resource", "use gpu, gpu:<MODEL>, cpu or memory")
+                )
+            for what, value in (
+                ("nominal", quota.nominal),
+                ("borrowing_limit", quota.borrowing_limit),
+                ("lending_limit", quota.lending_limit),
+            ):
+                if value is not None and value < 0:
+                    problems.append(FieldProblem(f"quotas.{key}.{what}", f"is {value}", "give 0 or more"))
+            if quota.lending_limit is not None and quota.nominal is not None and (quota.lending_limit > quota.nominal):
+                problems.append(
+                    FieldProblem(f"quotas.{key}.lending_limit", "is above nominal", "lend at most the nominal quota")
+                )
+            if quota.nominal is None and quota.borrowing_limit is not None:
+                problems.append(
+                    FieldProblem(
+                        f"quotas.{key}.borrowing_limit",
+                        "is set on an unlimited quota",
+                        "set a nominal quota, or drop the borrowing limit",
+                    )
+                )
+        check(problems, f"queue {self.name!r}")
+
+    @property
+    def model_quotas(self) -> frozenset[str]:
+        """GPU models this queue has a per-model quota for (empty: any model, within `gpu`)."""
+        return frozenset(k[len(GPU_MODEL_PREFIX) :] for k in self.quotas if k.startswith(GPU_MODEL_PREFIX))
+
+
+DEFAULT_QUEUE = "default"

@@ -1,0 +1,54 @@
+"""The immutable input of a scheduling cycle and the decisions that come out of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.domain.cluster import Node, WorkerPlacement
+from gpufleet.domain.errors import FieldProblem, check
+from gpufleet.domain.jobs import JobId, RunningJob
+from gpufleet.domain.quotas import QueueSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """The cluster as one cycle sees it: nodes, what runs on them, queues, and the time `now`.
+
+    Jobs whose placement was decided but not yet confirmed are in `running` too (assume-then-bind).
+    """
+
+    nodes: tuple[Node, ...]
+    running: tuple[RunningJob, ...] = ()
+    queues: tuple[QueueSpec, ...] = ()
+    now: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems: list[FieldProblem] = []
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            problems.append(FieldProblem("nodes", "node names repeat", "give every node a unique name"))
+        queue_names = [q.name for q in self.queues]
+        if len(set(queue_names)) != len(queue_names):
+            problems.append(FieldProblem("queues", "queue names repeat", "give every queue a unique name"))
+        ids = [r.id for r in self.running]
+        if len(set(ids)) != len(ids):
+            problems.append(FieldProblem("running", "a job id runs twice", "each job runs once"))
+        check(problems, "cluster snapshot")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A decision: start `job` with these workers (all of them, for a gang)."""
+
+    job: JobId
+    workers: tuple[WorkerPlacement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """A decision: stop `victim` (checkpoint signal, grace period) to make room for `for_job`."""
+
+    victim: JobId
+    for_job: JobId
+    reason: str

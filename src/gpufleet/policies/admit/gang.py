@@ -1,0 +1,98 @@
+"""Admission: can the whole gang ever fit, and could it fit now? All-or-nothing, across nodes.
+
+Requests no node or the whole cluster could ever hold are UNRESOLVABLE with the reason (more GPUs
+per worker than any node has, an unknown model, more workers than the cluster holds). A gang that
+cannot fit in what is free now is rejected here at once, without trying worker by worker.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from gpufleet.domain.resources import MILLI_PER_GPU
+from gpufleet.scheduling.plugins import JobView
+from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.status import SUCCESS, Status, unresolvable, unschedulable
+from gpufleet.scheduling.table import BoolArray, IntArray
+
+NAME = "gang"
+
+
+def _capable_gpus(lut: BoolArray, gpu_memory: int, state: CycleState) -> BoolArray:
+    """GPUs of an allowed model with enough memory, free or not (depends on capacity only)."""
+    table = state.table
+    return state.memo(
+        ("gang.capable", lut.tobytes(), gpu_memory),
+        lambda: lut[table.gpu_model] & table.gpu_exists & (table.gpu_mem_total >= gpu_memory),
+    )
+
+
+def _workers_per_node(view: JobView, state: CycleState, gpus_per_node: IntArray) -> IntArray:
+    request = view.job.request
+    table = state.table
+    per_node = gpus_per_node // request.gpus if request.gpus else np.full(len(table), 1 << 30)
+    if request.cpu_milli:
+        per_node = np.minimum(per_node, table.cpu_free // request.cpu_milli)
+    if request.memory:
+        per_node = np.minimum(per_node, table.mem_free // request.memory)
+    return np.asarray(per_node, dtype=np.int64)
+
+
+class GangAdmission:
+    name: ClassVar[str] = NAME
+
+    def admit(self, view: JobView, state: CycleState) -> Status:
+        job = view.job
+        request = job.request
+        table = state.table
+        models = request.models
+        if models and not any(m in table.model_index for m in models):
+            have = ", ".join(table.models) or "none"
+            return unresolvable(NAME, f"no node has GPU model {'|'.join(sorted(models))} (the cluster has: {have})")
+        if request.cpu_milli > int(table.cpu_total.max(initial=0)):
+            largest_cpu = int(table.cpu_total.max(initial=0)) / 1000
+            return unresolvable(
+                NAME, f"needs {request.cpu_milli / 1000:g} CPUs per worker; the largest node has {largest_cpu:g}"
+            )
+        if request.memory > int(table.mem_total.max(initial=0)):
+            return unresolvable(NAME, "needs more memory per worker than any node has")
+        if request.gpus:
+            # Whether it could ever fit depends on the spec's models, not on today's quota.
+            capable = _capable_gpus(table.model_lut(models), request.gpu_memory, state)
+            capacity = capable.sum(axis=1)
+            largest = int(capacity.max(initial=0))
+            what = "|".join(sorted(models)) if models else "any model"
+            if request.gpus > largest:
+                if largest == 0 and request.gpu_memory:
+                    return unresolvable(
+                        NAME,
+                        f"no GPU ({what}) has {request.gpu_memory / 1024**3:g} GiB of memory",
+                    )
+                return unresolvable(
+                    NAME, f"needs {request.gpus} GPUs ({what}) on one node; the largest node has {largest}"
+                )
+            ever = int((capacity // request.gpus).sum())
+            if job.gang_size > ever:
+                return unresolvable(
+                    NAME,
+                    f"gang of {job.gang_size} workers x {request.gpus} GPUs ({what}); the cluster can hold at "
+                    f"most {ever} such workers",
+                )
+        if job.gang_size == 1:
+            return SUCCESS
+        if request.gpus:
+            free = _capable_gpus(view.model_lut, request.gpu_memory, state) & table.schedulable[:, None]
+            if request.fractional:
+                free = free & (table.gpu_milli_free >= request.gpu_milli)
+            else:
+                free = free & (table.gpu_milli_free == MILLI_PER_GPU)
+            now = int(_workers_per_node(view, state, free.sum(axis=1)).sum())
+        else:
+            now = int(_workers_per_node(view, state, np.zeros(len(table), dtype=np.int64))[table.schedulable].sum())
+        if now < job.gang_size:
+            return unschedulable(
+                NAME, f"gang of {job.gang_size} workers: only {now} fit in what is free now (all or nothing)"
+            )
+        return SUCCESS

@@ -1,0 +1,60 @@
+"""Admission: the queue's quota (nominal + borrowing from its cohort), per resource and per GPU model.
+
+A job that could fit under several GPU models keeps only the models its queue still has quota for;
+the filters then see only GPUs of those models.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from gpufleet.domain.quotas import CPU, GPU, MEMORY, gpu_model_key
+from gpufleet.scheduling.ledger import QuotaVerdict
+from gpufleet.scheduling.plugins import JobView
+from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.status import SUCCESS, Code, Status
+
+NAME = "quota"
+
+
+def _status(verdicts: list[QuotaVerdict]) -> Status:
+    code = Code.UNRESOLVABLE if all(not v.ever for v in verdicts) else Code.UNSCHEDULABLE
+    return Status(code, tuple(dict.fromkeys(v.reason for v in verdicts)), NAME)
+
+
+class QuotaAdmission:
+    name: ClassVar[str] = NAME
+
+    def admit(self, view: JobView, state: CycleState) -> Status:
+        job = view.job
+        ledger = state.ledger
+        spec = ledger.queues.get(job.queue)
+        if spec is None or not spec.quotas:
+            return SUCCESS
+        request = job.request
+        n = job.gang_size
+        failed = [
+            verdict
+            for key, amount in (
+                (GPU, request.gpu_milli_total * n),
+                (CPU, request.cpu_milli * n),
+                (MEMORY, request.memory * n),
+            )
+            if not (verdict := ledger.fits(job.queue, key, amount)).fits
+        ]
+        if failed:
+            return _status(failed)
+        if not request.gpus or (not spec.model_quotas and not any(k.startswith("gpu:") for k in spec.quotas)):
+            return SUCCESS
+        demand = request.gpu_milli_total * n
+        lut = view.model_lut
+        refused: list[QuotaVerdict] = []
+        for model_id, model in enumerate(state.table.models):
+            if lut[model_id]:
+                verdict = ledger.fits(job.queue, gpu_model_key(model), demand)
+                if not verdict.fits:
+                    lut[model_id] = False
+                    refused.append(verdict)
+        if not lut[: len(state.table.models)].any():
+            return _status(refused) if refused else Status(Code.UNSCHEDULABLE, ("no GPU model left",), NAME)
+        return SUCCESS

@@ -1,0 +1,36 @@
+"""Score: best-fit bin packing. Nodes left with the least free GPU after placement score highest,
+so large holes stay open for large jobs (and CPU-only workers pack by CPU)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from gpufleet.scheduling.plugins import GangContext, JobView
+from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray
+
+NAME = "bin_pack"
+
+
+def free_fraction_after(view: JobView, state: CycleState, candidates: IntArray) -> FloatArray:
+    """Fraction of each candidate node's capacity left free once the worker is placed there."""
+    table = state.table
+    request = view.job.request
+    if request.gpus:
+        free = table.gpu_milli_free[candidates].sum(axis=1) - request.gpu_milli_total
+        total = table.gpu_milli_total[candidates]
+    else:
+        free = table.cpu_free[candidates] - request.cpu_milli
+        total = table.cpu_total[candidates]
+    return np.asarray(np.clip(free / np.maximum(total, 1), 0.0, 1.0), dtype=np.float64)
+
+
+class BinPack:
+    name: ClassVar[str] = NAME
+
+    def score(
+        self, view: JobView, state: CycleState, usable: BoolArray, candidates: IntArray, gang: GangContext
+    ) -> FloatArray:
+        return 100.0 * (1.0 - free_fraction_after(view, state, candidates))

@@ -1,0 +1,1 @@
+"""Plugins of one extension point: one module each."""

@@ -1,0 +1,53 @@
+"""GPU selection inside a node that keeps whole GPUs whole and NVLink groups intact.
+
+Whole GPUs: the NVLink group with the fewest usable GPUs that still holds the worker (best fit),
+else the largest groups first. A fraction: the already-shared GPU with the least room that fits,
+else a whole GPU from the group with the fewest free ones.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from gpufleet.domain.errors import GpufleetError
+from gpufleet.domain.resources import MILLI_PER_GPU
+from gpufleet.scheduling.plugins import JobView
+from gpufleet.scheduling.table import BoolArray, NodeTable
+
+NAME = "pack"
+
+
+class PackGpus:
+    name: ClassVar[str] = NAME
+
+    def select(self, view: JobView, table: NodeTable, node: int, usable: BoolArray) -> tuple[int, ...]:
+        request = view.job.request
+        indices = [int(i) for i in np.flatnonzero(usable)]
+        groups = table.gpu_nvlink[node]
+        if request.fractional:
+            free = table.gpu_milli_free[node]
+            shared = [i for i in indices if free[i] < MILLI_PER_GPU]
+            if shared:
+                return (min(shared, key=lambda i: (int(free[i]), i)),)
+            whole_free_per_group: dict[int, int] = {}
+            for i in indices:
+                whole_free_per_group[int(groups[i])] = whole_free_per_group.get(int(groups[i]), 0) + 1
+            return (min(indices, key=lambda i: (whole_free_per_group[int(groups[i])], i)),)
+        by_group: dict[int, list[int]] = {}
+        for i in indices:
+            by_group.setdefault(int(groups[i]), []).append(i)
+        fitting = [g for g, members in by_group.items() if len(members) >= request.gpus]
+        if fitting:
+            best = min(fitting, key=lambda g: (len(by_group[g]), g))
+            return tuple(by_group[best][: request.gpus])
+        chosen: list[int] = []
+        for group in sorted(by_group, key=lambda g: (-len(by_group[g]), g)):
+            chosen.extend(by_group[group][: request.gpus - len(chosen)])
+            if len(chosen) == request.gpus:
+                return tuple(sorted(chosen))
+        raise GpufleetError(
+            f"node {table.names[node]} passed the filters with too few usable GPUs for job {view.job.id}",
+            "this is a bug in a filter plugin; report it with the snapshot",
+        )

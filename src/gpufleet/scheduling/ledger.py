@@ -1,0 +1,176 @@
+"""Quota accounting for one cycle: what each queue uses, and whether a request fits its quota.
+
+Semantics (see `gpufleet.domain.quotas`): a queue may use up to nominal + borrowing_limit; what it
+uses above its guaranteed part draws on its cohort's pool of lendable quota, which must not be
+overdrawn. A queue without a cohort is its own pool.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpufleet.domain.quotas import CPU, GPU, GPU_MODEL_PREFIX, MEMORY, QueueSpec, Quota, gpu_model_key
+from gpufleet.domain.resources import MILLI_PER_GPU
+
+Usage = Mapping[str, int]
+
+
+def format_amount(key: str, amount: int | float) -> str:
+    if key == GPU or key.startswith(GPU_MODEL_PREFIX):
+        return f"{amount / MILLI_PER_GPU:g}"
+    if key == CPU:
+        return f"{amount / 1000:g}"
+    return f"{amount / 1024**3:g} GiB"
+
+
+def resource_label(key: str) -> str:
+    if key == GPU:
+        return "GPU"
+    if key.startswith(GPU_MODEL_PREFIX):
+        return key[len(GPU_MODEL_PREFIX) :]
+    return key.upper() if key == CPU else key
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaVerdict:
+    fits: bool
+    reason: str = ""
+    ever: bool = True  # False: the request exceeds what the queue could ever get
+
+
+class QuotaLedger:
+    def __init__(self, queues: Iterable[QueueSpec]) -> None:
+        self.queues: dict[str, QueueSpec] = {q.name: q for q in queues}
+        self.usage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.members: dict[str, tuple[str, ...]] = {}
+        cohorts: dict[str, list[str]] = defaultdict(list)
+        for q in sorted(self.queues.values(), key=lambda q: q.name):
+            if q.cohort is not None:
+                cohorts[q.cohort].append(q.name)
+        self.members = {c: tuple(names) for c, names in cohorts.items()}
+        # A cohort's pool for a resource: the sum of its members' lendable quota; and its usage.
+        self.pool_used: dict[tuple[str, str], int] = defaultdict(int)
+
+    def quota(self, queue: str, key: str) -> Quota | None:
+        spec = self.queues.get(queue)
+        if spec is None:
+            return None
+        quota = spec.quotas.get(key)
+        if quota is None and key.startswith(GPU_MODEL_PREFIX) and spec.model_quotas:
+            return Quota(nominal=0, borrowing_limit=0)  # per-model quotas list what the queue may use
+        return quota
+
+    def pool_capacity(self, cohort: str, key: str) -> int:
+        total = 0
+        for member in self.members.get(cohort, ()):
+            quota = self.quota(member, key)
+            if quota is not None:
+                total += quota.lendable
+        return total
+
+    def _over_guaranteed(self, queue: str, key: str, used: int) -> int:
+        quota = self.quota(queue, key)
+        if quota is None or quota.nominal is None:
+            return 0  # an unlimited quota does not draw on the cohort's pool
+        return max(0, used - quota.guaranteed)
+
+    def add(self, queue: str, usage: Usage, sign: int = 1) -> None:
+        spec = self.queues.get(queue)
+        row = self.usage[queue]
+        for key, amount in usage.items():
+            before = row[key]
+            row[key] = before + sign * amount
+            if spec is not None and spec.cohort is not None:
+                delta = self._over_guaranteed(queue, key, row[key]) - self._over_guaranteed(queue, key, before)
+                self.pool_used[(spec.cohort, key)] += delta
+
+    def used(self, queue: str, key: str) -> int:
+        return self.usage[queue][key] if queue in self.usage else 0
+
+    def fits(self, queue: str, key: str, amount: int) -> QuotaVerdict:
+        quota = self.quota(queue, key)
+        if quota is None or quota.nominal is None or amount == 0:
+            return QuotaVerdict(True)
+        label = resource_label(key)
+        used = self.used(queue, key)
+        spec = self.queues[queue]
+        borrow = quota.borrowing_limit
+        if spec.cohort is None:
+            borrow = 0
+        limit = None if borrow is None else quota.nominal + borrow
+        if spec.cohort is not None and borrow is None:
+            limit = quota.guaranteed + self.pool_capacity(spec.cohort, key)
+        if limit is not None and amount > limit:
+            return QuotaVerdict(
+                False,
+                f"queue {queue} asks for {format_amount(key, amount)} {label} but its {label} quota allows "
+                f"at most {format_amount(key, limit)}",
+                ever=False,
+            )
+        if limit is not None and used + amount > limit:
+            allowance = (
+                f"nominal {format_amount(key, quota.nominal)}"
+                if limit == quota.nominal
+                else f"nominal {format_amount(key, quota.nominal)} + borrowing = {format_amount(key, limit)}"
+            )
+            return QuotaVerdict(
+                False,
+                f"queue {queue} at its {label} quota ({format_amount(key, used)}/{format_amount(key, limit)}: "
+                f"asks {format_amount(key, amount)} more, may use {allowance})",
+            )
+        if spec.cohort is None:
+            return QuotaVerdict(True)
+        over_after = self._over_guaranteed(queue, key, used + amount)
+        over_before = self._over_guaranteed(queue, key, used)
+        pool_used = self.pool_used[(spec.cohort, key)]
+        capacity = self.pool_capacity(spec.cohort, key)
+        if pool_used + over_after - over_before > capacity:
+            return QuotaVerdict(
+                False,
+                f"cohort {spec.cohort} has no idle {label} quota "
+                f"({format_amount(key, pool_used)}/{format_amount(key, capacity)} in use; "
+                f"queue {queue} uses {format_amount(key, used)} of its nominal {format_amount(key, quota.nominal)})",
+            )
+        return QuotaVerdict(True)
+
+    def within_nominal(self, queue: str, usage: Usage) -> bool:
+        """Whether the queue stays within its nominal quota after adding `usage` (reclaim may help)."""
+        for key, amount in usage.items():
+            quota = self.quota(queue, key)
+            if quota is not None and quota.nominal is not None and self.used(queue, key) + amount > quota.nominal:
+                return False
+        return True
+
+    def over_nominal(self, queue: str) -> bool:
+        """Whether the queue borrows now: uses more than its nominal quota of some resource."""
+        for key, used in self.usage.get(queue, {}).items():
+            quota = self.quota(queue, key)
+            if quota is not None and quota.nominal is not None and used > quota.nominal:
+                return True
+        return False
+
+    def protected(self, queue: str) -> bool:
+        """A queue within a finite nominal quota is protected from preemption by other queues."""
+        spec = self.queues.get(queue)
+        if spec is None or not spec.quotas:
+            return False
+        if not any(q.nominal is not None for q in spec.quotas.values()):
+            return False
+        return not self.over_nominal(queue)
+
+
+def job_usage(gpu_milli: int, cpu_milli: int, memory: int, models: Mapping[str, int]) -> dict[str, int]:
+    """Quota usage of a placement: total milli-GPU, per model, CPU and memory (zero entries omitted)."""
+    usage: dict[str, int] = {}
+    if gpu_milli:
+        usage[GPU] = gpu_milli
+    for model, milli in models.items():
+        if milli:
+            usage[gpu_model_key(model)] = usage.get(gpu_model_key(model), 0) + milli
+    if cpu_milli:
+        usage[CPU] = cpu_milli
+    if memory:
+        usage[MEMORY] = memory
+    return usage

@@ -1,0 +1,109 @@
+"""Placing one job on the working state: filters, scores and GPU selection per worker, gangs all-or-nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpufleet.domain.cluster import GpuShare, WorkerPlacement
+from gpufleet.scheduling.plugins import FilterResult, GangContext, JobView, Profile
+from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.status import Code, Status, unschedulable
+from gpufleet.scheduling.table import BoolArray
+
+PLUGIN = "placement"
+
+
+def explain_nodes(total: int, results: list[FilterResult]) -> str:
+    """`0/1000 nodes fit: 700 too few free GPUs, 300 wrong GPU model` (first failing check per node)."""
+    undecided = np.ones(total, dtype=np.bool_)
+    counts: dict[str, int] = {}
+    for result in results:
+        for reason, passed in result.checks:
+            failing = undecided & ~passed
+            n = int(failing.sum())
+            if n:
+                counts[reason] = counts.get(reason, 0) + n
+                undecided &= passed
+    fitting = int(undecided.sum())
+    listed = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{fitting}/{total} nodes fit" + (f": {listed}" if listed else "")
+
+
+def evaluate(profile: Profile, view: JobView, state: CycleState) -> tuple[BoolArray, BoolArray, list[FilterResult]]:
+    """Run every filter: the GPUs usable per node, the nodes that pass, and the checks (for reasons)."""
+    table = state.table
+    usable = table.gpu_exists.copy()
+    passed = np.ones(len(table), dtype=np.bool_)
+    results: list[FilterResult] = []
+    for plugin in profile.filters:
+        result = plugin.filter(view, state, usable)
+        results.append(result)
+        for _, mask in result.checks:
+            passed &= mask
+    return usable, passed, results
+
+
+def choose_node(
+    profile: Profile, view: JobView, state: CycleState, usable: BoolArray, passed: BoolArray, gang: GangContext
+) -> int:
+    candidates = np.flatnonzero(passed)
+    if len(candidates) == 1 or not profile.scores:
+        return int(candidates[0])
+    total = np.zeros(len(candidates), dtype=np.float64)
+    for plugin, weight in profile.scores:
+        total += weight * plugin.score(view, state, usable, candidates, gang)
+    # argmax returns the first maximum: the lowest node index, so ties break by node name.
+    return int(candidates[int(np.argmax(total))])
+
+
+def make_worker(view: JobView, state: CycleState, node: int, gpus: tuple[int, ...]) -> WorkerPlacement:
+    request = view.job.request
+    table = state.table
+    if request.fractional:
+        shares = tuple(GpuShare(g, request.gpu_milli, request.gpu_memory) for g in gpus)
+    else:
+        shares = tuple(GpuShare(g, 1000, int(table.gpu_mem_total[node, g])) for g in gpus)
+    return WorkerPlacement(table.names[node], shares, request.cpu_milli, request.memory)
+
+
+def place_worker(profile: Profile, view: JobView, state: CycleState, gang: GangContext) -> WorkerPlacement | Status:
+    """Place one worker and apply it to the table, or say why no node fits."""
+    usable, passed, results = evaluate(profile, view, state)
+    if not passed.any():
+        return unschedulable(PLUGIN, explain_nodes(len(state.table), results))
+    node = choose_node(profile, view, state, usable, passed, gang)
+    gpus = profile.select.select(view, state.table, node, usable[node]) if view.job.request.gpus else ()
+    worker = make_worker(view, state, node, gpus)
+    state.table.apply(worker, -1)
+    gang.nodes.append(node)
+    return worker
+
+
+def place_gang(profile: Profile, view: JobView, state: CycleState, size: int) -> tuple[WorkerPlacement, ...] | Status:
+    """Place `size` workers all-or-nothing; on failure the table is exactly as before."""
+    gang = GangContext()
+    placed: list[WorkerPlacement] = []
+    for k in range(size):
+        outcome = place_worker(profile, view, state, gang)
+        if isinstance(outcome, Status):
+            for worker in placed:
+                state.table.apply(worker, +1)
+            if size == 1:
+                return outcome
+            return Status(
+                Code.UNSCHEDULABLE,
+                (f"gang of {size} workers: only {k} fit together; worker {k + 1}: {outcome.message()}",),
+                PLUGIN,
+            )
+        placed.append(outcome)
+    return tuple(placed)
+
+
+def fits(profile: Profile, view: JobView, state: CycleState, size: int) -> bool:
+    """Whether the job would fit now (a trial placement that is undone)."""
+    outcome = place_gang(profile, view, state, size)
+    if isinstance(outcome, Status):
+        return False
+    for worker in outcome:
+        state.table.apply(worker, +1)
+    return True

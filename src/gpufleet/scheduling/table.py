@@ -1,0 +1,126 @@
+"""The cluster as arrays (struct of arrays), so filters and scores work on every node at once.
+
+Shape conventions: `[N]` per node, `[N, G]` per GPU slot, where G is the most GPUs any node has;
+slots beyond a node's GPUs have `gpu_exists == False`. Nodes are sorted by name, so an index is a
+stable, deterministic tie-breaker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from gpufleet.domain.cluster import GpuShare, Node, WorkerPlacement
+from gpufleet.domain.errors import GpufleetError
+from gpufleet.domain.resources import MILLI_PER_GPU
+
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+NO_MODEL = -1
+
+
+def rows_any(mask: BoolArray) -> BoolArray:
+    """Per node: whether any GPU slot of the row is set."""
+    return np.asarray(mask.any(axis=1), dtype=np.bool_)
+
+
+def rows_count(mask: BoolArray) -> IntArray:
+    """Per node: how many GPU slots of the row are set."""
+    return np.asarray(mask.sum(axis=1), dtype=np.int64)
+
+
+class NodeTable:
+    """Capacity and free resources of every node and GPU. Mutable: a cycle allocates as it decides."""
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        ordered = sorted(nodes, key=lambda n: n.name)
+        self.names: tuple[str, ...] = tuple(n.name for n in ordered)
+        self.index: dict[str, int] = {name: i for i, name in enumerate(self.names)}
+        self.models: tuple[str, ...] = tuple(sorted({g.model for n in ordered for g in n.gpus}))
+        self.model_index: dict[str, int] = {m: i for i, m in enumerate(self.models)}
+        racks = sorted({n.rack for n in ordered})
+        zones = sorted({n.zone for n in ordered})
+        rack_ids = {r: i for i, r in enumerate(racks)}
+        zone_ids = {z: i for i, z in enumerate(zones)}
+
+        n_nodes = len(ordered)
+        width = max((len(n.gpus) for n in ordered), default=0)
+        self.width = width
+        self.gpu_exists = np.zeros((n_nodes, width), dtype=np.bool_)
+        self.gpu_model = np.full((n_nodes, width), NO_MODEL, dtype=np.int64)
+        self.gpu_mem_total = np.zeros((n_nodes, width), dtype=np.int64)
+        self.gpu_nvlink = np.zeros((n_nodes, width), dtype=np.int64)
+        self.gpu_uuid: list[tuple[str, ...]] = []
+        for i, node in enumerate(ordered):
+            k = len(node.gpus)
+            if k:
+                self.gpu_exists[i, :k] = True
+                self.gpu_model[i, :k] = [self.model_index[g.model] for g in node.gpus]
+                self.gpu_mem_total[i, :k] = [g.memory for g in node.gpus]
+                self.gpu_nvlink[i, :k] = [g.nvlink_group for g in node.gpus]
+            self.gpu_uuid.append(tuple(g.uuid for g in node.gpus))
+        self.gpu_milli_free = np.where(self.gpu_exists, MILLI_PER_GPU, 0).astype(np.int64)
+        self.gpu_mem_free = self.gpu_mem_total.copy()
+        self.cpu_total = np.array([n.cpu_milli for n in ordered], dtype=np.int64)
+        self.mem_total = np.array([n.memory for n in ordered], dtype=np.int64)
+        self.cpu_free = self.cpu_total.copy()
+        self.mem_free = self.mem_total.copy()
+        self.schedulable = np.array([n.schedulable for n in ordered], dtype=np.bool_)
+        self.rack = np.array([rack_ids[n.rack] for n in ordered], dtype=np.int64)
+        self.zone = np.array([zone_ids[n.zone] for n in ordered], dtype=np.int64)
+        self.gpu_count = self.gpu_exists.sum(axis=1).astype(np.int64)
+        self.nvlink_groups = int(self.gpu_nvlink.max()) + 1 if width else 1
+        # Per node, total milli-GPU capacity: the denominator of packing scores.
+        self.gpu_milli_total = self.gpu_count * MILLI_PER_GPU
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def model_lut(self, models: frozenset[str]) -> BoolArray:
+        """A lookup table over model ids (plus a last slot for "no GPU") of the allowed models."""
+        lut = np.zeros(len(self.models) + 1, dtype=np.bool_)
+        if not models:
+            lut[: len(self.models)] = True
+        else:
+            for model in models:
+                idx = self.model_index.get(model)
+                if idx is not None:
+                    lut[idx] = True
+        return lut
+
+    def apply(self, worker: WorkerPlacement, sign: int) -> None:
+        """Take (sign=-1) or give back (sign=+1) what a worker holds on its node."""
+        i = self.index.get(worker.node)
+        if i is None:
+            raise GpufleetError(
+                f"a placement names node {worker.node!r}, which is not in the snapshot",
+                "rebuild the snapshot from the store; a node was removed while jobs still ran on it",
+            )
+        self.cpu_free[i] += sign * worker.cpu_milli
+        self.mem_free[i] += sign * worker.memory
+        for share in worker.gpus:
+            self.gpu_milli_free[i, share.index] += sign * share.milli
+            self.gpu_mem_free[i, share.index] += sign * share.memory
+
+    def worker_fits_capacity(self, worker: WorkerPlacement) -> bool:
+        """Whether the node still has room for this worker's exact shares (used to check a snapshot)."""
+        i = self.index[worker.node]
+        if self.cpu_free[i] < worker.cpu_milli or self.mem_free[i] < worker.memory:
+            return False
+        return all(
+            share.index < self.gpu_count[i]
+            and self.gpu_milli_free[i, share.index] >= share.milli
+            and self.gpu_mem_free[i, share.index] >= share.memory
+            for share in worker.gpus
+        )
+
+    def share_models(self, worker: WorkerPlacement) -> tuple[str, ...]:
+        i = self.index[worker.node]
+        return tuple(self.models[int(self.gpu_model[i, s.index])] for s in worker.gpus)
+
+    def make_shares(self, node: int, indices: Iterable[int], milli: int, memory: int) -> tuple[GpuShare, ...]:
+        return tuple(GpuShare(int(g), milli, memory) for g in indices)
