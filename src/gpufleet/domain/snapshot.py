@@ -15,6 +15,8 @@ class ClusterSnapshot:
     """The cluster as one cycle sees it: nodes, what runs on them, queues, and the time `now`.
 
     Jobs whose placement was decided but not yet confirmed are in `running` too (assume-then-bind).
+    `nominated` lists pending jobs that preempted others in an earlier cycle: they go first, so the
+    room their victims left is not taken by someone else (Kubernetes' nominated pods).
     """
 
     nodes: tuple[Node, ...]
@@ -22,6 +24,7 @@ class ClusterSnapshot:
     queues: tuple[QueueSpec, ...] = ()
     now: float = 0.0
     seed: int = 0
+    nominated: tuple[JobId, ...] = ()
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []

@@ -10,14 +10,17 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.snapshot import ClusterSnapshot, Placement, Preemption
-from gpufleet.scheduling.placer import evaluate, place_gang, place_worker
+from gpufleet.scheduling.ledger import job_usage
+from gpufleet.scheduling.placer import place_gang, place_worker, run_filters
 from gpufleet.scheduling.plugins import GangContext, JobView, Profile, SortKey
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.status import Code, Status, unresolvable, wait
@@ -83,8 +86,8 @@ class _Trial:
 
     def worker_fits(self, job: Job, state: CycleState, node: int) -> bool:
         view = JobView(job, state.table.model_lut(job.request.models))
-        _, passed, _ = evaluate(self.profile, view, state)
-        return bool(passed[node])
+        _, passed, _ = run_filters(self.profile, view, state, np.array([node], dtype=np.int64))
+        return bool(passed[0])
 
 
 def _admit(profile: Profile, job: Job, state: CycleState) -> tuple[JobView, Status]:
@@ -111,25 +114,38 @@ class _Cycle:
         self.waiting: dict[JobId, Status] = {}
         self.unfit: dict[tuple[object, ...], Status] = {}
         self.no_victims: dict[tuple[object, ...], Status] = {}
+        self.searches: dict[str, int] = defaultdict(int)
+        self.failed: dict[tuple[object, ...], Status] = {}
 
     def decide(self, job: Job) -> bool:
-        """Place the job, preempt for it, or record why it waits. True if placed."""
+        """Place the job, preempt for it, or record why it waits. True if placed.
+
+        Within a cycle, free resources and quota only shrink (placements, reservations; victims
+        free nothing until they stop), so once a request failed in a queue, the same request in
+        the same queue fails again: its status is reused instead of recomputed.
+        """
         state = self.state
-        view, status = _admit(self.profile, job, state)
-        if status.ok:
-            key = _class_key(view)
-            cached = self.unfit.get(key)
-            if cached is not None:
-                status = cached
-            else:
-                outcome = place_gang(self.profile, view, state, job.gang_size)
-                if not isinstance(outcome, Status):
-                    self._commit(job, outcome)
-                    return True
-                status = outcome
-                self.unfit[key] = outcome
+        failed_key = (job.queue, job.request, job.gang_size)
+        status = self.failed.get(failed_key)
+        view: JobView | None = None
+        if status is None:
+            view, status = _admit(self.profile, job, state)
+            if status.ok:
+                key = _class_key(view)
+                cached = self.unfit.get(key)
+                if cached is not None:
+                    status = cached
+                else:
+                    outcome = place_gang(self.profile, view, state, job.gang_size)
+                    if not isinstance(outcome, Status):
+                        self._commit(job, outcome)
+                        return True
+                    status = outcome
+                    self.unfit[key] = outcome
+            self.failed[failed_key] = status
         outstanding = [v for v in state.evicting_for.get(job.id, ()) if v in state.holdings]
         if outstanding and status.code in (Code.UNSCHEDULABLE, Code.WAIT):
+            self._reserve_quota(job)
             self.waiting[job.id] = wait(
                 PLUGIN,
                 f"waiting for {len(outstanding)} preempted job(s) to stop: {', '.join(sorted(outstanding))}",
@@ -137,17 +153,22 @@ class _Cycle:
             )
             return False
         if status.code is Code.UNSCHEDULABLE and self.profile.preempt is not None:
-            status = self._preempt(view, status)
+            status = self._preempt(job, view, status)
         self.waiting[job.id] = status
         return False
 
-    def _preempt(self, view: JobView, blocked_by: Status) -> Status:
+    def _preempt(self, job: Job, view: JobView | None, blocked_by: Status) -> Status:
         assert self.profile.preempt is not None
-        job = view.job
-        key = (*_class_key(view), job.queue, job.priority)
+        # Keyed by what blocked the job too: a cached answer carries its reasons, which must be this job's.
+        key = (job.queue, job.request, job.gang_size, job.priority, blocked_by)
         cached = self.no_victims.get(key)
         if cached is not None:
             return cached
+        if self.searches[job.queue] >= self.profile.preemption_searches_per_queue:
+            return blocked_by
+        self.searches[job.queue] += 1
+        if view is None:
+            view = _admit(self.profile, job, self.state)[0]
         choice = self.profile.preempt.preempt(view, self.state, blocked_by, self.trial)
         if not choice.victims:
             self.no_victims[key] = choice.status
@@ -156,7 +177,17 @@ class _Cycle:
             self.state.evicting.add(victim)
             self.state.evicting_for[job.id].append(victim)
             self.preemptions.append(Preemption(victim, job.id, reason))
+        self._reserve_quota(job)
         return choice.status
+
+    def _reserve_quota(self, job: Job) -> None:
+        """Hold the quota a job preempted for, so that others of its queue or cohort do not take it
+        in the same cycle (else several preemptors overdraw the queue and reclaim ping-pongs)."""
+        request = job.request
+        n = job.gang_size
+        self.state.ledger.add(
+            job.queue, job_usage(request.gpu_milli_total * n, request.cpu_milli * n, request.memory * n, {})
+        )
 
     def _commit(self, job: Job, gang: tuple[WorkerPlacement, ...]) -> None:
         state = self.state
@@ -186,14 +217,15 @@ def run_cycle(snapshot: ClusterSnapshot, pending: Sequence[Job], profile: Profil
     state = cycle.state
     known_queues = {q.name for q in snapshot.queues}
     by_queue: dict[str, list[Job]] = defaultdict(list)
-    seen: set[JobId] = set()
+    # Every copy of a duplicated id is refused: deciding one copy would make the result depend on the
+    # order of `pending`, and would report the id both placed and in error.
+    copies = Counter(job.id for job in pending)
     for job in pending:
-        if job.id in seen or job.id in state.holdings:
+        if copies[job.id] > 1 or job.id in state.holdings:
             cycle.waiting[job.id] = Status(
                 Code.ERROR, (f"job {job.id} is pending twice, or pending and running at once",), PLUGIN
             )
             continue
-        seen.add(job.id)
         if known_queues and job.queue not in known_queues:
             cycle.waiting[job.id] = unresolvable(
                 PLUGIN,
@@ -203,27 +235,51 @@ def run_cycle(snapshot: ClusterSnapshot, pending: Sequence[Job], profile: Profil
         by_queue[job.queue].append(job)
 
     order = profile.order
-    queues: dict[str, list[Job]] = {}
+    queues: dict[str, list[tuple[SortKey, Job]]] = {}
     for name, jobs in by_queue.items():
-        jobs.sort(key=lambda j: (*order.job_key(j, state), j.submit_seq, j.id), reverse=True)
-        queues[name] = jobs  # a stack: the next job is last
+        keyed = [((*order.job_key(j, state), j.submit_seq, j.id), j) for j in jobs]
+        keyed.sort(key=lambda kj: kj[0], reverse=True)
+        queues[name] = keyed  # a stack: the next job is last
+    queue_keys: dict[str, tuple[int, SortKey]] = {}
 
     def rank(name: str) -> tuple[SortKey, str]:
-        head = queues[name][-1]
-        return (*order.queue_key(name, head, state), head.submit_seq, head.id), name
+        version = state.ledger.version[name]
+        cached = queue_keys.get(name)
+        if cached is None or cached[0] != version:
+            cached = (version, order.queue_key(name, state))
+            queue_keys[name] = cached
+        return (*cached[1], *queues[name][-1][0]), name
+
+    # Nominated jobs (they preempted for room in an earlier cycle) go first, in submission order.
+    nominated = set(snapshot.nominated)
+    for name in sorted(queues):
+        stack = queues[name]
+        first = [j for _, j in stack if j.id in nominated]
+        if first:
+            stack[:] = [(k, j) for k, j in stack if j.id not in nominated]
+            for job in sorted(first, key=lambda j: (j.submit_seq, j.id)):
+                cycle.decide(job)
+        if not stack:
+            del queues[name]
 
     heap = [rank(name) for name in sorted(queues)]
     heapq.heapify(heap)
     while heap:
         _, name = heapq.heappop(heap)
-        jobs = queues[name]
-        job = jobs.pop()
+        stack = queues[name]
+        _, job = stack.pop()
         placed = cycle.decide(job)
         if not placed and profile.strict_fifo and cycle.waiting[job.id].code is not Code.UNRESOLVABLE:
-            for behind in jobs:
-                cycle.waiting[behind.id] = wait(PLUGIN, f"behind job {job.id} in queue {name} (strict FIFO)")
-            jobs.clear()
-        if jobs:
+            for _, behind in stack:
+                # A job that can never run says so now, rather than waiting its turn to find out.
+                _, verdict = _admit(profile, behind, state)
+                cycle.waiting[behind.id] = (
+                    verdict
+                    if verdict.code is Code.UNRESOLVABLE
+                    else wait(PLUGIN, f"behind job {job.id} in queue {name} (strict FIFO)")
+                )
+            stack.clear()
+        if stack:
             heapq.heappush(heap, rank(name))
 
     return CycleResult(tuple(cycle.placements), tuple(cycle.preemptions), dict(sorted(cycle.waiting.items())))

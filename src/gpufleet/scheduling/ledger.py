@@ -15,6 +15,7 @@ from gpufleet.domain.quotas import CPU, GPU, GPU_MODEL_PREFIX, MEMORY, QueueSpec
 from gpufleet.domain.resources import MILLI_PER_GPU
 
 Usage = Mapping[str, int]
+_MISSING = object()
 
 
 def format_amount(key: str, amount: int | float) -> str:
@@ -52,22 +53,31 @@ class QuotaLedger:
         self.members = {c: tuple(names) for c, names in cohorts.items()}
         # A cohort's pool for a resource: the sum of its members' lendable quota; and its usage.
         self.pool_used: dict[tuple[str, str], int] = defaultdict(int)
+        self._pool_capacity: dict[tuple[str, str], int] = {}  # queues are fixed for the cycle
+        self._quota: dict[tuple[str, str], Quota | None] = {}
+        self.version: dict[str, int] = defaultdict(int)  # bumped on every change of a queue's usage
 
     def quota(self, queue: str, key: str) -> Quota | None:
+        cached = self._quota.get((queue, key), _MISSING)
+        if cached is not _MISSING:
+            return cached  # type: ignore[return-value]
         spec = self.queues.get(queue)
-        if spec is None:
-            return None
-        quota = spec.quotas.get(key)
-        if quota is None and key.startswith(GPU_MODEL_PREFIX) and spec.model_quotas:
-            return Quota(nominal=0, borrowing_limit=0)  # per-model quotas list what the queue may use
+        quota = None if spec is None else spec.quotas.get(key)
+        if spec is not None and quota is None and key.startswith(GPU_MODEL_PREFIX) and spec.model_quotas:
+            quota = Quota(nominal=0, borrowing_limit=0)  # per-model quotas list what the queue may use
+        self._quota[(queue, key)] = quota
         return quota
 
     def pool_capacity(self, cohort: str, key: str) -> int:
+        cached = self._pool_capacity.get((cohort, key))
+        if cached is not None:
+            return cached
         total = 0
         for member in self.members.get(cohort, ()):
             quota = self.quota(member, key)
             if quota is not None:
                 total += quota.lendable
+        self._pool_capacity[(cohort, key)] = total
         return total
 
     def _over_guaranteed(self, queue: str, key: str, used: int) -> int:
@@ -77,6 +87,7 @@ class QuotaLedger:
         return max(0, used - quota.guaranteed)
 
     def add(self, queue: str, usage: Usage, sign: int = 1) -> None:
+        self.version[queue] += 1
         spec = self.queues.get(queue)
         row = self.usage[queue]
         for key, amount in usage.items():

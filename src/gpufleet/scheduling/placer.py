@@ -6,9 +6,9 @@ import numpy as np
 
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.scheduling.plugins import FilterResult, GangContext, JobView, Profile
-from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.state import CycleState, Evaluation
 from gpufleet.scheduling.status import Code, Status, unschedulable
-from gpufleet.scheduling.table import BoolArray
+from gpufleet.scheduling.table import ALL_ROWS, BoolArray, IntArray, Rows, rows_count
 
 PLUGIN = "placement"
 
@@ -29,29 +29,72 @@ def explain_nodes(total: int, results: list[FilterResult]) -> str:
     return f"{fitting}/{total} nodes fit" + (f": {listed}" if listed else "")
 
 
-def evaluate(profile: Profile, view: JobView, state: CycleState) -> tuple[BoolArray, BoolArray, list[FilterResult]]:
-    """Run every filter: the GPUs usable per node, the nodes that pass, and the checks (for reasons)."""
+def run_filters(
+    profile: Profile, view: JobView, state: CycleState, rows: Rows = ALL_ROWS
+) -> tuple[BoolArray, BoolArray, list[FilterResult]]:
+    """Run every filter on `rows`: the GPUs usable there, the rows that pass, and the checks."""
     table = state.table
-    usable = table.gpu_exists.copy()
-    passed = np.ones(len(table), dtype=np.bool_)
+    usable = table.gpu_exists[rows].copy()
+    passed = np.ones(len(usable), dtype=np.bool_)
     results: list[FilterResult] = []
     for plugin in profile.filters:
-        result = plugin.filter(view, state, usable)
+        result = plugin.filter(view, state, usable, rows)
         results.append(result)
         for _, mask in result.checks:
             passed &= mask
     return usable, passed, results
 
 
-def choose_node(
-    profile: Profile, view: JobView, state: CycleState, usable: BoolArray, passed: BoolArray, gang: GangContext
-) -> int:
-    candidates = np.flatnonzero(passed)
+def largest_group(state: CycleState, usable: BoolArray, rows: Rows) -> IntArray:
+    """Per row: the most usable GPUs inside one NVLink group of the node."""
+    table = state.table
+    if table.nvlink_groups == 1:
+        return rows_count(usable)
+    groups = table.gpu_nvlink[rows]
+    best = np.zeros(len(usable), dtype=np.int64)
+    for group in range(table.nvlink_groups):
+        np.maximum(best, rows_count(usable & (groups == group)), out=best)
+    return best
+
+
+def full_evaluation(profile: Profile, view: JobView, state: CycleState) -> Evaluation:
+    """Every filter on every node, uncached."""
+    usable, passed, _ = run_filters(profile, view, state)
+    return Evaluation(usable, passed, largest_group(state, usable, ALL_ROWS), state.table.clock)
+
+
+def evaluate(profile: Profile, view: JobView, state: CycleState) -> Evaluation:
+    """Filter results for this job's request class.
+
+    Jobs with the same request and allowed models share one evaluation (an equivalence class, as in
+    kube-scheduler); after a change only the changed nodes are filtered again. The arrays returned
+    belong to the cache: read them, never write them.
+    """
+    table = state.table
+    key = (view.job.request, view.model_lut.tobytes())
+    entry = state.evaluations.get(key)
+    if entry is None:
+        entry = full_evaluation(profile, view, state)
+        state.evaluations[key] = entry
+        return entry
+    if entry.clock != table.clock:
+        dirty = np.flatnonzero(table.version > entry.clock)
+        if len(dirty):
+            usable, passed, _ = run_filters(profile, view, state, dirty)
+            entry.usable[dirty] = usable
+            entry.passed[dirty] = passed
+            entry.largest_group[dirty] = largest_group(state, usable, dirty)
+        entry.clock = table.clock
+    return entry
+
+
+def choose_node(profile: Profile, view: JobView, state: CycleState, evaluation: Evaluation, gang: GangContext) -> int:
+    candidates = np.flatnonzero(evaluation.passed)
     if len(candidates) == 1 or not profile.scores:
         return int(candidates[0])
     total = np.zeros(len(candidates), dtype=np.float64)
     for plugin, weight in profile.scores:
-        total += weight * plugin.score(view, state, usable, candidates, gang)
+        total += weight * plugin.score(view, state, evaluation, candidates, gang)
     # argmax returns the first maximum: the lowest node index, so ties break by node name.
     return int(candidates[int(np.argmax(total))])
 
@@ -68,11 +111,13 @@ def make_worker(view: JobView, state: CycleState, node: int, gpus: tuple[int, ..
 
 def place_worker(profile: Profile, view: JobView, state: CycleState, gang: GangContext) -> WorkerPlacement | Status:
     """Place one worker and apply it to the table, or say why no node fits."""
-    usable, passed, results = evaluate(profile, view, state)
-    if not passed.any():
+    evaluation = evaluate(profile, view, state)
+    if not evaluation.passed.any():
+        _, _, results = run_filters(profile, view, state)
         return unschedulable(PLUGIN, explain_nodes(len(state.table), results))
-    node = choose_node(profile, view, state, usable, passed, gang)
-    gpus = profile.select.select(view, state.table, node, usable[node]) if view.job.request.gpus else ()
+    node = choose_node(profile, view, state, evaluation, gang)
+    usable = evaluation.usable[node]
+    gpus = profile.select.select(view, state.table, node, usable) if view.job.request.gpus else ()
     worker = make_worker(view, state, node, gpus)
     state.table.apply(worker, -1)
     gang.nodes.append(node)

@@ -18,10 +18,10 @@ import numpy as np
 
 from gpufleet.domain.jobs import Job
 from gpufleet.scheduling.status import Status
-from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable
+from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable, Rows
 
 if TYPE_CHECKING:
-    from gpufleet.scheduling.state import CycleState
+    from gpufleet.scheduling.state import CycleState, Evaluation
 
 SortKey = tuple[float | int | str, ...]
 
@@ -55,11 +55,13 @@ class OrderPlugin(Protocol):
     name: ClassVar[str]
 
     def job_key(self, job: Job, state: CycleState) -> SortKey:
-        """Order of jobs within one queue (lower first). The core appends (submit_seq, id)."""
+        """Order of jobs (lower first), within a queue and between queue heads. The core appends
+        (submit_seq, id), so every order is total."""
         ...
 
-    def queue_key(self, queue: str, head: Job, state: CycleState) -> SortKey:
-        """Rank of a queue whose next job is `head` (lower goes first). Re-asked after each decision."""
+    def queue_key(self, queue: str, state: CycleState) -> SortKey:
+        """Rank of a queue before its head's `job_key` (lower goes first); () for a global order.
+        May depend on that queue's usage only: the core asks again whenever it changes."""
         ...
 
 
@@ -74,8 +76,9 @@ class AdmitPlugin(Protocol):
 class FilterPlugin(Protocol):
     name: ClassVar[str]
 
-    def filter(self, view: JobView, state: CycleState, usable: BoolArray) -> FilterResult:
-        """Narrow `usable` ([N, G], in place) to GPUs this worker could take; return node checks."""
+    def filter(self, view: JobView, state: CycleState, usable: BoolArray, rows: Rows) -> FilterResult:
+        """Look at the nodes `rows` only: narrow `usable` ([len(rows), G], in place) to the GPUs this
+        worker could take there, and return per-row checks. Must not depend on other nodes."""
         ...
 
 
@@ -83,9 +86,10 @@ class ScorePlugin(Protocol):
     name: ClassVar[str]
 
     def score(
-        self, view: JobView, state: CycleState, usable: BoolArray, candidates: IntArray, gang: GangContext
+        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
-        """Scores in [0, 100] for the candidate nodes (indices into the table), higher is better."""
+        """Scores in [0, 100] for the candidate nodes (indices into the table), higher is better.
+        `evaluation` holds the filters' results for this job over all nodes."""
         ...
 
 
@@ -133,6 +137,8 @@ class Profile:
 
     `strict_fifo`: a queue whose head cannot be placed holds the jobs behind it (no backfill),
     as Slurm without backfill and Kueue's StrictFIFO do. Otherwise jobs behind it may go first.
+    `preemption_searches_per_queue`: how many of a queue's jobs may search for victims in one cycle
+    (Kueue considers only each queue's head); the others wait for a later cycle.
     """
 
     name: str
@@ -144,6 +150,7 @@ class Profile:
     preempt: PreemptPlugin | None = None
     strict_fifo: bool = False
     elastic_grow: bool = True
+    preemption_searches_per_queue: int = 4
 
     def describe(self) -> str:
         parts = [f"order={self.order.name}"]

@@ -17,7 +17,7 @@ from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.snapshot import ClusterSnapshot
 from gpufleet.scheduling.ledger import QuotaLedger, job_usage
-from gpufleet.scheduling.table import NodeTable
+from gpufleet.scheduling.table import BoolArray, IntArray, NodeTable
 
 T = TypeVar("T")
 
@@ -32,6 +32,20 @@ class Holding:
     running: RunningJob | None  # None for a placement made in this cycle
 
 
+@dataclass(slots=True)
+class Evaluation:
+    """Filter results of one request class over all nodes, valid for node versions up to `clock`.
+
+    `usable[N, G]`: GPUs a worker could take; `passed[N]`: nodes that pass every filter;
+    `largest_group[N]`: the most usable GPUs inside one NVLink group of each node.
+    """
+
+    usable: BoolArray
+    passed: BoolArray
+    largest_group: IntArray
+    clock: int
+
+
 class CycleState:
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         self.snapshot = snapshot
@@ -43,29 +57,66 @@ class CycleState:
         self.removed: set[JobId] = set()
         self.evicting_for: dict[JobId, list[JobId]] = defaultdict(list)
         self.evicting: set[JobId] = set()
+        # Running, preemptible jobs by (queue, priority): who may be preempted is decided per group.
+        self.preemptible_by_group: dict[tuple[str, int], list[JobId]] = defaultdict(list)
         self._memo: dict[tuple[object, ...], object] = {}
+        self.evaluations: dict[tuple[object, ...], Evaluation] = {}
         self.capacity = {
             "gpu": int(self.table.gpu_milli_total.sum()),
             "cpu": int(self.table.cpu_total.sum()),
             "memory": int(self.table.mem_total.sum()),
         }
-        for running in sorted(snapshot.running, key=lambda r: r.id):
+        ordered = sorted(snapshot.running, key=lambda r: r.id)
+        self._take_running(ordered)
+        per_queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for running in ordered:
+            usage = self.usage_of(running.workers)
+            self.holdings[running.id] = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
+            row = per_queue[running.job.queue]
+            for key, amount in usage.items():
+                row[key] += amount
             for worker in running.workers:
-                if worker.node not in self.table.index:
+                self.node_jobs[self.table.index[worker.node]].add(running.id)
+            if running.job.preemptible and running.evicting_for is None:
+                self.preemptible_by_group[(running.job.queue, running.job.priority)].append(running.id)
+            if running.evicting_for is not None:
+                self.evicting.add(running.id)
+                self.evicting_for[running.evicting_for].append(running.id)
+        for queue in sorted(per_queue):
+            self.ledger.add(queue, per_queue[queue])
+
+    def _take_running(self, ordered: list[RunningJob]) -> None:
+        """Apply what running jobs hold to the table, refusing a snapshot that overcommits a node."""
+        table = self.table
+        for running in ordered:
+            for worker in running.workers:
+                node = table.index.get(worker.node)
+                if node is None:
                     raise GpufleetError(
                         f"job {running.id!r} runs on node {worker.node!r}, which is not in the snapshot",
                         "include every node that has running jobs, or mark the job lost first",
                     )
-                if not self.table.worker_fits_capacity(worker):
+                if any(share.index >= int(table.gpu_count[node]) for share in worker.gpus):
                     raise GpufleetError(
-                        f"job {running.id!r} overcommits node {worker.node!r} in the snapshot",
-                        "the store holds overlapping allocations; repair them before scheduling",
+                        f"job {running.id!r} holds a GPU index that node {worker.node!r} does not have",
+                        "the store and the node inventory disagree; re-register the node",
                     )
-                self.table.apply(worker, -1)
-            self._hold(running.job, running.workers, running)
-            if running.evicting_for is not None:
-                self.evicting.add(running.id)
-                self.evicting_for[running.evicting_for].append(running.id)
+        table.apply_many([w for r in ordered for w in r.workers], -1)
+        if (
+            (table.gpu_milli_free < 0).any()
+            or (table.gpu_mem_free < 0).any()
+            or (table.cpu_free < 0).any()
+            or (table.mem_free < 0).any()
+        ):
+            check = NodeTable(self.snapshot.nodes)
+            for running in ordered:
+                for worker in running.workers:
+                    if not check.worker_fits_capacity(worker):
+                        raise GpufleetError(
+                            f"job {running.id!r} overcommits node {worker.node!r} in the snapshot",
+                            "the store holds overlapping allocations; repair them before scheduling",
+                        )
+                    check.apply(worker, -1)
 
     def memo(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
         """Per-cycle cache for values that depend only on node capacity (never on free resources)."""
@@ -121,29 +172,37 @@ class CycleState:
 
     def remove(self, job_id: JobId) -> None:
         """Take a running job out of the view (its resources become free) until `restore`."""
-        holding = self.holdings[job_id]
-        for worker in holding.workers:
-            self.table.apply(worker, +1)
-        self.ledger.add(holding.job.queue, dict(holding.usage), sign=-1)
+        self._shift([job_id], +1)
         self.removed.add(job_id)
 
     def restore(self, job_id: JobId) -> None:
-        holding = self.holdings[job_id]
-        for worker in holding.workers:
-            self.table.apply(worker, -1)
-        self.ledger.add(holding.job.queue, dict(holding.usage))
+        self._shift([job_id], -1)
         self.removed.discard(job_id)
+
+    def _shift(self, job_ids: list[JobId], sign: int) -> None:
+        """Give back (+1) or take again (-1) what these jobs hold, in the table and the ledger."""
+        per_queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        workers: list[WorkerPlacement] = []
+        for job_id in job_ids:
+            holding = self.holdings[job_id]
+            workers.extend(holding.workers)
+            row = per_queue[holding.job.queue]
+            for key, amount in holding.usage:
+                row[key] += amount
+        self.table.apply_many(workers, sign)
+        for queue in sorted(per_queue):
+            self.ledger.add(queue, per_queue[queue], sign=-sign)
 
     @contextmanager
     def without(self, job_ids: list[JobId]) -> Iterator[None]:
         """A what-if view with these jobs removed; everything is restored on exit."""
-        for job_id in job_ids:
-            self.remove(job_id)
+        self._shift(job_ids, +1)
+        self.removed.update(job_ids)
         try:
             yield
         finally:
-            for job_id in reversed(job_ids):
-                self.restore(job_id)
+            self._shift(job_ids, -1)
+            self.removed.difference_update(job_ids)
 
     def running_on(self, node: int) -> list[Holding]:
         return [self.holdings[j] for j in sorted(self.node_jobs.get(node, ())) if j in self.holdings]

@@ -45,6 +45,14 @@ class GangAdmission:
 
     def admit(self, view: JobView, state: CycleState) -> Status:
         job = view.job
+        ever = state.memo(("gang.ever", job.request, job.gang_size), lambda: self._ever(view, state))
+        if not ever.ok or job.gang_size == 1:
+            return ever
+        return self._now(view, state)
+
+    def _ever(self, view: JobView, state: CycleState) -> Status:
+        """Whether the request could fit in the whole cluster at all: depends on capacity only."""
+        job = view.job
         request = job.request
         table = state.table
         models = request.models
@@ -80,8 +88,13 @@ class GangAdmission:
                     f"gang of {job.gang_size} workers x {request.gpus} GPUs ({what}); the cluster can hold at "
                     f"most {ever} such workers",
                 )
-        if job.gang_size == 1:
-            return SUCCESS
+        return SUCCESS
+
+    def _now(self, view: JobView, state: CycleState) -> Status:
+        """Whether the gang could fit in what is free now (a quick all-or-nothing check)."""
+        job = view.job
+        request = job.request
+        table = state.table
         if request.gpus:
             free = _capable_gpus(view.model_lut, request.gpu_memory, state) & table.schedulable[:, None]
             if request.fractional:

@@ -40,7 +40,7 @@ class QuotaAdmission:
                 (CPU, request.cpu_milli * n),
                 (MEMORY, request.memory * n),
             )
-            if not (verdict := ledger.fits(job.queue, key, amount)).fits
+            if key in spec.quotas and not (verdict := ledger.fits(job.queue, key, amount)).fits
         ]
         if failed:
             return _status(failed)

@@ -9,7 +9,7 @@ import numpy as np
 from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.scheduling.plugins import FilterResult, JobView
 from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.table import BoolArray, rows_any, rows_count
+from gpufleet.scheduling.table import BoolArray, Rows, rows_any, rows_count
 
 NAME = "fits"
 REASON_GPU_MEMORY = "too little memory per GPU"
@@ -22,24 +22,24 @@ REASON_MEMORY = "not enough free memory"
 class Fits:
     name: ClassVar[str] = NAME
 
-    def filter(self, view: JobView, state: CycleState, usable: BoolArray) -> FilterResult:
+    def filter(self, view: JobView, state: CycleState, usable: BoolArray, rows: Rows) -> FilterResult:
         request = view.job.request
         table = state.table
         checks: list[tuple[str, BoolArray]] = []
         if request.gpus:
             if request.gpu_memory:
-                np.logical_and(usable, table.gpu_mem_total >= request.gpu_memory, out=usable)
+                np.logical_and(usable, table.gpu_mem_total[rows] >= request.gpu_memory, out=usable)
                 checks.append((REASON_GPU_MEMORY, rows_any(usable)))
             if request.fractional:
-                np.logical_and(usable, table.gpu_milli_free >= request.gpu_milli, out=usable)
+                np.logical_and(usable, table.gpu_milli_free[rows] >= request.gpu_milli, out=usable)
                 if request.gpu_memory:
-                    np.logical_and(usable, table.gpu_mem_free >= request.gpu_memory, out=usable)
+                    np.logical_and(usable, table.gpu_mem_free[rows] >= request.gpu_memory, out=usable)
                 checks.append((REASON_NO_SHARE, rows_any(usable)))
             else:
-                np.logical_and(usable, table.gpu_milli_free == MILLI_PER_GPU, out=usable)
+                np.logical_and(usable, table.gpu_milli_free[rows] == MILLI_PER_GPU, out=usable)
                 checks.append((REASON_FEW_GPUS, rows_count(usable) >= request.gpus))
         if request.cpu_milli:
-            checks.append((REASON_CPU, table.cpu_free >= request.cpu_milli))
+            checks.append((REASON_CPU, table.cpu_free[rows] >= request.cpu_milli))
         if request.memory:
-            checks.append((REASON_MEMORY, table.mem_free >= request.memory))
+            checks.append((REASON_MEMORY, table.mem_free[rows] >= request.memory))
         return FilterResult(tuple(checks))

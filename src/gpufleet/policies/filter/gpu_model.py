@@ -8,7 +8,7 @@ import numpy as np
 
 from gpufleet.scheduling.plugins import FilterResult, JobView
 from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.table import BoolArray, rows_any
+from gpufleet.scheduling.table import BoolArray, Rows, rows_any
 
 NAME = "gpu_model"
 REASON_WRONG_MODEL = "wrong GPU model"
@@ -18,14 +18,14 @@ REASON_MODEL_OVER_QUOTA = "GPU model over the queue's quota"
 class GpuModel:
     name: ClassVar[str] = NAME
 
-    def filter(self, view: JobView, state: CycleState, usable: BoolArray) -> FilterResult:
+    def filter(self, view: JobView, state: CycleState, usable: BoolArray, rows: Rows) -> FilterResult:
         if view.job.request.gpus == 0:
             return FilterResult(())
         table = state.table
         spec_lut = table.model_lut(view.job.request.models)
-        allowed = view.model_lut[table.gpu_model]
+        allowed = view.model_lut[table.gpu_model[rows]]
         np.logical_and(usable, allowed, out=usable)
         if np.array_equal(spec_lut, view.model_lut):
             return FilterResult(((REASON_WRONG_MODEL, rows_any(usable)),))
-        spec_ok = rows_any(spec_lut[table.gpu_model] & table.gpu_exists)
+        spec_ok = rows_any(spec_lut[table.gpu_model[rows]] & table.gpu_exists[rows])
         return FilterResult(((REASON_WRONG_MODEL, spec_ok), (REASON_MODEL_OVER_QUOTA, rows_any(usable))))

@@ -1,8 +1,9 @@
 """Order: weighted dominant resource fairness (DRF) between queues; priority, then FIFO, inside a queue.
 
-The queue whose dominant share (the largest of its GPU, CPU and memory shares of the cluster, over
-its weight) is smallest goes next, and shares are re-read after every decision, so one cycle
-interleaves queues as Kueue's fair sharing and YuniKorn's DRF do (Ghodsi et al., NSDI 2011).
+Queues within their nominal quota go first. Then the queue whose dominant share (the largest of
+its GPU, CPU and memory shares of the cluster, over its weight) is smallest goes next, and shares
+are re-read after every decision, so one cycle interleaves queues as Kueue's fair sharing and
+YuniKorn's DRF do (Ghodsi et al., NSDI 2011).
 """
 
 from __future__ import annotations
@@ -32,5 +33,8 @@ class FairShare:
     def job_key(self, job: Job, state: CycleState) -> SortKey:
         return (-job.priority, job.submitted_at)
 
-    def queue_key(self, queue: str, head: Job, state: CycleState) -> SortKey:
-        return (dominant_share(queue, state), -head.priority, head.submitted_at)
+    def queue_key(self, queue: str, state: CycleState) -> SortKey:
+        # Queues still inside their guaranteed quota go before queues that would borrow, so idle
+        # quota is lent only after guarantees are served and less has to be reclaimed later.
+        borrowing = state.ledger.over_nominal(queue)
+        return (int(borrowing), dominant_share(queue, state))

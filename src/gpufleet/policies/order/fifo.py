@@ -17,5 +17,5 @@ class Fifo:
     def job_key(self, job: Job, state: CycleState) -> SortKey:
         return (job.submitted_at,)
 
-    def queue_key(self, queue: str, head: Job, state: CycleState) -> SortKey:
-        return (head.submitted_at,)
+    def queue_key(self, queue: str, state: CycleState) -> SortKey:
+        return ()

@@ -17,5 +17,5 @@ class Priority:
     def job_key(self, job: Job, state: CycleState) -> SortKey:
         return (-job.priority, job.submitted_at)
 
-    def queue_key(self, queue: str, head: Job, state: CycleState) -> SortKey:
-        return (-head.priority, head.submitted_at)
+    def queue_key(self, queue: str, state: CycleState) -> SortKey:
+        return ()

@@ -22,31 +22,33 @@ from typing import ClassVar
 import numpy as np
 
 from gpufleet.domain.jobs import Job
-from gpufleet.domain.quotas import CPU, GPU, MEMORY
+from gpufleet.domain.quotas import CPU, GPU, MEMORY, QueueSpec
+from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.scheduling.plugins import JobView, Trial, VictimChoice
 from gpufleet.scheduling.state import CycleState, Holding
 from gpufleet.scheduling.status import Code, Status, unschedulable, wait
+from gpufleet.scheduling.table import BoolArray, IntArray, rows_count
 
 NAME = "priority"
 NODES_TRIED = 32
 
 
-def _eligible(job: Job, victim: Job, state: CycleState, reclaiming: bool) -> str | None:
-    """Why `victim` may be preempted for `job`, or None if it may not."""
+def _eligible(job: Job, queue: str, priority: int, state: CycleState, reclaiming: bool) -> str | None:
+    """Why a job of (`queue`, `priority`) may be preempted for `job`, or None if it may not."""
     ledger = state.ledger
-    if victim.queue == job.queue:
-        if victim.priority < job.priority:
-            return f"lower priority ({victim.priority} < {job.priority}) in queue {job.queue}"
+    if queue == job.queue:
+        if priority < job.priority:
+            return f"lower priority ({priority} < {job.priority}) in queue {job.queue}"
         return None
     spec = ledger.queues.get(job.queue)
-    victim_spec = ledger.queues.get(victim.queue)
+    victim_spec = ledger.queues.get(queue)
     same_cohort = (
         spec is not None and victim_spec is not None and spec.cohort is not None and spec.cohort == victim_spec.cohort
     )
-    if same_cohort and reclaiming and ledger.over_nominal(victim.queue):
-        return f"queue {victim.queue} borrows above its nominal quota; queue {job.queue} reclaims it"
-    if victim.priority < job.priority and not ledger.protected(victim.queue):
-        return f"lower priority ({victim.priority} < {job.priority}) in queue {victim.queue}, which has no guarantee"
+    if same_cohort and reclaiming and ledger.over_nominal(queue):
+        return f"queue {queue} borrows above its nominal quota; queue {job.queue} reclaims it"
+    if priority < job.priority and not ledger.protected(queue):
+        return f"lower priority ({priority} < {job.priority}) in queue {queue}, which has no guarantee"
     return None
 
 
@@ -60,6 +62,60 @@ def _cost(holding: Holding, state: CycleState) -> tuple[float, ...]:
     )
 
 
+def _capable_nodes(job: Job, state: CycleState) -> BoolArray:
+    """Nodes that could hold one worker of the job if they were empty (depends on capacity only)."""
+    request = job.request
+    table = state.table
+
+    def compute() -> BoolArray:
+        lut = table.model_lut(request.models)
+        capable = lut[table.gpu_model] & table.gpu_exists & (table.gpu_mem_total >= request.gpu_memory)
+        fits = table.schedulable & (table.cpu_total >= request.cpu_milli) & (table.mem_total >= request.memory)
+        if request.gpus:
+            fits &= rows_count(capable) >= request.gpus
+        return np.asarray(fits, dtype=np.bool_)
+
+    return state.memo(("preempt.capable", request), compute)
+
+
+def _potential_workers(job: Job, state: CycleState, candidates: list[Holding]) -> IntArray:
+    """Per node: how many workers of the job would fit if every candidate on it were stopped."""
+    table = state.table
+    request = job.request
+    milli = table.gpu_milli_free.copy()
+    gpu_mem = table.gpu_mem_free.copy()
+    cpu = table.cpu_free.copy()
+    mem = table.mem_free.copy()
+    index = table.index
+    for holding in candidates:
+        for worker in holding.workers:
+            node = index[worker.node]
+            cpu[node] += worker.cpu_milli
+            mem[node] += worker.memory
+            for share in worker.gpus:
+                milli[node, share.index] += share.milli
+                gpu_mem[node, share.index] += share.memory
+    workers = np.where(_capable_nodes(job, state), 1 << 20, 0).astype(np.int64)
+    if request.cpu_milli:
+        workers = np.minimum(workers, cpu // request.cpu_milli)
+    if request.memory:
+        workers = np.minimum(workers, mem // request.memory)
+    if request.gpus:
+        lut = table.model_lut(request.models)
+        usable = lut[table.gpu_model] & table.gpu_exists & (table.gpu_mem_total >= request.gpu_memory)
+        if request.fractional:
+            usable &= (milli >= request.gpu_milli) & (gpu_mem >= request.gpu_memory)
+            workers = np.minimum(workers, rows_count(usable))
+        else:
+            usable &= milli == MILLI_PER_GPU
+            workers = np.minimum(workers, rows_count(usable) // request.gpus)
+    return np.asarray(workers, dtype=np.int64)
+
+
+def _refusal(blocked_by: Status, why: str) -> VictimChoice:
+    return VictimChoice((), Status(Code.UNSCHEDULABLE, (*blocked_by.reasons, why), blocked_by.plugin))
+
+
 class PriorityPreemption:
     name: ClassVar[str] = NAME
 
@@ -71,39 +127,45 @@ class PriorityPreemption:
             CPU: request.cpu_milli * job.gang_size,
             MEMORY: request.memory * job.gang_size,
         }
-        reclaiming = state.ledger.within_nominal(job.queue, demand)
+        ledger = state.ledger
+        reclaiming = ledger.within_nominal(job.queue, demand)
+        quota_ok = trial.admits(job, state).ok
+        capable = _capable_nodes(job, state)
+        index = state.table.index
+        spec = ledger.queues.get(job.queue)
+        cohort = spec.cohort if spec is not None else None
         reasons: dict[str, str] = {}
         candidates: list[Holding] = []
-        for job_id in sorted(state.holdings):
-            holding = state.holdings[job_id]
-            if holding.running is None or job_id in state.evicting or not holding.job.preemptible:
+        for (queue, priority), members in sorted(state.preemptible_by_group.items()):
+            why = _eligible(job, queue, priority, state, reclaiming)
+            if why is None:
                 continue
-            why = _eligible(job, holding.job, state, reclaiming)
-            if why is not None:
-                reasons[job_id] = why
-                candidates.append(holding)
+            # Stopping a job helps only if it frees a node the job could use, or quota it is short of.
+            frees_quota = not quota_ok and (
+                queue == job.queue or (cohort is not None and _cohort(ledger.queues.get(queue)) == cohort)
+            )
+            for job_id in members:
+                holding = state.holdings.get(job_id)
+                if holding is None or job_id in state.evicting:
+                    continue
+                if frees_quota or any(capable[index[w.node]] for w in holding.workers):
+                    reasons[job_id] = why
+                    candidates.append(holding)
         if not candidates:
-            return VictimChoice(
-                (),
-                Status(Code.UNSCHEDULABLE, (*blocked_by.reasons, "no job may be preempted for it"), blocked_by.plugin),
-            )
+            return _refusal(blocked_by, "no job that may be preempted for it holds what it needs")
         candidates.sort(key=lambda h: (*_cost(h, state), h.job.id))
-        ids = [h.job.id for h in candidates]
-        with state.without(ids):
-            helps = trial.fits(job, state)
-        if not helps:
-            return VictimChoice(
-                (),
-                Status(
-                    Code.UNSCHEDULABLE,
-                    (*blocked_by.reasons, f"preempting all {len(ids)} eligible jobs would not make room"),
-                    blocked_by.plugin,
-                ),
-            )
-        chosen = None
-        if job.gang_size == 1 and trial.admits(job, state).ok:
-            chosen = self._on_one_node(job, state, trial, candidates)
+        chosen: list[str] | None = None
+        potential = _potential_workers(job, state, candidates)
+        if int(np.minimum(potential, job.gang_size).sum()) < job.gang_size:
+            return _refusal(blocked_by, f"preempting all {len(candidates)} eligible jobs would not make room")
+        if job.gang_size == 1 and quota_ok:
+            chosen = self._on_one_node(job, state, trial, candidates, potential > 0)
         if chosen is None:
+            ids = [h.job.id for h in candidates]
+            with state.without(ids):
+                helps = trial.fits(job, state)
+            if not helps:
+                return _refusal(blocked_by, f"preempting all {len(ids)} eligible jobs would not make room")
             chosen = self._greedy(job, state, trial, ids)
         with state.without(chosen):
             if not trial.fits(job, state):  # pragma: no cover - defensive: the search guarantees it
@@ -134,12 +196,16 @@ class PriorityPreemption:
             state.restore(job_id)
         return kept
 
-    def _on_one_node(self, job: Job, state: CycleState, trial: Trial, candidates: list[Holding]) -> list[str] | None:
+    def _on_one_node(
+        self, job: Job, state: CycleState, trial: Trial, candidates: list[Holding], potential: BoolArray
+    ) -> list[str] | None:
+        """The cheapest victim set that makes room on a single node, among the nodes that could host it."""
         index = state.table.index
         per_node: dict[int, list[Holding]] = defaultdict(list)
         for holding in candidates:
             for node in sorted({index[w.node] for w in holding.workers}):
-                per_node[node].append(holding)
+                if potential[node]:
+                    per_node[node].append(holding)
         ranked = sorted(
             per_node,
             key=lambda n: (max(h.job.priority for h in per_node[n]), sum(_cost(h, state)[1] for h in per_node[n]), n),
@@ -162,3 +228,7 @@ class PriorityPreemption:
             if best is None or key < best[0]:
                 best = (key, kept)
         return best[1] if best else None
+
+
+def _cohort(spec: QueueSpec | None) -> str | None:
+    return spec.cohort if spec is not None else None

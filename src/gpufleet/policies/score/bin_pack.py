@@ -8,8 +8,8 @@ from typing import ClassVar
 import numpy as np
 
 from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray
+from gpufleet.scheduling.state import CycleState, Evaluation
+from gpufleet.scheduling.table import FloatArray, IntArray
 
 NAME = "bin_pack"
 
@@ -19,7 +19,7 @@ def free_fraction_after(view: JobView, state: CycleState, candidates: IntArray) 
     table = state.table
     request = view.job.request
     if request.gpus:
-        free = table.gpu_milli_free[candidates].sum(axis=1) - request.gpu_milli_total
+        free = table.node_milli_free[candidates] - request.gpu_milli_total
         total = table.gpu_milli_total[candidates]
     else:
         free = table.cpu_free[candidates] - request.cpu_milli
@@ -31,6 +31,6 @@ class BinPack:
     name: ClassVar[str] = NAME
 
     def score(
-        self, view: JobView, state: CycleState, usable: BoolArray, candidates: IntArray, gang: GangContext
+        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
         return 100.0 * (1.0 - free_fraction_after(view, state, candidates))

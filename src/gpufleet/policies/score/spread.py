@@ -6,8 +6,8 @@ from typing import ClassVar
 
 from gpufleet.policies.score.bin_pack import free_fraction_after
 from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray
+from gpufleet.scheduling.state import CycleState, Evaluation
+from gpufleet.scheduling.table import FloatArray, IntArray
 
 NAME = "spread"
 
@@ -16,6 +16,6 @@ class Spread:
     name: ClassVar[str] = NAME
 
     def score(
-        self, view: JobView, state: CycleState, usable: BoolArray, candidates: IntArray, gang: GangContext
+        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
         return 100.0 * free_fraction_after(view, state, candidates)

@@ -7,33 +7,23 @@ from typing import ClassVar
 import numpy as np
 
 from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray
+from gpufleet.scheduling.state import CycleState, Evaluation
+from gpufleet.scheduling.table import FloatArray, IntArray, rows_count
 
 NAME = "topology"
-
-
-def fits_one_nvlink_group(state: CycleState, usable: BoolArray, candidates: IntArray, gpus: int) -> BoolArray:
-    table = state.table
-    rows = usable[candidates]
-    groups = table.gpu_nvlink[candidates]
-    best = np.zeros(len(candidates), dtype=np.int64)
-    for group in range(table.nvlink_groups):
-        np.maximum(best, (rows & (groups == group)).sum(axis=1), out=best)
-    return best >= gpus
 
 
 class Topology:
     name: ClassVar[str] = NAME
 
     def score(
-        self, view: JobView, state: CycleState, usable: BoolArray, candidates: IntArray, gang: GangContext
+        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
         request = view.job.request
         table = state.table
         parts: list[FloatArray] = []
         if request.gpus > 1:
-            parts.append(fits_one_nvlink_group(state, usable, candidates, request.gpus).astype(np.float64))
+            parts.append((evaluation.largest_group[candidates] >= request.gpus).astype(np.float64))
         if gang.nodes:
             used = gang.node_array()
             same_node = np.isin(candidates, used)
@@ -42,7 +32,7 @@ class Topology:
         elif view.job.gang_size > 1:
             # The first worker of a gang goes where most of the gang can follow: a node with room
             # for more of its workers, in the rack with the most free GPUs.
-            room = usable[candidates].sum(axis=1) // max(1, request.gpus)
+            room = rows_count(evaluation.usable[candidates]) // max(1, request.gpus)
             rack_free = np.bincount(table.rack, weights=table.gpu_milli_free.sum(axis=1))
             rack_share = rack_free[table.rack[candidates]] / max(float(rack_free.max()), 1.0)
             parts.append(0.7 * np.minimum(room, view.job.gang_size) / view.job.gang_size + 0.3 * rack_share)

@@ -1,0 +1,1 @@
+"""Benchmarks printed as JSON by `gpufleet bench …`: speed is measured here, not in timed tests."""

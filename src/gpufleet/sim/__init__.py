@@ -1,0 +1,1 @@
+"""The trace-driven what-if simulator: workloads (trace loaders), and the engine, metrics and reports."""
