@@ -7,12 +7,14 @@ from gpufleet.domain.errors import (
     InvalidTransitionError,
     SpecError,
     UnknownNameError,
+    WorkloadError,
 )
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.lifecycle import TRANSITIONS, JobState, Transition, transition
 from gpufleet.domain.quotas import CPU, GPU, MEMORY, QueueSpec, Quota, gpu_model_key
 from gpufleet.domain.resources import MILLI_PER_GPU, GiB, MiB, WorkerRequest, parse_models
 from gpufleet.domain.snapshot import ClusterSnapshot, Placement, Preemption
+from gpufleet.domain.throughput import ThroughputEntry, ThroughputTable
 
 __all__ = [
     "CPU",
@@ -38,10 +40,13 @@ __all__ = [
     "Quota",
     "RunningJob",
     "SpecError",
+    "ThroughputEntry",
+    "ThroughputTable",
     "Transition",
     "UnknownNameError",
     "WorkerPlacement",
     "WorkerRequest",
+    "WorkloadError",
     "gpu_model_key",
     "make_node",
     "parse_models",

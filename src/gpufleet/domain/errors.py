@@ -6,12 +6,14 @@ outcomes (a job that does not fit) are not errors: they are `Status` values in t
     GpufleetError
     ├── SpecError            a spec (job, queue, node, cluster) is invalid; carries per-field problems
     ├── InvalidTransitionError    a job state change that the state machine does not allow
-    └── UnknownNameError          a name (policy, queue, trace, model) that is not registered
+    ├── UnknownNameError          a name (policy, queue, trace, model) that is not registered
+    └── WorkloadError             input data (a trace file, a throughput table) that cannot be used; says where
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from os import PathLike
 
 
 class GpufleetError(Exception):
@@ -51,6 +53,31 @@ class InvalidTransitionError(GpufleetError):
 
 class UnknownNameError(GpufleetError):
     """A name that nothing is registered under."""
+
+
+class WorkloadError(GpufleetError):
+    """A workload input that cannot be used: a missing file, a missing column, a bad value, a bad table row.
+
+    The message starts with where the problem is (`path`, `line`, `column`, each when known) and the fix
+    says what to change, so that the CLI can print it as is instead of a stack trace.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        fix: str = "",
+        *,
+        path: str | PathLike[str] | None = None,
+        line: int | None = None,
+        column: str | None = None,
+    ) -> None:
+        self.path = str(path) if path is not None else None
+        self.line = line
+        self.column = column
+        where = [part for part in (self.path, f"line {line}" if line is not None else None) if part]
+        if column is not None:
+            where.append(f"column {column!r}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message, fix)
 
 
 def check(problems: list[FieldProblem], what: str) -> None:

@@ -1,10 +1,49 @@
-"""Every built-in plugin registered by extension point, and the named profiles built from them."""
+"""Every built-in plugin registered by extension point, and the named profiles built from them.
+
+Named profiles (kebab-case; every one has the standard admission `gang`+`quota` and filters
+`node_health`+`gpu_model`+`fits`):
+
+    default        fair share between queues (DRF), priority preemption and quota reclaim, bin_pack + topology
+    fifo           strict FIFO (a head that does not fit holds its queue), bin_pack
+    fifo-backfill  FIFO, jobs behind a blocked head may go first, bin_pack
+    priority       priority then FIFO, priority preemption, bin_pack + topology
+    spread         FIFO, least-allocated nodes first (the Kubernetes default)
+    best-fit       FIFO, best-fit bin packing (FGD's `05-BestFit` baseline)
+    las            Tiresias' discretised least attained service, bin_pack + topology
+    first-fit      FIFO, no score: the first node (by name) that fits; pack GPU selection
+    random         FIFO, uniformly random node, seeded by the snapshot seed and job id (FGD's `01-Random`)
+    fgd            FIFO, fragmentation gradient descent score + FGD GPU selection (FGD's `06-FGD`), for a
+                   target workload (`PolicyData.target`; default: `GENERIC_TARGET`)
+    fgd-fair       `default` with FGD for placement: fair share, fgd + topology, FGD GPU selection, priority
+                   preemption; for shared clusters with fractional GPUs
+    sjf            shortest job first with known durations (`expected_duration`), bin_pack + topology
+    srtf           shortest remaining time first (duration minus attained service), bin_pack + topology;
+                   ordering only: no plugin preempts a running job for a shorter one
+    gavel          max-min fairness on normalised throughput (`throughput_fair`), heterogeneity-aware
+                   placement (`throughput`, weight 2) + bin_pack + topology, for a throughput table
+                   (`PolicyData.throughput`; without one the throughput parts are neutral)
+    tiresias       least attained service (2D-LAS bands) with consolidation first (topology weight 2, then
+                   bin_pack). Tiresias also preempts jobs of lower-priority bands; the only preemption plugin
+                   (`priority`) ranks by job priority and quota, not bands, so this profile runs without it
+
+Data-driven plugins (FGD's target workload, Gavel's throughput table) cannot be built from a name alone.
+Two ways to give them their data:
+
+- `profile(name, PolicyData(target=..., throughput=...))` builds a named profile with that data (the
+  simulator builds `fgd` with the trace's own distribution, `TargetWorkload.from_requests`, as the paper
+  does); `profile(name)` and `PROFILES[name]()` use the defaults.
+- `build_profile` takes plugin instances wherever it takes names, for custom combinations:
+  `build_profile("mine", "fifo", ((FgdScore(target), 1.0), ("bin_pack", 0.5)), select=FgdSelect(target))`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 from gpufleet.domain.errors import UnknownNameError
+from gpufleet.domain.throughput import ThroughputTable
 from gpufleet.policies.admit.gang import GangAdmission
 from gpufleet.policies.admit.quota import QuotaAdmission
 from gpufleet.policies.filter.fits import Fits
@@ -14,11 +53,19 @@ from gpufleet.policies.order.fair_share import FairShare
 from gpufleet.policies.order.fifo import Fifo
 from gpufleet.policies.order.las import LeastAttainedService
 from gpufleet.policies.order.priority import Priority
+from gpufleet.policies.order.sjf import ShortestJobFirst
+from gpufleet.policies.order.srtf import ShortestRemainingTime
+from gpufleet.policies.order.throughput_fair import ThroughputFairShare
 from gpufleet.policies.preempt.priority import PriorityPreemption
 from gpufleet.policies.score.bin_pack import BinPack
+from gpufleet.policies.score.fgd import FgdScore
+from gpufleet.policies.score.random import RandomScore
 from gpufleet.policies.score.spread import Spread
+from gpufleet.policies.score.throughput import ThroughputScore
 from gpufleet.policies.score.topology import Topology
+from gpufleet.policies.select.fgd import FgdSelect
 from gpufleet.policies.select.pack import PackGpus
+from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload
 from gpufleet.scheduling.plugins import (
     AdmitPlugin,
     FilterPlugin,
@@ -37,15 +84,24 @@ SCORE: Registry[ScorePlugin] = Registry("score")
 SELECT: Registry[SelectPlugin] = Registry("select")
 PREEMPT: Registry[PreemptPlugin] = Registry("preempt")
 
-for _cls in (Fifo, Priority, FairShare, LeastAttainedService):
+for _cls in (
+    Fifo,
+    Priority,
+    FairShare,
+    LeastAttainedService,
+    ShortestJobFirst,
+    ShortestRemainingTime,
+    ThroughputFairShare,
+):
     ORDER.register(_cls.name, _cls)
 for _admit in (QuotaAdmission, GangAdmission):
     ADMIT.register(_admit.name, _admit)
 for _filter in (NodeHealth, GpuModel, Fits):
     FILTER.register(_filter.name, _filter)
-for _score in (BinPack, Spread, Topology):
+for _score in (BinPack, Spread, Topology, FgdScore, RandomScore, ThroughputScore):
     SCORE.register(_score.name, _score)
-SELECT.register(PackGpus.name, PackGpus)
+for _select in (PackGpus, FgdSelect):
+    SELECT.register(_select.name, _select)
 PREEMPT.register(PriorityPreemption.name, PriorityPreemption)
 
 STANDARD_FILTERS = ("node_health", "gpu_model", "fits")
@@ -54,42 +110,96 @@ STANDARD_ADMIT = ("gang", "quota")
 
 def build_profile(
     name: str,
-    order: str,
-    scores: tuple[tuple[str, float], ...],
+    order: str | OrderPlugin,
+    scores: tuple[tuple[str | ScorePlugin, float], ...],
     *,
-    preempt: str | None = None,
+    select: str | SelectPlugin = "pack",
+    preempt: str | PreemptPlugin | None = None,
     strict_fifo: bool = False,
 ) -> Profile:
+    """A profile with the standard admission and filters. Each plugin is a registered name (built fresh) or
+    an instance (used as is: plugins that need data, such as `FgdScore(target)`)."""
     return Profile(
         name=name,
-        order=ORDER.create(order),
+        order=ORDER.create(order) if isinstance(order, str) else order,
         admit=tuple(ADMIT.create(a) for a in STANDARD_ADMIT),
         filters=tuple(FILTER.create(f) for f in STANDARD_FILTERS),
-        scores=tuple((SCORE.create(s), w) for s, w in scores),
-        select=SELECT.create("pack"),
-        preempt=PREEMPT.create(preempt) if preempt else None,
+        scores=tuple((SCORE.create(s) if isinstance(s, str) else s, w) for s, w in scores),
+        select=SELECT.create(select) if isinstance(select, str) else select,
+        preempt=PREEMPT.create(preempt) if isinstance(preempt, str) else preempt,
         strict_fifo=strict_fifo,
     )
 
 
-PROFILES: dict[str, Callable[[], Profile]] = {
+@dataclass(frozen=True, slots=True)
+class PolicyData:
+    """Data that some plugins are built with; a profile uses what it needs and ignores the rest.
+
+    `target`: FGD's target workload (the paper uses the trace's own: `TargetWorkload.from_requests`).
+    `throughput`: Gavel's throughput table (`gpufleet.sim.workloads.gavel.load_throughput_table`).
+    """
+
+    target: TargetWorkload = GENERIC_TARGET
+    throughput: ThroughputTable | None = None
+
+
+def _fgd(data: PolicyData) -> Profile:
+    score = FgdScore(data.target)
+    return build_profile("fgd", "fifo", ((score, 1.0),), select=FgdSelect(data.target, memo=score.memo))
+
+
+def _fgd_fair(data: PolicyData) -> Profile:
+    score = FgdScore(data.target)
+    return build_profile(
+        "fgd-fair",
+        "fair_share",
+        ((score, 1.0), ("topology", 1.0)),
+        select=FgdSelect(data.target, memo=score.memo),
+        preempt="priority",
+    )
+
+
+def _gavel(data: PolicyData) -> Profile:
+    return build_profile(
+        "gavel",
+        ThroughputFairShare(data.throughput),
+        ((ThroughputScore(data.throughput), 2.0), ("bin_pack", 1.0), ("topology", 1.0)),
+    )
+
+
+# name -> builder from PolicyData; every builder makes fresh plugins.
+PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
     # gpufleet's default: fair share between teams, priority preemption and reclaim, packing + topology.
-    "default": lambda: build_profile(
+    "default": lambda _: build_profile(
         "default", "fair_share", (("bin_pack", 1.0), ("topology", 1.0)), preempt="priority"
     ),
-    "fifo": lambda: build_profile("fifo", "fifo", (("bin_pack", 1.0),), strict_fifo=True),
-    "fifo-backfill": lambda: build_profile("fifo-backfill", "fifo", (("bin_pack", 1.0),)),
-    "priority": lambda: build_profile(
+    "fifo": lambda _: build_profile("fifo", "fifo", (("bin_pack", 1.0),), strict_fifo=True),
+    "fifo-backfill": lambda _: build_profile("fifo-backfill", "fifo", (("bin_pack", 1.0),)),
+    "priority": lambda _: build_profile(
         "priority", "priority", (("bin_pack", 1.0), ("topology", 1.0)), preempt="priority"
     ),
-    "spread": lambda: build_profile("spread", "fifo", (("spread", 1.0),)),
-    "best-fit": lambda: build_profile("best-fit", "fifo", (("bin_pack", 1.0),)),
-    "las": lambda: build_profile("las", "las", (("bin_pack", 1.0), ("topology", 1.0))),
+    "spread": lambda _: build_profile("spread", "fifo", (("spread", 1.0),)),
+    "best-fit": lambda _: build_profile("best-fit", "fifo", (("bin_pack", 1.0),)),
+    "las": lambda _: build_profile("las", "las", (("bin_pack", 1.0), ("topology", 1.0))),
+    "first-fit": lambda _: build_profile("first-fit", "fifo", ()),
+    "random": lambda _: build_profile("random", "fifo", (("random", 1.0),)),
+    "fgd": _fgd,
+    "fgd-fair": _fgd_fair,
+    "sjf": lambda _: build_profile("sjf", "sjf", (("bin_pack", 1.0), ("topology", 1.0))),
+    "srtf": lambda _: build_profile("srtf", "srtf", (("bin_pack", 1.0), ("topology", 1.0))),
+    "gavel": _gavel,
+    "tiresias": lambda _: build_profile("tiresias", "las", (("topology", 2.0), ("bin_pack", 1.0))),
+}
+
+# name -> zero-argument factory with the default PolicyData.
+PROFILES: dict[str, Callable[[], Profile]] = {
+    name: partial(builder, PolicyData()) for name, builder in PROFILE_BUILDERS.items()
 }
 
 
-def profile(name: str) -> Profile:
-    factory = PROFILES.get(name)
-    if factory is None:
+def profile(name: str, data: PolicyData | None = None) -> Profile:
+    """The named profile, with fresh plugins; data-driven plugins get `data` (default: `PolicyData()`)."""
+    builder = PROFILE_BUILDERS.get(name)
+    if builder is None:
         raise UnknownNameError(f"no scheduling profile named {name!r}", f"use one of: {', '.join(sorted(PROFILES))}")
-    return factory()
+    return builder(data if data is not None else PolicyData())

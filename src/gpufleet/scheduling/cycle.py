@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpufleet.domain.cluster import WorkerPlacement
+from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.snapshot import ClusterSnapshot, Placement, Preemption
 from gpufleet.scheduling.ledger import job_usage
@@ -105,9 +105,9 @@ def _class_key(view: JobView) -> tuple[object, ...]:
 
 
 class _Cycle:
-    def __init__(self, snapshot: ClusterSnapshot, profile: Profile) -> None:
+    def __init__(self, state: CycleState, profile: Profile) -> None:
         self.profile = profile
-        self.state = CycleState(snapshot)
+        self.state = state
         self.trial = _Trial(profile)
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
@@ -145,6 +145,7 @@ class _Cycle:
             self.failed[failed_key] = status
         outstanding = [v for v in state.evicting_for.get(job.id, ()) if v in state.holdings]
         if outstanding and status.code in (Code.UNSCHEDULABLE, Code.WAIT):
+            self._hold_room(job, outstanding)
             self._reserve_quota(job)
             self.waiting[job.id] = wait(
                 PLUGIN,
@@ -177,15 +178,48 @@ class _Cycle:
             self.state.evicting.add(victim)
             self.state.evicting_for[job.id].append(victim)
             self.preemptions.append(Preemption(victim, job.id, reason))
+        self._hold_room(job, [victim for victim, _ in choice.victims])
         self._reserve_quota(job)
         return choice.status
+
+    def _hold_room(self, job: Job, victims: list[JobId]) -> None:
+        """Keep for a preemptor, for the rest of the cycle, the free part of the room it counts on
+        (Kubernetes' nominated node): else a job decided later could take it and the victims would
+        stop for nothing. The room is where the job lands on a what-if view without its victims."""
+        state = self.state
+        view = JobView(job, state.table.model_lut(job.request.models))
+        with state.without(victims):
+            outcome = place_gang(self.profile, view, state, job.gang_size)
+            if isinstance(outcome, Status):
+                return
+            for worker in outcome:
+                state.table.apply(worker, +1)
+        table = state.table
+        for worker in outcome:
+            node = table.index[worker.node]
+            shares = tuple(
+                GpuShare(
+                    share.index,
+                    min(share.milli, int(table.gpu_milli_free[node, share.index])),
+                    min(share.memory, int(table.gpu_mem_free[node, share.index])),
+                )
+                for share in worker.gpus
+                if table.gpu_milli_free[node, share.index] > 0
+            )
+            held = WorkerPlacement(
+                worker.node,
+                shares,
+                min(worker.cpu_milli, int(table.cpu_free[node])),
+                min(worker.memory, int(table.mem_free[node])),
+            )
+            table.apply(held, -1)
 
     def _reserve_quota(self, job: Job) -> None:
         """Hold the quota a job preempted for, so that others of its queue or cohort do not take it
         in the same cycle (else several preemptors overdraw the queue and reclaim ping-pongs)."""
         request = job.request
         n = job.gang_size
-        self.state.ledger.add(
+        self.state.ledger.reserve(
             job.queue, job_usage(request.gpu_milli_total * n, request.cpu_milli * n, request.memory * n, {})
         )
 
@@ -213,9 +247,16 @@ class _Cycle:
 
 def run_cycle(snapshot: ClusterSnapshot, pending: Sequence[Job], profile: Profile) -> CycleResult:
     """Decide one scheduling cycle. Pure: reads its inputs only, returns decisions as data."""
-    cycle = _Cycle(snapshot, profile)
-    state = cycle.state
-    known_queues = {q.name for q in snapshot.queues}
+    return decide(CycleState(snapshot), pending, profile, snapshot.nominated)
+
+
+def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominated: Sequence[JobId] = ()) -> CycleResult:
+    """`run_cycle` on a working state (built from a snapshot, or forked from a control loop's base).
+
+    The state is consumed: it holds the cycle's decisions afterwards.
+    """
+    cycle = _Cycle(state, profile)
+    known_queues = set(state.ledger.queues)
     by_queue: dict[str, list[Job]] = defaultdict(list)
     # Every copy of a duplicated id is refused: deciding one copy would make the result depend on the
     # order of `pending`, and would report the id both placed and in error.
@@ -251,12 +292,12 @@ def run_cycle(snapshot: ClusterSnapshot, pending: Sequence[Job], profile: Profil
         return (*cached[1], *queues[name][-1][0]), name
 
     # Nominated jobs (they preempted for room in an earlier cycle) go first, in submission order.
-    nominated = set(snapshot.nominated)
+    first_claims = set(nominated)
     for name in sorted(queues):
         stack = queues[name]
-        first = [j for _, j in stack if j.id in nominated]
+        first = [j for _, j in stack if j.id in first_claims]
         if first:
-            stack[:] = [(k, j) for k, j in stack if j.id not in nominated]
+            stack[:] = [(k, j) for k, j in stack if j.id not in first_claims]
             for job in sorted(first, key=lambda j: (j.submit_seq, j.id)):
                 cycle.decide(job)
         if not stack:
@@ -269,15 +310,20 @@ def run_cycle(snapshot: ClusterSnapshot, pending: Sequence[Job], profile: Profil
         stack = queues[name]
         _, job = stack.pop()
         placed = cycle.decide(job)
-        if not placed and profile.strict_fifo and cycle.waiting[job.id].code is not Code.UNRESOLVABLE:
+        head_status = cycle.waiting.get(job.id)
+        if not placed and profile.strict_fifo and head_status is not None and head_status.code is not Code.UNRESOLVABLE:
+            # Behind a blocked head, a job can go only when the head can: it waits for the same event.
+            behind_head = Status(
+                Code.WAIT, (f"behind job {job.id} in queue {name} (strict FIFO)",), PLUGIN, head_status.wake
+            )
+            verdicts: dict[tuple[object, ...], Status] = {}
             for _, behind in stack:
                 # A job that can never run says so now, rather than waiting its turn to find out.
-                _, verdict = _admit(profile, behind, state)
-                cycle.waiting[behind.id] = (
-                    verdict
-                    if verdict.code is Code.UNRESOLVABLE
-                    else wait(PLUGIN, f"behind job {job.id} in queue {name} (strict FIFO)")
-                )
+                request_key = (behind.request, behind.gang_size)
+                verdict = verdicts.get(request_key)
+                if verdict is None:
+                    verdict = verdicts[request_key] = _admit(profile, behind, state)[1]
+                cycle.waiting[behind.id] = verdict if verdict.code is Code.UNRESOLVABLE else behind_head
             stack.clear()
         if stack:
             heapq.heappush(heap, rank(name))

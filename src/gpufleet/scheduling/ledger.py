@@ -7,6 +7,7 @@ overdrawn. A queue without a cohort is its own pool.
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -56,6 +57,29 @@ class QuotaLedger:
         self._pool_capacity: dict[tuple[str, str], int] = {}  # queues are fixed for the cycle
         self._quota: dict[tuple[str, str], Quota | None] = {}
         self.version: dict[str, int] = defaultdict(int)  # bumped on every change of a queue's usage
+        # The part of `usage` that is quota held for preemptors, not jobs that hold resources.
+        self.reserved: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    def copy(self) -> QuotaLedger:
+        """An independent copy of the usage; the queue definitions and their caches are shared."""
+        other = copy.copy(self)
+        other.usage = defaultdict(lambda: defaultdict(int))
+        for queue, row in self.usage.items():
+            other.usage[queue] = defaultdict(int, row)
+        other.pool_used = defaultdict(int, self.pool_used)
+        other.version = defaultdict(int, self.version)
+        other.reserved = defaultdict(lambda: defaultdict(int))
+        for queue, row in self.reserved.items():
+            other.reserved[queue] = defaultdict(int, row)
+        return other
+
+    def reserve(self, queue: str, usage: Usage) -> None:
+        """Hold quota for a job that waits for its victims to stop. It counts against the queue's
+        limits like usage, but the queue does not borrow because of it (`over_nominal`)."""
+        self.add(queue, usage)
+        row = self.reserved[queue]
+        for key, amount in usage.items():
+            row[key] += amount
 
     def quota(self, queue: str, key: str) -> Quota | None:
         cached = self._quota.get((queue, key), _MISSING)
@@ -155,10 +179,14 @@ class QuotaLedger:
         return True
 
     def over_nominal(self, queue: str) -> bool:
-        """Whether the queue borrows now: uses more than its nominal quota of some resource."""
+        """Whether the queue borrows now: uses more than its nominal quota of some resource.
+
+        Quota reserved for its preemptors does not count: the victims it waits for may be its own
+        jobs, whose quota comes back when they stop, so a reservation alone never makes it borrow."""
+        reserved = self.reserved.get(queue, {})
         for key, used in self.usage.get(queue, {}).items():
             quota = self.quota(queue, key)
-            if quota is not None and quota.nominal is not None and used > quota.nominal:
+            if quota is not None and quota.nominal is not None and used - reserved.get(key, 0) > quota.nominal:
                 return True
         return False
 

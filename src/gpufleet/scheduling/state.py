@@ -6,6 +6,8 @@ view that preemption uses: remove jobs, try, and put everything back exactly.
 
 from __future__ import annotations
 
+import bisect
+import copy
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,9 +49,14 @@ class Evaluation:
 
 
 class CycleState:
+    """Built from a snapshot for one cycle; or kept up to date by a control loop as a base that is
+    `fork`ed for each cycle (then `add_running`, `remove_running` and `set_evicting` keep it equal
+    to a state built from the matching snapshot)."""
+
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         self.snapshot = snapshot
         self.now = snapshot.now
+        self.seed = snapshot.seed
         self.table = NodeTable(snapshot.nodes)
         self.ledger = QuotaLedger(snapshot.queues)
         self.holdings: dict[JobId, Holding] = {}
@@ -117,6 +124,57 @@ class CycleState:
                             "the store holds overlapping allocations; repair them before scheduling",
                         )
                     check.apply(worker, -1)
+
+    def fork(self, now: float) -> CycleState:
+        """An independent working copy for one cycle at time `now`."""
+        other = copy.copy(self)
+        other.now = now
+        other.table = self.table.copy()
+        other.ledger = self.ledger.copy()
+        other.holdings = dict(self.holdings)
+        other.node_jobs = defaultdict(set, {node: set(jobs) for node, jobs in self.node_jobs.items()})
+        other.removed = set(self.removed)
+        other.evicting_for = defaultdict(list, {j: list(v) for j, v in self.evicting_for.items()})
+        other.evicting = set(self.evicting)
+        other.preemptible_by_group = defaultdict(list, {g: list(v) for g, v in self.preemptible_by_group.items()})
+        other._memo = dict(self._memo)
+        other.evaluations = {}
+        return other
+
+    def add_running(self, running: RunningJob) -> None:
+        """Keep a base state current: a job now holds resources (launched, or adopted after restart)."""
+        self.table.apply_many(list(running.workers), -1)
+        usage = self.usage_of(running.workers)
+        self.holdings[running.id] = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
+        self.ledger.add(running.job.queue, usage)
+        for worker in running.workers:
+            self.node_jobs[self.table.index[worker.node]].add(running.id)
+        if running.evicting_for is not None:
+            self.set_evicting(running.id, running.evicting_for)
+        elif running.job.preemptible:
+            bisect.insort(self.preemptible_by_group[(running.job.queue, running.job.priority)], running.id)
+
+    def remove_running(self, job_id: JobId) -> None:
+        """Keep a base state current: a job released what it held (finished, stopped, lost)."""
+        holding = self.holdings[job_id]
+        self.release(job_id)
+        group = self.preemptible_by_group.get((holding.job.queue, holding.job.priority))
+        if group is not None and job_id in group:
+            group.remove(job_id)
+        if job_id in self.evicting:
+            self.evicting.discard(job_id)
+            for victims in self.evicting_for.values():
+                if job_id in victims:
+                    victims.remove(job_id)
+
+    def set_evicting(self, job_id: JobId, for_job: JobId) -> None:
+        holding = self.holdings[job_id]
+        group = self.preemptible_by_group.get((holding.job.queue, holding.job.priority))
+        if group is not None and job_id in group:
+            group.remove(job_id)
+        self.evicting.add(job_id)
+        if job_id not in self.evicting_for[for_job]:
+            self.evicting_for[for_job].append(job_id)
 
     def memo(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
         """Per-cycle cache for values that depend only on node capacity (never on free resources)."""

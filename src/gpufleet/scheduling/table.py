@@ -7,6 +7,7 @@ stable, deterministic tie-breaker.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -86,6 +87,13 @@ class NodeTable:
         self.clock = 0
         self.version = np.zeros(n_nodes, dtype=np.int64)
         self._luts: dict[frozenset[str], BoolArray] = {}
+
+    def copy(self) -> NodeTable:
+        """An independent copy of the free resources; capacity arrays are shared (never written)."""
+        other = copy.copy(self)
+        for name in ("gpu_milli_free", "gpu_mem_free", "cpu_free", "mem_free", "node_milli_free", "version"):
+            setattr(other, name, getattr(self, name).copy())
+        return other
 
     def __len__(self) -> int:
         return len(self.names)

@@ -6,42 +6,21 @@ imports nothing of ours but `gpufleet.domain`.
     Workload        name, citation, license, nodes, queues, jobs sorted by (arrival, seq), throughput table
     TraceJob        a domain `Job` (arrival = `job.submitted_at`), its run time at reference speed, GPU-seconds
     ThroughputTable job type x GPU model x GPU count -> measured throughput (steps/s), relative speeds
+                    (defined in `gpufleet.domain.throughput`, so that policies can read it; re-exported here)
     WorkloadError   a malformed or missing input; says which file, line and column, and how to fix it
+                    (defined in `gpufleet.domain.errors`; re-exported here)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
-from gpufleet.domain import GpufleetError, Job, Node, QueueSpec
+from gpufleet.domain import Job, Node, QueueSpec
+from gpufleet.domain.errors import WorkloadError
+from gpufleet.domain.throughput import ThroughputEntry, ThroughputTable
 
-
-class WorkloadError(GpufleetError):
-    """A workload input that cannot be used: a missing file, a missing column, a bad value.
-
-    The message starts with where the problem is (`path`, `line`, `column`, each when known) and the fix
-    says what to change, so that the CLI can print it as is instead of a stack trace.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        fix: str = "",
-        *,
-        path: str | Path | None = None,
-        line: int | None = None,
-        column: str | None = None,
-    ) -> None:
-        self.path = str(path) if path is not None else None
-        self.line = line
-        self.column = column
-        where = [part for part in (self.path, f"line {line}" if line is not None else None) if part]
-        if column is not None:
-            where.append(f"column {column!r}")
-        super().__init__(f"{', '.join(where)}: {message}" if where else message, fix)
+__all__ = ["ThroughputEntry", "ThroughputTable", "TraceJob", "Workload", "WorkloadError"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,109 +68,6 @@ class TraceJob:
     @property
     def gpu_milli_total(self) -> int:
         return self.job.gpu_milli_total
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputEntry:
-    """Measured throughput (steps/s) of `job_type` alone on `gpus` GPUs of `model`.
-
-    `consolidated`: all GPUs on one server (Gavel's "consolidated" placement) or spread over servers.
-    """
-
-    job_type: str
-    model: str
-    gpus: int
-    throughput: float
-    consolidated: bool = True
-
-
-def _model_key(model: str) -> str:
-    return model.strip().upper()
-
-
-@dataclass(frozen=True, slots=True)
-class ThroughputTable:
-    """Job type x GPU model x GPU count -> throughput. Model names match case-insensitively (`v100` = `V100`).
-
-    A throughput of 0 is kept: it is a measurement (the job does not run there, e.g. out of memory).
-    `reference` is the model that trace durations are given on (Gavel: V100), the default for relative speeds.
-    """
-
-    entries: tuple[ThroughputEntry, ...]
-    source: str = ""
-    reference: str | None = None
-    _index: Mapping[tuple[str, str, int, bool], float] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        index: dict[tuple[str, str, int, bool], float] = {}
-        for entry in self.entries:
-            what = f"throughput of {entry.job_type!r} on {entry.gpus} x {entry.model!r}"
-            if not entry.job_type.strip() or not entry.model.strip():
-                raise WorkloadError(f"{what}: empty job type or model", "name every job type and model")
-            if entry.gpus < 1:
-                raise WorkloadError(f"{what}: GPU count {entry.gpus}", "give 1 or more GPUs")
-            if not (math.isfinite(entry.throughput) and entry.throughput >= 0):
-                raise WorkloadError(f"{what} is {entry.throughput}", "give a finite throughput >= 0 (steps/s)")
-            key = (entry.job_type, _model_key(entry.model), entry.gpus, entry.consolidated)
-            if key in index:
-                raise WorkloadError(f"{what} is given twice", "keep one row per job type, model, GPUs, placement")
-            index[key] = entry.throughput
-        object.__setattr__(self, "_index", index)
-
-    @property
-    def job_types(self) -> tuple[str, ...]:
-        return tuple(sorted({e.job_type for e in self.entries}))
-
-    @property
-    def models(self) -> tuple[str, ...]:
-        return tuple(sorted({_model_key(e.model) for e in self.entries}))
-
-    def scale_factors(self, job_type: str) -> tuple[int, ...]:
-        """GPU counts that `job_type` was measured at."""
-        return tuple(sorted({e.gpus for e in self.entries if e.job_type == job_type}))
-
-    def get(self, job_type: str, model: str, gpus: int, *, consolidated: bool = True) -> float | None:
-        """Throughput, or None when not measured. On one GPU, placement makes no difference."""
-        value = self._index.get((job_type, _model_key(model), gpus, consolidated))
-        if value is None and gpus == 1:
-            value = self._index.get((job_type, _model_key(model), 1, not consolidated))
-        return value
-
-    def speed(self, job_type: str, model: str, gpus: int, *, consolidated: bool = True) -> float:
-        """Throughput in steps/s; raises WorkloadError when the table has no such measurement."""
-        value = self.get(job_type, model, gpus, consolidated=consolidated)
-        if value is None:
-            if job_type not in self.job_types:
-                fix = f"use a job type the table has: {', '.join(self.job_types)}"
-            else:
-                fix = (
-                    f"models measured: {', '.join(self.models)}; "
-                    f"GPU counts for {job_type!r}: {', '.join(map(str, self.scale_factors(job_type)))}"
-                )
-            placement = "consolidated" if consolidated else "unconsolidated"
-            raise WorkloadError(
-                f"no throughput for {job_type!r} on {gpus} x {model} ({placement}) in {self.source or 'the table'}",
-                fix,
-            )
-        return value
-
-    def relative_speed(
-        self, job_type: str, model: str, gpus: int, *, reference: str | None = None, consolidated: bool = True
-    ) -> float:
-        """Speed on `model` relative to `reference` (default: the table's) for the same job type, GPU count and
-        placement: 2.0 = twice as fast. A job whose duration is given at reference speed runs
-        `duration / relative_speed` seconds on `model`.
-        """
-        reference = reference or self.reference
-        if reference is None:
-            raise WorkloadError("no reference model to compare with", "pass reference=MODEL, e.g. V100")
-        base = self.speed(job_type, reference, gpus, consolidated=consolidated)
-        if base == 0:
-            raise WorkloadError(
-                f"{job_type!r} has throughput 0 on {gpus} x {reference}, so nothing is relative to it",
-                "pick a reference model the job type runs on",
-            )
-        return self.speed(job_type, model, gpus, consolidated=consolidated) / base
 
 
 @dataclass(frozen=True, slots=True)

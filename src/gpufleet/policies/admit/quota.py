@@ -12,14 +12,15 @@ from gpufleet.domain.quotas import CPU, GPU, MEMORY, gpu_model_key
 from gpufleet.scheduling.ledger import QuotaVerdict
 from gpufleet.scheduling.plugins import JobView
 from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.status import SUCCESS, Code, Status
+from gpufleet.scheduling.status import SUCCESS, Code, Status, Wake
 
 NAME = "quota"
 
 
 def _status(verdicts: list[QuotaVerdict]) -> Status:
     code = Code.UNRESOLVABLE if all(not v.ever for v in verdicts) else Code.UNSCHEDULABLE
-    return Status(code, tuple(dict.fromkeys(v.reason for v in verdicts)), NAME)
+    wake = Wake.CLUSTER_CHANGE if code is Code.UNRESOLVABLE else Wake.QUOTA
+    return Status(code, tuple(dict.fromkeys(v.reason for v in verdicts)), NAME, wake)
 
 
 class QuotaAdmission:

@@ -113,7 +113,9 @@ def _potential_workers(job: Job, state: CycleState, candidates: list[Holding]) -
 
 
 def _refusal(blocked_by: Status, why: str) -> VictimChoice:
-    return VictimChoice((), Status(Code.UNSCHEDULABLE, (*blocked_by.reasons, why), blocked_by.plugin))
+    return VictimChoice(
+        (), Status(Code.UNSCHEDULABLE, (*blocked_by.reasons, why), blocked_by.plugin, blocked_by.wake_on)
+    )
 
 
 class PriorityPreemption:

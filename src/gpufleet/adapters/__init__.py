@@ -1,0 +1,1 @@
+"""Adapters at the edge: storage, GPU probes, metrics. They implement the ports."""

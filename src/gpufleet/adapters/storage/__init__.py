@@ -1,0 +1,1 @@
+"""State stores: in memory (simulator, tests) and SQL (SQLite, PostgreSQL)."""

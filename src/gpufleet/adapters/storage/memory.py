@@ -1,0 +1,80 @@
+"""An in-memory `StateStore`: the simulator's store, and a reference for the SQL one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpufleet.domain.cluster import Node
+from gpufleet.domain.errors import FieldProblem, SpecError
+from gpufleet.domain.jobs import Job, JobId
+from gpufleet.domain.lifecycle import JobState, Transition
+from gpufleet.domain.quotas import QueueSpec
+from gpufleet.domain.records import JobRecord
+from gpufleet.ports import StaleWriteError
+
+
+class InMemoryStore:
+    def __init__(self, nodes: Sequence[Node] = (), queues: Sequence[QueueSpec] = ()) -> None:
+        self._nodes = tuple(nodes)
+        self._queues = tuple(queues)
+        self._cluster_version = 1
+        self._records: dict[JobId, JobRecord] = {}
+        self._active: dict[JobId, None] = {}  # insertion-ordered set: submission order
+        self._submissions: list[JobId] = []
+        self._history: dict[JobId, list[Transition]] = {}
+        self.log: list[Transition] = []
+
+    def nodes(self) -> tuple[Node, ...]:
+        return self._nodes
+
+    def queues(self) -> tuple[QueueSpec, ...]:
+        return self._queues
+
+    def cluster_version(self) -> int:
+        return self._cluster_version
+
+    def set_cluster(self, nodes: Sequence[Node] | None = None, queues: Sequence[QueueSpec] | None = None) -> None:
+        if nodes is not None:
+            self._nodes = tuple(nodes)
+        if queues is not None:
+            self._queues = tuple(queues)
+        self._cluster_version += 1
+
+    def submit(self, job: Job, at: float) -> JobRecord:
+        if job.id in self._records:
+            raise SpecError(f"job {job.id!r}", (FieldProblem("id", "is taken", "give the job a new id"),))
+        record = JobRecord(job, JobState.PENDING, submitted_at=at)
+        self._records[job.id] = record
+        self._active[job.id] = None
+        self._submissions.append(job.id)
+        return record
+
+    def take_submissions(self, cursor: int) -> tuple[Sequence[JobRecord], int]:
+        ids = self._submissions[cursor:]
+        return [self._records[j] for j in ids], len(self._submissions)
+
+    def get(self, job_id: JobId) -> JobRecord | None:
+        return self._records.get(job_id)
+
+    def active(self) -> Sequence[JobRecord]:
+        return [self._records[j] for j in self._active]
+
+    def all(self) -> Sequence[JobRecord]:
+        return list(self._records.values())
+
+    def write(self, updates: Sequence[tuple[int, JobRecord]], transitions: Sequence[Transition]) -> None:
+        for expected, record in updates:
+            current = self._records.get(record.id)
+            if current is None or current.version != expected:
+                found = None if current is None else current.version
+                raise StaleWriteError(f"job {record.id}: expected version {expected}, store has {found}")
+        for _, record in updates:
+            self._records[record.id] = record
+            if record.state.terminal:
+                self._active.pop(record.id, None)
+        for t in transitions:
+            self._history.setdefault(t.job_id, []).append(t)
+            self.log.append(t)
+
+    def history(self, job_id: JobId) -> Sequence[Transition]:
+        return tuple(self._history.get(job_id, ()))

@@ -1,0 +1,62 @@
+"""What the store keeps about a job: its spec, where it is in its lifecycle, and where it runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from gpufleet.domain.cluster import WorkerPlacement
+from gpufleet.domain.jobs import Job, JobId, RunningJob
+from gpufleet.domain.lifecycle import JobState
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job as stored. Immutable: every change is a new record with `version + 1`.
+
+    `attempt` counts launches (1 for the first); `attained_gpu_seconds` the GPU-time the job has
+    received over all attempts (what least-attained-service ordering reads); `waiting_code` and
+    `waiting_reason` say, for a waiting job, why, in the core's words.
+    """
+
+    job: Job
+    state: JobState
+    version: int = 1
+    attempt: int = 0
+    workers: tuple[WorkerPlacement, ...] = ()
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    first_started_at: float | None = None
+    finished_at: float | None = None
+    last_checkpoint_at: float | None = None
+    attained_gpu_seconds: float = 0.0
+    evicting_for: JobId | None = None
+    preemptions: int = 0
+    exit_code: int | None = None
+    waiting_code: str = ""
+    waiting_reason: str = ""
+
+    @property
+    def id(self) -> JobId:
+        return self.job.id
+
+    @property
+    def holds_resources(self) -> bool:
+        return self.state in (JobState.ADMITTED, JobState.LAUNCHING, JobState.RUNNING, JobState.EVICTING)
+
+    def evolve(self, **changes: object) -> JobRecord:
+        """The next version of this record with `changes` applied."""
+        return dataclasses.replace(self, version=self.version + 1, **changes)  # type: ignore[arg-type]
+
+    def as_running(self) -> RunningJob:
+        job = dataclasses.replace(self.job, attained_gpu_seconds=self.attained_gpu_seconds)
+        return RunningJob(
+            job,
+            self.workers,
+            started_at=self.started_at if self.started_at is not None else self.submitted_at,
+            last_checkpoint_at=self.last_checkpoint_at,
+            evicting_for=self.evicting_for,
+        )
+
+    def as_pending(self) -> Job:
+        return dataclasses.replace(self.job, attained_gpu_seconds=self.attained_gpu_seconds)

@@ -1,0 +1,187 @@
+"""Score: fragmentation gradient descent (FGD; Weng et al., USENIX ATC 2023).
+
+A node scores by how much the cluster's fragmentation (`gpufleet.scheduling.fragmentation`, measured for the
+target workload) would grow if the worker went there: the smaller the growth, the higher the score. A
+fractional worker counts with the GPU of the node that grows it least, which the `fgd` select plugin then
+picks. Scores are `100 * sigmoid(-growth / 1000)`, growth in milli-GPU, as upstream's `FGDScorePlugin`
+(hkust-adsl/kubernetes-scheduler-simulator, `pkg/simulator/plugin/fgd_score.go`), without its rounding to
+integers: no growth scores 50, each whole GPU less fragmented moves it towards 100.
+
+The target workload is a constructor parameter (`TargetWorkload`, or (gpu_milli, gpus, models, weight)
+tuples); the registry's factory uses `GENERIC_TARGET`. The paper builds it from the trace being scheduled:
+`FgdScore(TargetWorkload.from_requests(job.request for job in jobs))`.
+
+Speed: growth per node depends only on the node's free resources, its usable GPUs and the request, so it is
+memoised per request class and recomputed only for the nodes that changed since, a few per placement
+(`GradientMemo`). Within a cycle the table's change clock says which; a new table (the next cycle) is
+compared by content, so the memo carries over between cycles. Either way the result is exactly what a fresh
+computation gives. It is not thread-safe: give each thread its own profile.
+The `fgd` select plugin may share the score's memo (`FgdSelect(target, memo=score.memo)`), to reuse the GPU
+the score found for the chosen node instead of computing it again.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import ClassVar
+
+import numpy as np
+
+from gpufleet.domain.resources import WorkerRequest
+from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike, placement_delta
+from gpufleet.scheduling.plugins import GangContext, JobView
+from gpufleet.scheduling.state import CycleState, Evaluation
+from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable
+
+NAME = "fgd"
+MAX_CLASSES = 512  # request classes memoised before the memo starts over (~40 kB each on 1,213 nodes)
+
+
+def growth_score(growth: FloatArray) -> FloatArray:
+    """100 * sigmoid(-growth / 1000): 50 for no growth, towards 100 as fragmentation shrinks."""
+    return np.asarray(100.0 / (1.0 + np.exp(np.clip(growth / 1000.0, -60.0, 60.0))), dtype=np.float64)
+
+
+class _Entry:
+    """Growth of one request class per node, and when (and with which usable GPUs) each row was computed."""
+
+    __slots__ = ("computed", "epoch", "evaluation", "gpu", "growth", "usable")
+
+    def __init__(self, nodes: int, width: int) -> None:
+        self.computed = np.zeros(nodes, dtype=np.int64)  # the memo's clock when the row was computed; 0: never
+        self.usable = np.zeros((nodes, width), dtype=np.bool_)
+        self.growth = np.zeros(nodes, dtype=np.float64)
+        self.gpu = np.full(nodes, -1, dtype=np.int64)
+        self.epoch = -1  # the memo's table epoch and the evaluation the rows were last checked against
+        self.evaluation = 0
+
+
+class GradientMemo:
+    """`placement_delta` per request class, recomputed only for the nodes that changed.
+
+    What changed is read from the table's own change clock while the same table is in use (the core changes
+    free resources only through `NodeTable.apply`/`apply_many`, which keep it), and by comparing contents
+    when a new table comes (a new cycle): then the usable GPUs are compared too, as node health or quota may
+    have changed them. Growth depends only on those, so the result equals a fresh `placement_delta`.
+    """
+
+    def __init__(self, target: TargetWorkload, max_classes: int = MAX_CLASSES) -> None:
+        self.target = target
+        self.max_classes = max_classes
+        self._table: weakref.ref[NodeTable] | None = None
+        self._table_clock = 0
+        self._epoch = 0  # bumped whenever another table object comes
+        self._names: tuple[str, ...] | None = None
+        self._models: tuple[str, ...] | None = None
+        self._arrays: tuple[IntArray, ...] = ()
+        self._changed_at = np.zeros(0, dtype=np.int64)
+        self._clock = 0
+        self._entries: dict[tuple[object, ...], _Entry] = {}
+
+    def _observe(self, table: NodeTable) -> None:
+        """Note which nodes changed since the last call, and when. Other nodes or GPU models: start over
+        (model ids are indices into `table.models`)."""
+        arrays = (table.gpu_milli_free, table.gpu_model, table.cpu_free, table.mem_free)
+        if self._table is not None and self._table() is table:
+            if table.clock != self._table_clock:
+                self._mark(np.flatnonzero(table.version > self._table_clock), arrays)
+                self._table_clock = table.clock
+            return
+        self._table = weakref.ref(table)
+        self._table_clock = table.clock
+        self._epoch += 1
+        if self._names != table.names or self._models != table.models or self._arrays[0].shape != arrays[0].shape:
+            self._names = table.names
+            self._models = table.models
+            self._arrays = tuple(a.copy() for a in arrays)
+            self._clock = 1
+            self._changed_at = np.ones(len(table), dtype=np.int64)
+            self._entries.clear()
+            return
+        changed = np.zeros(len(table), dtype=np.bool_)
+        for now, seen in zip(arrays, self._arrays, strict=True):
+            differs = now != seen
+            changed |= differs.any(axis=1) if differs.ndim == 2 else differs
+        self._mark(np.flatnonzero(changed), arrays)
+
+    def _mark(self, rows: IntArray, arrays: tuple[IntArray, ...]) -> None:
+        if len(rows):
+            self._clock += 1
+            self._changed_at[rows] = self._clock
+            for now, seen in zip(arrays, self._arrays, strict=True):
+                seen[rows] = now[rows]
+
+    def _key(self, request: WorkerRequest, lut: BoolArray) -> tuple[object, ...]:
+        """What growth depends on besides the node: GPUs, share, and CPU and memory where the target has
+        thresholds for them (GPU models and GPU memory act through the usable GPUs, compared separately)."""
+        target = self.target
+        return (
+            request.gpus,
+            request.gpu_milli if request.gpus else 0,
+            request.cpu_milli if target.needs_node_check else 0,
+            request.memory if target.class_memory.any() else 0,
+            lut.tobytes(),
+        )
+
+    def _entry(self, table: NodeTable, request: WorkerRequest, lut: BoolArray) -> _Entry:
+        key = self._key(request, lut)
+        entry = self._entries.get(key)
+        if entry is None:
+            if len(self._entries) >= self.max_classes:
+                self._entries.clear()
+            entry = self._entries[key] = _Entry(len(table), table.width)
+        return entry
+
+    def growth(
+        self, table: NodeTable, request: WorkerRequest, lut: BoolArray, evaluation: Evaluation, rows: IntArray
+    ) -> tuple[FloatArray, IntArray]:
+        """(growth, best GPU) for `rows`: `placement_delta(table, target, request, rows, usable[rows])`."""
+        self._observe(table)
+        entry = self._entry(table, request, lut)
+        stale = entry.computed[rows] < self._changed_at[rows]
+        if entry.epoch != self._epoch or entry.evaluation != id(evaluation):
+            stale |= (entry.usable[rows] != evaluation.usable[rows]).any(axis=1)
+            entry.epoch = self._epoch
+            entry.evaluation = id(evaluation)
+        redo = rows[stale]
+        if len(redo):
+            wanted = evaluation.usable[redo]
+            growth, gpu = placement_delta(table, self.target, request, redo, wanted)
+            entry.growth[redo] = growth
+            entry.gpu[redo] = gpu
+            entry.usable[redo] = wanted
+            entry.computed[redo] = self._clock
+        return entry.growth[rows], entry.gpu[rows]
+
+    def best_gpu(self, table: NodeTable, request: WorkerRequest, lut: BoolArray, node: int, usable: BoolArray) -> int:
+        """The GPU a fractional worker should take on `node` (-1: none), from the memo when it is current."""
+        entry = self._entries.get(self._key(request, lut))
+        current = (
+            entry is not None
+            and self._table is not None
+            and self._table() is table
+            and table.clock == self._table_clock
+            and entry.computed[node] >= self._changed_at[node]
+            and bool(np.array_equal(entry.usable[node], usable))
+        )
+        if entry is not None and current:
+            return int(entry.gpu[node])
+        _, gpu = placement_delta(table, self.target, request, np.array([node], dtype=np.int64), usable[None, :])
+        return int(gpu[0])
+
+
+class FgdScore:
+    name: ClassVar[str] = NAME
+
+    def __init__(
+        self, target: TargetWorkload | Iterable[TaskLike] = GENERIC_TARGET, *, memo: GradientMemo | None = None
+    ) -> None:
+        self.target = TargetWorkload.of(target)
+        self.memo = memo if memo is not None and memo.target == self.target else GradientMemo(self.target)
+
+    def score(
+        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+    ) -> FloatArray:
+        growth, _ = self.memo.growth(state.table, view.job.request, view.model_lut, evaluation, candidates)
+        return growth_score(growth)

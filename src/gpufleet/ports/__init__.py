@@ -1,0 +1,116 @@
+"""The ports of the control loop: Protocols only. Real and simulated adapters implement them.
+
+Timing and idempotency are part of each contract, stated in the docstrings.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpufleet.domain.cluster import Node, WorkerPlacement
+from gpufleet.domain.jobs import Job, JobId
+from gpufleet.domain.lifecycle import Transition
+from gpufleet.domain.quotas import QueueSpec
+from gpufleet.domain.records import JobRecord
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds on the control plane's clock (wall clock live, simulated time in the simulator)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class BackendCapabilities:
+    multi_node: bool
+    gpu_isolation: bool
+    checkpoint_signal: bool
+
+
+class ObservationKind(enum.StrEnum):
+    STARTED = "started"  # every worker's process is up
+    EXITED = "exited"  # all workers ended by themselves; `exit_code` is the job's (first non-zero)
+    STOPPED = "stopped"  # ended because `stop` was called
+    LOST = "lost"  # the backend lost the job (node gone, process vanished)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    job_id: JobId
+    attempt: int
+    kind: ObservationKind
+    at: float
+    exit_code: int | None = None
+    detail: str = ""
+    checkpoint_at: float | None = None  # the job's last checkpoint, when the backend knows it
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    job: Job
+    attempt: int
+    workers: tuple[WorkerPlacement, ...]
+
+
+class ExecutionBackend(Protocol):
+    capabilities: BackendCapabilities
+
+    def launch(self, launch: Launch) -> None:
+        """Start the job's workers. Returns quickly; STARTED comes later through `poll`.
+        Idempotent per (job id, attempt): a second call for the same attempt does nothing."""
+        ...
+
+    def stop(self, job_id: JobId, attempt: int, grace_s: float, reason: str) -> None:
+        """Send the checkpoint signal, wait up to `grace_s`, then kill. Returns quickly; STOPPED (or
+        EXITED, if it ended by itself first) comes through `poll`. Idempotent; unknown jobs are ignored."""
+        ...
+
+    def poll(self) -> Sequence[Observation]:
+        """What happened since the last call: observed truth only, each observation once."""
+        ...
+
+
+class StaleWriteError(Exception):
+    """A write whose expected version no longer matches the store: the cycle that made it is stale."""
+
+
+class StateStore(Protocol):
+    """Durable job state. Every method is one short transaction; no backend call happens inside one."""
+
+    def nodes(self) -> tuple[Node, ...]: ...
+
+    def queues(self) -> tuple[QueueSpec, ...]: ...
+
+    def cluster_version(self) -> int:
+        """Bumped whenever nodes or queues change."""
+        ...
+
+    def submit(self, job: Job, at: float) -> JobRecord:
+        """Store a new pending job (the API's and the simulator's way in)."""
+        ...
+
+    def take_submissions(self, cursor: int) -> tuple[Sequence[JobRecord], int]:
+        """Jobs submitted after `cursor`, and the cursor to pass next time."""
+        ...
+
+    def get(self, job_id: JobId) -> JobRecord | None: ...
+
+    def active(self) -> Sequence[JobRecord]:
+        """Every job not in a terminal state, in submission order."""
+        ...
+
+    def write(self, updates: Sequence[tuple[int, JobRecord]], transitions: Sequence[Transition]) -> None:
+        """Replace each record whose stored version equals the expected one given with it, and append
+        the transitions, all or nothing. Raises StaleWriteError if any version does not match."""
+        ...
+
+    def history(self, job_id: JobId) -> Sequence[Transition]: ...
+
+
+class EventSink(Protocol):
+    def emit(self, transition: Transition) -> None:
+        """Told of every recorded transition, after it is stored."""
+        ...

@@ -1,0 +1,1 @@
+"""The pure scheduling core: cluster snapshot + pending jobs + profile in, decisions out."""

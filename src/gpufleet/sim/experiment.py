@@ -1,0 +1,166 @@
+"""Run one workload under several scheduling profiles and collect their metrics: what `gpufleet sim` does.
+
+Every policy gets the same workload (same jobs, same arrivals) and a fresh simulation; a `Recorder` observes
+the node table for per-model GPU-hours and fragmentation. A workload whose jobs all lack a run time is the
+FGD protocol (pods never leave): allocation and fragmentation are then measured at each 5 % step of arrived
+load instead of over time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpufleet.domain.errors import UnknownNameError
+from gpufleet.policies.catalog import PROFILES, profile
+from gpufleet.scheduling.plugins import Profile
+from gpufleet.sim.engine import SimRun, SimSettings, Simulation
+from gpufleet.sim.metrics import PolicyMetrics, Recorder, Recording, compute_metrics
+from gpufleet.sim.prices import PriceTable
+from gpufleet.sim.workload import Workload, WorkloadError
+
+# progress(policy, jobs arrived, jobs in the workload)
+Progress = Callable[[str, int, int], None]
+
+
+def resolve_profiles(names: Sequence[str]) -> tuple[Profile, ...]:
+    """The named profiles, all checked before anything runs (an unknown name is an error, not a skipped run)."""
+    if not names:
+        raise UnknownNameError("no policy given", f"give one or more of: {', '.join(sorted(PROFILES))}")
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise UnknownNameError(f"policy {name!r} is listed twice", "list each policy once")
+        seen.add(name)
+    return tuple(profile(name) for name in names)
+
+
+def is_fgd_protocol(workload: Workload) -> bool:
+    """Pods that never leave (no job has a run time): measure at arrived-load steps, as the FGD paper does."""
+    return bool(workload.jobs) and all(tj.duration is None for tj in workload.jobs)
+
+
+def scale_load(workload: Workload, factor: float) -> Workload:
+    """The workload with arrival times divided by `factor` (measured from the first arrival): `factor` 2 packs
+    the same jobs into half the time, so twice the load. Run times do not change."""
+    if not factor > 0:
+        raise WorkloadError(f"load scale is {factor}", "give a factor > 0, e.g. 4 (arrivals 4x closer together)")
+    if factor == 1 or not workload.jobs:
+        return workload
+    t0 = workload.jobs[0].arrival
+    jobs = tuple(replace(tj, job=replace(tj.job, submitted_at=t0 + (tj.arrival - t0) / factor)) for tj in workload.jobs)
+    note = f"Load scale {factor:g}: arrival times compressed {factor:g}x (from the first arrival); run times as given."
+    return replace(workload, jobs=jobs, assumptions=(*workload.assumptions, note))
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    policy: str
+    run: SimRun
+    recording: Recording
+    metrics: PolicyMetrics
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One workload, several policies: the runs and their metrics, plus what the report must cite."""
+
+    workload: Workload
+    results: tuple[PolicyResult, ...]
+    fgd_protocol: bool
+    prices: PriceTable | None = None
+    notes: tuple[str, ...] = ()
+    published: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        return tuple(r.policy for r in self.results)
+
+    def workload_info(self) -> dict[str, Any]:
+        w = self.workload
+        return {
+            "name": w.name,
+            "citation": w.citation,
+            "license": w.license,
+            "assumptions": list(w.assumptions),
+            "nodes": len(w.nodes),
+            "gpus": w.gpu_count,
+            "gpus_by_model": w.gpus_by_model(),
+            "queues": len(w.queues),
+            "jobs": len(w.jobs),
+            "fgd_protocol": self.fgd_protocol,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "workload": self.workload_info(),
+            "policies": {r.policy: r.metrics.as_dict() for r in self.results},
+            "prices": None
+            if self.prices is None
+            else {
+                "source": self.prices.source,
+                "basis": self.prices.basis,
+                "usd_per_gpu_hour": dict(self.prices.per_gpu_hour),
+            },
+            "notes": list(self.notes),
+        }
+        if self.published:
+            out["published"] = self.published
+        return out
+
+
+def run_policy(
+    workload: Workload,
+    prof: Profile,
+    *,
+    fgd_protocol: bool | None = None,
+    prices: PriceTable | None = None,
+    job_ids: Collection[str] | None = None,
+    settings: SimSettings | None = None,
+    progress: Progress | None = None,
+) -> PolicyResult:
+    """Simulate `workload` under one profile, with a recorder, and compute its metrics."""
+    fgd = is_fgd_protocol(workload) if fgd_protocol is None else fgd_protocol
+    recorder = Recorder(workload, fgd_protocol=fgd)
+    name = prof.name
+    callback: Callable[[int, int], None] | None = None
+    if progress is not None:
+        report = progress
+
+        def _callback(arrived: int, total: int) -> None:
+            report(name, arrived, total)
+
+        callback = _callback
+    run = Simulation(workload, prof, settings, observer=recorder).run(callback)
+    recording = recorder.recording()
+    metrics = compute_metrics(run, recording, prices=prices, job_ids=job_ids, policy=name)
+    return PolicyResult(name, run, recording, metrics)
+
+
+def run_experiment(
+    workload: Workload,
+    policies: Sequence[str],
+    *,
+    prices: PriceTable | None = None,
+    job_ids: Collection[str] | None = None,
+    settings: SimSettings | None = None,
+    progress: Progress | None = None,
+    notes: Sequence[str] = (),
+    workload_for: Callable[[str], Workload] | None = None,
+) -> Experiment:
+    """Run every policy on the workload. `workload_for(policy)` may give a policy its own variant of the workload
+    (e.g. with oracle durations); by default all share `workload`."""
+    profiles = resolve_profiles(policies)
+    if not workload.jobs:
+        raise WorkloadError(f"workload {workload.name!r} has no jobs", "give a workload with at least one job")
+    fgd = is_fgd_protocol(workload)
+    results = []
+    for prof in profiles:
+        variant = workload_for(prof.name) if workload_for is not None else workload
+        results.append(
+            run_policy(
+                variant, prof, fgd_protocol=fgd, prices=prices, job_ids=job_ids, settings=settings, progress=progress
+            )
+        )
+    return Experiment(workload, tuple(results), fgd, prices, tuple(notes))

@@ -1,0 +1,75 @@
+"""The job state machine: every edge of TRANSITIONS is accepted, every other pair is refused."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from gpufleet.domain import TRANSITIONS, InvalidTransitionError, JobState, Transition, transition
+from gpufleet.domain.lifecycle import TERMINAL
+
+S = JobState
+EDGES = sorted(TRANSITIONS, key=lambda e: (e[0].value, e[1].value))
+NON_EDGES = [(a, b) for a, b in itertools.product(S, S) if (a, b) not in TRANSITIONS]
+
+
+@pytest.mark.parametrize(("source", "target"), [pytest.param(a, b, id=f"{a}->{b}") for a, b in EDGES])
+def test_table_edges_are_accepted_and_recorded(source: JobState, target: JobState) -> None:
+    record = transition("j1", source, target, "because", at=12.5)
+    assert record == Transition("j1", source, target, "because", 12.5)
+    assert TRANSITIONS[(source, target)], "every edge has a comment"
+
+
+@pytest.mark.parametrize(("source", "target"), [pytest.param(a, b, id=f"{a}->{b}") for a, b in NON_EDGES])
+def test_other_transitions_are_refused(source: JobState, target: JobState) -> None:
+    with pytest.raises(InvalidTransitionError, match=f"cannot go from {source.value} to {target.value}") as caught:
+        transition("j1", source, target, "because", at=0.0)
+    assert caught.value.fix.startswith(f"from {source.value} it may go to: ")
+
+
+@pytest.mark.parametrize(
+    ("source", "allowed"),
+    [
+        pytest.param(S.PENDING, "admitted, cancelled, failed", id="pending"),
+        pytest.param(S.ADMITTED, "cancelled, launching, pending", id="admitted"),
+        pytest.param(S.LAUNCHING, "evicting, failed, pending, running", id="launching"),
+        pytest.param(S.RUNNING, "evicting, failed, pending, succeeded", id="running"),
+        pytest.param(S.EVICTING, "cancelled, failed, pending, succeeded", id="evicting"),
+        pytest.param(S.SUCCEEDED, "nothing (terminal)", id="succeeded"),
+        pytest.param(S.FAILED, "nothing (terminal)", id="failed"),
+        pytest.param(S.CANCELLED, "nothing (terminal)", id="cancelled"),
+    ],
+)
+def test_the_refusal_lists_what_is_allowed(source: JobState, allowed: str) -> None:
+    target = S.SUCCEEDED if source is not S.SUCCEEDED else S.RUNNING
+    if (source, target) in TRANSITIONS:
+        target = S.ADMITTED
+    with pytest.raises(InvalidTransitionError) as caught:
+        transition("j", source, target, "x", at=0.0)
+    assert caught.value.fix == f"from {source.value} it may go to: {allowed}"
+
+
+def test_a_transition_needs_a_reason() -> None:
+    with pytest.raises(InvalidTransitionError, match="has no reason"):
+        transition("j", S.PENDING, S.ADMITTED, "", at=0.0)
+
+
+def test_terminal_states_have_no_way_out() -> None:
+    assert {s for s in S if s.terminal} == TERMINAL == {S.SUCCEEDED, S.FAILED, S.CANCELLED}
+    assert not [edge for edge in TRANSITIONS if edge[0] in TERMINAL]
+
+
+def test_every_non_terminal_state_is_reachable_and_can_end() -> None:
+    reachable = {S.PENDING}
+    frontier = [S.PENDING]
+    while frontier:
+        state = frontier.pop()
+        for a, b in TRANSITIONS:
+            if a is state and b not in reachable:
+                reachable.add(b)
+                frontier.append(b)
+    assert reachable == set(S)
+    for state in S:
+        if not state.terminal:
+            assert any(a is state and b.terminal for a, b in TRANSITIONS), state
