@@ -19,7 +19,7 @@ EXPECTED = {
     "score=bin_pack*1+topology*1, select=pack, preempt=priority",
     "spread": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=spread*1, select=pack, "
     "preempt=none",
-    "best-fit": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=bin_pack*1, select=pack, "
+    "best-fit": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=best_fit*1, select=pack, "
     "preempt=none",
     "las": "order=las, admit=gang+quota, filter=node_health+gpu_model+fits, score=bin_pack*1+topology*1, "
     "select=pack, preempt=none",

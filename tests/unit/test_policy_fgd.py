@@ -10,6 +10,7 @@ import pytest
 from gpufleet.domain import (
     ClusterSnapshot,
     Gpu,
+    GpufleetError,
     GpuShare,
     Job,
     Node,
@@ -272,6 +273,13 @@ def test_a_cpu_only_job_avoids_taking_the_cpu_a_gpu_class_needs() -> None:
     job = Job(id="c", queue="q", request=WorkerRequest(cpu_milli=4_000))
     scores, _ = score_of(FgdScore(workload), ClusterSnapshot(nodes), job)
     assert scores.tolist() == pytest.approx([100 / (1 + np.exp(1.0)), 50.0])
+
+
+def test_a_memo_is_shared_only_for_the_same_target() -> None:
+    score = FgdScore(HALF_AND_WHOLE)
+    assert FgdSelect(HALF_AND_WHOLE, memo=score.memo).memo is score.memo
+    with pytest.raises(GpufleetError, match="another target workload"):
+        FgdSelect(MIXED, memo=score.memo)
 
 
 def test_the_registry_factory_uses_the_generic_target() -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from gpufleet import __version__
-from gpufleet.domain.errors import GpufleetError
+from gpufleet.cli.sim import TRACES_ENV, traces_root
+from gpufleet.cli.sim import sim as sim_command
+from gpufleet.domain.errors import GpufleetError, WorkloadError
 
 app = typer.Typer(
     name="gpufleet",
@@ -18,6 +22,7 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Benchmarks; each prints one JSON object.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+app.command("sim")(sim_command)
 
 
 def fail(error: GpufleetError) -> None:
@@ -45,6 +50,40 @@ def bench_scheduler(
 
     try:
         result = scheduler.run(nodes, pending, seed=seed, policy=policy)
+    except GpufleetError as error:
+        fail(error)
+        return
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for key, value in result.items():
+            typer.echo(f"{key:>20}: {value}")
+
+
+@bench_app.command("sim")
+def bench_sim(
+    traces: Annotated[
+        Path | None, typer.Option(help=f"Folder holding alibaba-openb-2023/ and philly-2017/ (or set {TRACES_ENV}).")
+    ] = None,
+    case: Annotated[
+        list[str] | None, typer.Option(help="Run only this case (openb_fgd_best_fit, philly_fifo); repeatable.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json/--no-json", help="Print one JSON object (default).")] = True,
+) -> None:
+    """Simulator speed: (a) FGD protocol on openb with best-fit, (b) the whole Philly trace with fifo."""
+    from gpufleet.bench import sim as sim_bench
+
+    try:
+        root = traces_root(traces)
+        if root is None:
+            raise WorkloadError(
+                "the simulator benchmark needs the public traces", f"pass --traces DIR or set {TRACES_ENV}"
+            )
+        cases = tuple(case or ())
+        unknown = sorted(set(cases) - set(sim_bench.GOALS_S))
+        if unknown:
+            raise WorkloadError(f"no benchmark case {unknown[0]!r}", f"use one of: {', '.join(sim_bench.GOALS_S)}")
+        result = sim_bench.run(root, cases or tuple(sim_bench.GOALS_S))
     except GpufleetError as error:
         fail(error)
         return

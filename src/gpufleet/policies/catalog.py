@@ -8,7 +8,7 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
     fifo-backfill  FIFO, jobs behind a blocked head may go first, bin_pack
     priority       priority then FIFO, priority preemption, bin_pack + topology
     spread         FIFO, least-allocated nodes first (the Kubernetes default)
-    best-fit       FIFO, best-fit bin packing (FGD's `05-BestFit` baseline)
+    best-fit       FIFO, best fit by absolute CPU and GPU left (`best_fit`, FGD's `BestFit` baseline)
     las            Tiresias' discretised least attained service, bin_pack + topology
     first-fit      FIFO, no score: the first node (by name) that fits; pack GPU selection
     random         FIFO, uniformly random node, seeded by the snapshot seed and job id (FGD's `01-Random`)
@@ -57,6 +57,7 @@ from gpufleet.policies.order.sjf import ShortestJobFirst
 from gpufleet.policies.order.srtf import ShortestRemainingTime
 from gpufleet.policies.order.throughput_fair import ThroughputFairShare
 from gpufleet.policies.preempt.priority import PriorityPreemption
+from gpufleet.policies.score.best_fit import BestFit
 from gpufleet.policies.score.bin_pack import BinPack
 from gpufleet.policies.score.fgd import FgdScore
 from gpufleet.policies.score.random import RandomScore
@@ -98,7 +99,7 @@ for _admit in (QuotaAdmission, GangAdmission):
     ADMIT.register(_admit.name, _admit)
 for _filter in (NodeHealth, GpuModel, Fits):
     FILTER.register(_filter.name, _filter)
-for _score in (BinPack, Spread, Topology, FgdScore, RandomScore, ThroughputScore):
+for _score in (BinPack, BestFit, Spread, Topology, FgdScore, RandomScore, ThroughputScore):
     SCORE.register(_score.name, _score)
 for _select in (PackGpus, FgdSelect):
     SELECT.register(_select.name, _select)
@@ -179,7 +180,7 @@ PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
         "priority", "priority", (("bin_pack", 1.0), ("topology", 1.0)), preempt="priority"
     ),
     "spread": lambda _: build_profile("spread", "fifo", (("spread", 1.0),)),
-    "best-fit": lambda _: build_profile("best-fit", "fifo", (("bin_pack", 1.0),)),
+    "best-fit": lambda _: build_profile("best-fit", "fifo", (("best_fit", 1.0),)),
     "las": lambda _: build_profile("las", "las", (("bin_pack", 1.0), ("topology", 1.0))),
     "first-fit": lambda _: build_profile("first-fit", "fifo", ()),
     "random": lambda _: build_profile("random", "fifo", (("random", 1.0),)),

@@ -166,7 +166,10 @@ class _Cycle:
         if cached is not None:
             return cached
         if self.searches[job.queue] >= self.profile.preemption_searches_per_queue:
-            return blocked_by
+            deferred = (
+                f"preemption not tried this cycle: queue {job.queue} used its {self.searches[job.queue]} searches"
+            )
+            return Status(blocked_by.code, (*blocked_by.reasons, deferred), blocked_by.plugin, blocked_by.wake_on)
         self.searches[job.queue] += 1
         if view is None:
             view = _admit(self.profile, job, self.state)[0]

@@ -178,13 +178,17 @@ class QuotaLedger:
                 return False
         return True
 
-    def over_nominal(self, queue: str) -> bool:
-        """Whether the queue borrows now: uses more than its nominal quota of some resource.
+    def over_nominal(self, queue: str, keys: Iterable[str] | None = None) -> bool:
+        """Whether the queue borrows now: uses more than its nominal quota of some resource (of
+        `keys` only, if given: reclaim takes back only what the preemptor needs, as Kueue does).
 
         Quota reserved for its preemptors does not count: the victims it waits for may be its own
         jobs, whose quota comes back when they stop, so a reservation alone never makes it borrow."""
         reserved = self.reserved.get(queue, {})
+        wanted = None if keys is None else set(keys)
         for key, used in self.usage.get(queue, {}).items():
+            if wanted is not None and key not in wanted and not (GPU in wanted and key.startswith(GPU_MODEL_PREFIX)):
+                continue
             quota = self.quota(queue, key)
             if quota is not None and quota.nominal is not None and used - reserved.get(key, 0) > quota.nominal:
                 return True

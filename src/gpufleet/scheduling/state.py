@@ -60,7 +60,6 @@ class CycleState:
         self.table = NodeTable(snapshot.nodes)
         self.ledger = QuotaLedger(snapshot.queues)
         self.holdings: dict[JobId, Holding] = {}
-        self.node_jobs: dict[int, set[JobId]] = defaultdict(set)
         self.removed: set[JobId] = set()
         self.evicting_for: dict[JobId, list[JobId]] = defaultdict(list)
         self.evicting: set[JobId] = set()
@@ -82,8 +81,6 @@ class CycleState:
             row = per_queue[running.job.queue]
             for key, amount in usage.items():
                 row[key] += amount
-            for worker in running.workers:
-                self.node_jobs[self.table.index[worker.node]].add(running.id)
             if running.job.preemptible and running.evicting_for is None:
                 self.preemptible_by_group[(running.job.queue, running.job.priority)].append(running.id)
             if running.evicting_for is not None:
@@ -132,12 +129,11 @@ class CycleState:
         other.table = self.table.copy()
         other.ledger = self.ledger.copy()
         other.holdings = dict(self.holdings)
-        other.node_jobs = defaultdict(set, {node: set(jobs) for node, jobs in self.node_jobs.items()})
         other.removed = set(self.removed)
         other.evicting_for = defaultdict(list, {j: list(v) for j, v in self.evicting_for.items()})
         other.evicting = set(self.evicting)
         other.preemptible_by_group = defaultdict(list, {g: list(v) for g, v in self.preemptible_by_group.items()})
-        other._memo = dict(self._memo)
+        other._memo = self._memo  # capacity-only values: shared with the base, filled by any fork
         other.evaluations = {}
         return other
 
@@ -147,8 +143,6 @@ class CycleState:
         usage = self.usage_of(running.workers)
         self.holdings[running.id] = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
         self.ledger.add(running.job.queue, usage)
-        for worker in running.workers:
-            self.node_jobs[self.table.index[worker.node]].add(running.id)
         if running.evicting_for is not None:
             self.set_evicting(running.id, running.evicting_for)
         elif running.job.preemptible:
@@ -199,8 +193,6 @@ class CycleState:
         usage = self.usage_of(workers)
         self.holdings[job.id] = Holding(job, workers, tuple(sorted(usage.items())), running)
         self.ledger.add(job.queue, usage)
-        for worker in workers:
-            self.node_jobs[self.table.index[worker.node]].add(job.id)
 
     def allocate(self, job: Job, workers: tuple[WorkerPlacement, ...]) -> None:
         """Record a placement decided in this cycle (its workers are already applied to the table)."""
@@ -217,13 +209,11 @@ class CycleState:
             holding.job, (*holding.workers, worker), tuple(sorted(usage.items())), holding.running
         )
         self.ledger.add(holding.job.queue, added)
-        self.node_jobs[self.table.index[worker.node]].add(job_id)
 
     def release(self, job_id: JobId) -> None:
         holding = self.holdings.pop(job_id)
         for worker in holding.workers:
             self.table.apply(worker, +1)
-            self.node_jobs[self.table.index[worker.node]].discard(job_id)
         self.ledger.add(holding.job.queue, dict(holding.usage), sign=-1)
 
     # what-if view -------------------------------------------------------------------------------
@@ -261,9 +251,6 @@ class CycleState:
         finally:
             self._shift(job_ids, -1)
             self.removed.difference_update(job_ids)
-
-    def running_on(self, node: int) -> list[Holding]:
-        return [self.holdings[j] for j in sorted(self.node_jobs.get(node, ())) if j in self.holdings]
 
     def fingerprint(self) -> tuple[bytes, ...]:
         """The free-resource arrays as bytes: equal before and after a what-if means restored exactly."""

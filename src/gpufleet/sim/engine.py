@@ -9,6 +9,7 @@ seed: the same event log, byte for byte.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -163,7 +164,9 @@ class Simulation:
                 self.observer(now, self.reconciler)
             retry = self.reconciler.next_retry_at()
             if retry is not None and self._retry_at is None and self._heap:
-                self._retry_at = max(retry, now)
+                # A retry time at or before now (float rounding: last + 300 - last < 300) would step at `now`
+                # forever; the next representable time is the earliest a retry can still change anything.
+                self._retry_at = retry if retry > now else math.nextafter(now, math.inf)
                 self._push(self._retry_at, RETRY, None)
             if progress is not None:
                 progress(arrived, total)

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.domain.errors import UnknownNameError
-from gpufleet.policies.catalog import PROFILES, profile
+from gpufleet.policies.catalog import PROFILES, PolicyData, profile
+from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload
 from gpufleet.scheduling.plugins import Profile
 from gpufleet.sim.engine import SimRun, SimSettings, Simulation
 from gpufleet.sim.metrics import PolicyMetrics, Recorder, Recording, compute_metrics
@@ -24,16 +25,28 @@ from gpufleet.sim.workload import Workload, WorkloadError
 Progress = Callable[[str, int, int], None]
 
 
-def resolve_profiles(names: Sequence[str]) -> tuple[Profile, ...]:
-    """The named profiles, all checked before anything runs (an unknown name is an error, not a skipped run)."""
+def policy_data(workload: Workload) -> PolicyData:
+    """What data-driven plugins are built with for this workload: FGD's target workload is the workload's own
+    requests (as the paper builds it from the trace), Gavel's throughput table is the workload's."""
+    requests = [tj.job.request for tj in workload.jobs]
+    target = TargetWorkload.from_requests(requests) if requests else GENERIC_TARGET
+    return PolicyData(target=target, throughput=workload.throughput)
+
+
+def check_policies(names: Sequence[str]) -> tuple[str, ...]:
+    """The policy names, all checked before anything runs (an unknown name is an error, not a skipped run)."""
     if not names:
         raise UnknownNameError("no policy given", f"give one or more of: {', '.join(sorted(PROFILES))}")
     seen: set[str] = set()
     for name in names:
         if name in seen:
             raise UnknownNameError(f"policy {name!r} is listed twice", "list each policy once")
+        if name not in PROFILES:
+            raise UnknownNameError(
+                f"no scheduling profile named {name!r}", f"use one of: {', '.join(sorted(PROFILES))}"
+            )
         seen.add(name)
-    return tuple(profile(name) for name in names)
+    return tuple(names)
 
 
 def is_fgd_protocol(workload: Workload) -> bool:
@@ -71,7 +84,13 @@ class Experiment:
     fgd_protocol: bool
     prices: PriceTable | None = None
     notes: tuple[str, ...] = ()
-    published: dict[str, Any] = field(default_factory=dict)
+    job_ids: frozenset[str] | None = None
+
+    def result(self, policy: str) -> PolicyResult:
+        for r in self.results:
+            if r.policy == policy:
+                return r
+        raise KeyError(policy)
 
     @property
     def policies(self) -> tuple[str, ...]:
@@ -105,9 +124,33 @@ class Experiment:
             },
             "notes": list(self.notes),
         }
-        if self.published:
-            out["published"] = self.published
         return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Our figures beside published ones: a titled table (`columns`, `rows` of values in that order), the
+    experiments it came from, and notes on how the setups differ. Every row value is a number, text or None."""
+
+    name: str
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    experiments: tuple[Experiment, ...]
+    source: str
+    notes: tuple[str, ...] = ()
+    series: dict[str, Any] = field(default_factory=dict)  # extra data for plots and JSON (e.g. FGD curves)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "reproduce": self.name,
+            "title": self.title,
+            "published_source": self.source,
+            "comparison": [dict(zip(self.columns, row, strict=True)) for row in self.rows],
+            "notes": list(self.notes),
+            "series": self.series,
+            "experiments": [e.as_dict() for e in self.experiments],
+        }
 
 
 def run_policy(
@@ -151,16 +194,19 @@ def run_experiment(
 ) -> Experiment:
     """Run every policy on the workload. `workload_for(policy)` may give a policy its own variant of the workload
     (e.g. with oracle durations); by default all share `workload`."""
-    profiles = resolve_profiles(policies)
+    names = check_policies(policies)
     if not workload.jobs:
         raise WorkloadError(f"workload {workload.name!r} has no jobs", "give a workload with at least one job")
     fgd = is_fgd_protocol(workload)
     results = []
-    for prof in profiles:
-        variant = workload_for(prof.name) if workload_for is not None else workload
+    for name in names:
+        variant = workload_for(name) if workload_for is not None else workload
+        prof = profile(name, policy_data(variant))
         results.append(
             run_policy(
                 variant, prof, fgd_protocol=fgd, prices=prices, job_ids=job_ids, settings=settings, progress=progress
             )
         )
-    return Experiment(workload, tuple(results), fgd, prices, tuple(notes))
+    return Experiment(
+        workload, tuple(results), fgd, prices, tuple(notes), frozenset(job_ids) if job_ids is not None else None
+    )

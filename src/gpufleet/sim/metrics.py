@@ -610,3 +610,16 @@ def compute_metrics(
         sim_events=run.events,
         timing=timing,
     )
+
+
+def job_completion_times(run: SimRun, job_ids: Collection[str] | None = None) -> FloatArray:
+    """JCTs of the finished jobs (in submission order), for plots."""
+    records = sorted(run.store.all(), key=lambda r: (r.job.submit_seq, r.id))
+    return np.array(
+        [
+            r.finished_at - r.submitted_at
+            for r in records
+            if r.finished_at is not None and (job_ids is None or r.id in job_ids)
+        ],
+        dtype=np.float64,
+    )

@@ -28,7 +28,8 @@ from gpufleet.sim.workload import WorkloadError
 
 PRICE_FILE = "gcp_gpu_prices_us.csv"
 DEFAULT_REGION = "us-central1"
-_SUFFIXES = (re.compile(r"\d+GB$"), re.compile(r"M\d+$"))
+# Memory suffixes dropped when the full name has no row: `H100-80GB`, `A100 40GB`, `V100M32`.
+_SUFFIXES = (re.compile(r"[-_ ]+\d+\s*GB$", re.IGNORECASE), re.compile(r"(?<=\d)M\d+$"))
 
 
 def model_key(name: str) -> str:
@@ -57,7 +58,7 @@ class PriceTable:
         if key in self._keys:
             return self._keys[key]
         for suffix in _SUFFIXES:
-            short = suffix.sub("", key)
+            short = model_key(suffix.sub("", model.strip()))
             if short != key and short in self._keys:
                 return self._keys[short]
         return None

@@ -33,7 +33,9 @@ NAME = "priority"
 NODES_TRIED = 32
 
 
-def _eligible(job: Job, queue: str, priority: int, state: CycleState, reclaiming: bool) -> str | None:
+def _eligible(
+    job: Job, queue: str, priority: int, state: CycleState, reclaiming: bool, needs: frozenset[str]
+) -> str | None:
     """Why a job of (`queue`, `priority`) may be preempted for `job`, or None if it may not."""
     ledger = state.ledger
     if queue == job.queue:
@@ -45,7 +47,7 @@ def _eligible(job: Job, queue: str, priority: int, state: CycleState, reclaiming
     same_cohort = (
         spec is not None and victim_spec is not None and spec.cohort is not None and spec.cohort == victim_spec.cohort
     )
-    if same_cohort and reclaiming and ledger.over_nominal(queue):
+    if same_cohort and reclaiming and ledger.over_nominal(queue, needs):
         return f"queue {queue} borrows above its nominal quota; queue {job.queue} reclaims it"
     if priority < job.priority and not ledger.protected(queue):
         return f"lower priority ({priority} < {job.priority}) in queue {queue}, which has no guarantee"
@@ -131,6 +133,7 @@ class PriorityPreemption:
         }
         ledger = state.ledger
         reclaiming = ledger.within_nominal(job.queue, demand)
+        needs = frozenset(key for key, amount in demand.items() if amount)
         quota_ok = trial.admits(job, state).ok
         capable = _capable_nodes(job, state)
         index = state.table.index
@@ -139,7 +142,7 @@ class PriorityPreemption:
         reasons: dict[str, str] = {}
         candidates: list[Holding] = []
         for (queue, priority), members in sorted(state.preemptible_by_group.items()):
-            why = _eligible(job, queue, priority, state, reclaiming)
+            why = _eligible(job, queue, priority, state, reclaiming, needs)
             if why is None:
                 continue
             # Stopping a job helps only if it frees a node the job could use, or quota it is short of.
@@ -225,6 +228,8 @@ class PriorityPreemption:
                     state.restore(job_id)
                 continue
             kept = self._reprieve(job, state, trial, removed)
+            if not kept:
+                continue  # it would fit with nobody stopped here: not a victim set
             costs = [_cost(state.holdings[v], state) for v in kept]
             key = (max(c[0] for c in costs), float(np.sum([c[1] for c in costs])), float(len(kept)), float(node))
             if best is None or key < best[0]:

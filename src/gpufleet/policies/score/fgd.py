@@ -28,6 +28,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import WorkerRequest
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike, placement_delta
 from gpufleet.scheduling.plugins import GangContext, JobView
@@ -171,6 +172,18 @@ class GradientMemo:
         return int(gpu[0])
 
 
+def shared_memo(memo: GradientMemo | None, target: TargetWorkload) -> GradientMemo:
+    """`memo` if given (it must be for the same target), else a new one."""
+    if memo is None:
+        return GradientMemo(target)
+    if memo.target != target:
+        raise GpufleetError(
+            "the FGD memo given was built for another target workload",
+            "give the fgd score and select plugins the same target, and the score's memo to the select plugin",
+        )
+    return memo
+
+
 class FgdScore:
     name: ClassVar[str] = NAME
 
@@ -178,7 +191,7 @@ class FgdScore:
         self, target: TargetWorkload | Iterable[TaskLike] = GENERIC_TARGET, *, memo: GradientMemo | None = None
     ) -> None:
         self.target = TargetWorkload.of(target)
-        self.memo = memo if memo is not None and memo.target == self.target else GradientMemo(self.target)
+        self.memo = shared_memo(memo, self.target)
 
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.domain.throughput import ThroughputTable, job_scale
+from gpufleet.domain.throughput import ThroughputTable, job_scale, model_key
 from gpufleet.scheduling.plugins import GangContext, JobView
 from gpufleet.scheduling.state import CycleState, Evaluation
 from gpufleet.scheduling.table import FloatArray, IntArray
@@ -67,12 +67,12 @@ class ThroughputScore:
         key = (models, job_type, gpus, consolidated)
         cached = self._luts.get(key)
         if cached is None:
-            gains = {m.strip().upper(): g for m, g in self.gains(job_type, gpus, consolidated).items()}
+            gains = {model_key(m): g for m, g in self.gains(job_type, gpus, consolidated).items()}
             top = self.largest_gain(gpus, consolidated)
             cached = np.zeros(len(models) + 1, dtype=np.float64)
             if top > 1.0:
                 for i, model in enumerate(models):
-                    gain = gains.get(model.strip().upper(), 0.0)
+                    gain = gains.get(model_key(model), 0.0)
                     cached[i] = 100.0 * max(0.0, gain - 1.0) / (top - 1.0)
             self._luts[key] = cached
         return cached

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import ClassVar
 
 from gpufleet.domain.errors import GpufleetError
-from gpufleet.policies.score.fgd import GradientMemo
+from gpufleet.policies.score.fgd import GradientMemo, shared_memo
 from gpufleet.policies.select.pack import PackGpus
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike
 from gpufleet.scheduling.plugins import JobView
@@ -30,7 +30,7 @@ class FgdSelect:
         self, target: TargetWorkload | Iterable[TaskLike] = GENERIC_TARGET, *, memo: GradientMemo | None = None
     ) -> None:
         self.target = TargetWorkload.of(target)
-        self.memo = memo if memo is not None and memo.target == self.target else GradientMemo(self.target)
+        self.memo = shared_memo(memo, self.target)
         self._whole = PackGpus()
 
     def select(self, view: JobView, table: NodeTable, node: int, usable: BoolArray) -> tuple[int, ...]:

@@ -1,0 +1,377 @@
+"""`gpufleet sim`: what-if runs of a workload under several scheduling policies, and published reproductions.
+
+gpufleet sim                                        synthetic workload, policies fifo,las,default
+gpufleet sim -w philly -p fifo,sjf --traces DIR     a public trace (DIR holds philly-2017/ …)
+gpufleet sim -w openb -p best-fit,fgd --traces DIR  the FGD protocol on openb (pods never leave)
+gpufleet sim -w PATH                                a trace folder or CSV, format detected
+gpufleet sim --reproduce fgd --traces DIR           our figures beside the published ones
+… --out DIR (results.json, results.csv, plots, report.md)   … --json (one JSON object on stdout)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpufleet.domain.errors import GpufleetError
+from gpufleet.sim.experiment import Comparison, Experiment, run_experiment, scale_load
+from gpufleet.sim.experiment import Progress as ProgressFn
+from gpufleet.sim.prices import PriceTable, load_price_table, parse_price, prices_from
+from gpufleet.sim.report import FGD_REPORT_STEPS, fmt, write_report
+from gpufleet.sim.reproduce import REPRODUCTIONS, pollux_with_durations
+from gpufleet.sim.workload import Workload, WorkloadError
+from gpufleet.sim.workloads import load_workload
+from gpufleet.sim.workloads.registry import SOURCES
+
+TRACES_ENV = "GPUFLEET_TRACES"
+PRICES_ENV = "GPUFLEET_PRICES"
+DEFAULT_POLICIES = "fifo,las,default"
+# What `--workload openb` means here: the FGD paper's protocol (sampled pods that never leave), the way the
+# openb trace is used in published work. `fgd` is the same.
+WORKLOAD_ALIASES = {"openb": "fgd"}
+DEFAULT_SEEDS = {"fgd": 42}
+GAVEL_DEFAULT_RATE = 2.0
+
+
+def _parse_value(text: str) -> Any:
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_options(pairs: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` pairs -> loader options (numbers and true/false converted)."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise WorkloadError(f"option {pair!r} is not KEY=VALUE", "write e.g. --set rate_per_hour=3.0")
+        options[key.strip()] = _parse_value(value.strip())
+    return options
+
+
+def traces_root(traces: Path | None) -> Path | None:
+    root = traces if traces is not None else (Path(os.environ[TRACES_ENV]) if os.environ.get(TRACES_ENV) else None)
+    if root is not None and not root.expanduser().is_dir():
+        raise WorkloadError(
+            "the traces folder does not exist", "give --traces DIR, the folder holding the trace folders", path=root
+        )
+    return root.expanduser() if root is not None else None
+
+
+def _need_traces(root: Path | None, what: str, folder: str) -> Path:
+    if root is None:
+        raise WorkloadError(
+            f"{what} needs the public trace data",
+            f"pass --traces DIR (the folder holding {folder}/) or set {TRACES_ENV}",
+        )
+    return root
+
+
+def load_named(name: str, root: Path | None, seed: int | None, options: dict[str, Any]) -> Workload:
+    """A workload by name (synthetic, openb, fgd, philly, gavel, pollux, tiresias) or path, with CLI defaults."""
+    key = WORKLOAD_ALIASES.get(name.strip().lower(), name.strip().lower())
+    source = SOURCES.get(key)
+    options = dict(options)
+    if source is not None and source.name in ("synthetic", "fgd", "gavel"):
+        options.setdefault("seed", seed if seed is not None else DEFAULT_SEEDS.get(source.name, 0))
+    if source is not None and source.name == "gavel":
+        options.setdefault("rate_per_hour", GAVEL_DEFAULT_RATE)
+    if source is not None and source.folder is not None:
+        root = _need_traces(root, f"workload {name!r}", source.folder)
+    workload = load_workload(key if source is not None else name, traces_root=root, **options)
+    if source is not None and source.name == "pollux" and "application_durations" not in options:
+        workload = pollux_with_durations(workload)
+    return workload
+
+
+def load_prices(prices: Path | None, overrides: list[str]) -> PriceTable | None:
+    path = prices if prices is not None else (Path(os.environ[PRICES_ENV]) if os.environ.get(PRICES_ENV) else None)
+    given = dict(parse_price(p) for p in overrides)
+    if path is not None:
+        return load_price_table(path).with_overrides(given)
+    return prices_from(given) if given else None
+
+
+def fail(error: GpufleetError) -> None:
+    """A user mistake: one message with its fix on stderr, no stack trace, exit status 2."""
+    typer.echo(f"error: {error}", err=True)
+    raise typer.Exit(2)
+
+
+# --- output ----------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def progress_bar(enabled: bool) -> Iterator[ProgressFn | None]:
+    """A Rich progress bar on stderr, one task per policy (jobs arrived / jobs); None when disabled."""
+    if not enabled:
+        yield None
+        return
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs arrived"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        tasks: dict[str, Any] = {}
+        last: dict[str, int] = {}
+
+        def update(policy: str, arrived: int, total: int) -> None:
+            task = tasks.get(policy)
+            if task is None:
+                task = tasks[policy] = bar.add_task(policy, total=total)
+                last[policy] = -1
+            step = max(1, total // 500)
+            if arrived - last[policy] >= step or arrived == total:
+                bar.update(task, completed=arrived)
+                last[policy] = arrived
+
+        yield update
+
+
+def _seconds(value: float | None) -> str:
+    return fmt(value)
+
+
+def experiment_table(experiment: Experiment) -> Table:
+    w = experiment.workload
+    table = Table(
+        title=f"{w.name}: {len(w.nodes):,} nodes, {w.gpu_count:,} GPUs, {len(w.jobs):,} jobs",
+        caption=f"Source: {w.citation} License: {w.license}",
+        caption_justify="left",
+    )
+    columns = (
+        ("policy", "left"),
+        ("done", "right"),
+        ("avg JCT s", "right"),
+        ("p95 JCT s", "right"),
+        ("avg queue s", "right"),
+        ("p95 queue s", "right"),
+        ("makespan s", "right"),
+        ("GPU alloc %", "right"),
+        ("frag %", "right"),
+        ("preempt", "right"),
+        ("cost $", "right"),
+        ("Jain", "right"),
+        ("avg rho", "right"),
+    )
+    for name, justify in columns:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in experiment.results:
+        m = r.metrics
+        table.add_row(
+            r.policy,
+            f"{m.jobs_finished:,}/{m.jobs:,}",
+            _seconds(m.jct.avg),
+            _seconds(m.jct.p95),
+            _seconds(m.queueing.avg),
+            _seconds(m.queueing.p95),
+            _seconds(m.makespan_s),
+            f"{m.gpu_alloc_pct:.1f}",
+            fmt(m.fragmentation_pct_of_capacity),
+            fmt(m.preemptions),
+            fmt(m.cost_usd),
+            fmt(m.jain_slowdown),
+            fmt(m.ftf_rho.avg),
+        )
+    return table
+
+
+def fgd_table(experiment: Experiment) -> Table:
+    w = experiment.workload
+    table = Table(
+        title="GPU allocation % / FGD fragmentation % of capacity, at arrived load (% of GPU capacity)",
+        caption=f"Source: {w.citation}",
+        caption_justify="left",
+    )
+    table.add_column("policy")
+    for p in FGD_REPORT_STEPS:
+        table.add_column(f"{p} %", justify="right")
+    for r in experiment.results:
+        at = {s.arrived_pct: s for s in r.metrics.fgd_steps}
+        table.add_row(
+            r.policy,
+            *(
+                f"{at[p].gpu_alloc_pct:.2f} / {at[p].frag_gpu_pct_of_capacity:.2f}" if p in at else "-"
+                for p in FGD_REPORT_STEPS
+            ),
+        )
+    return table
+
+
+def comparison_table(comparison: Comparison) -> Table:
+    table = Table(title=comparison.title, caption=f"Published: {comparison.source}", caption_justify="left")
+    for column in comparison.columns:
+        table.add_column(column, justify="left" if column in ("policy", "published_policy") else "right")
+    for row in comparison.rows:
+        table.add_row(*(fmt(v) for v in row))
+    return table
+
+
+def stdout_console() -> Console:
+    """The console for tables: the terminal's width, or 200 columns when piped (so no column is cut)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def print_experiment(console: Console, experiment: Experiment) -> None:
+    console.print(experiment_table(experiment))
+    if experiment.fgd_protocol:
+        console.print(fgd_table(experiment))
+    for note in experiment.notes:
+        console.print(f"note: {note}")
+
+
+def print_comparison(console: Console, comparison: Comparison) -> None:
+    console.print(comparison_table(comparison))
+    for note in comparison.notes:
+        console.print(f"- {note}")
+
+
+# --- the command -----------------------------------------------------------------------------------------
+
+
+def sim(
+    workload: Annotated[
+        str,
+        typer.Option(
+            "--workload", "-w", help="synthetic, openb (FGD protocol), fgd, philly, gavel, pollux, tiresias, or a path."
+        ),
+    ] = "synthetic",
+    policies: Annotated[str, typer.Option("--policies", "-p", help="Comma-separated scheduling profiles.")] = (
+        DEFAULT_POLICIES
+    ),
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the synthetic generator, of the FGD sampling (default 42), of Gavel's.")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write results.json, results.csv, PNG plots and report.md here.")
+    ] = None,
+    traces: Annotated[
+        Path | None, typer.Option(help=f"Folder holding the public trace folders (or set {TRACES_ENV}).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")] = False,
+    reproduce: Annotated[
+        str | None, typer.Option(help="Re-run a published experiment: " + ", ".join(REPRODUCTIONS) + ".")
+    ] = None,
+    load_scale: Annotated[
+        float, typer.Option(help="Divide arrival times by K (K-fold load; run times unchanged).")
+    ] = 1.0,
+    prices: Annotated[
+        Path | None,
+        typer.Option(help=f"GPU price CSV (e.g. gcp_gpu_prices_us.csv, or its folder; or set {PRICES_ENV})."),
+    ] = None,
+    price: Annotated[
+        list[str] | None, typer.Option(help="USD per GPU-hour for a model: MODEL=USD (repeatable).")
+    ] = None,
+    options: Annotated[
+        list[str] | None, typer.Option("--set", help="Workload loader option KEY=VALUE (repeatable).")
+    ] = None,
+    oracle: Annotated[
+        bool,
+        typer.Option(
+            "--oracle-durations/--no-oracle-durations", help="Give jobs their true run time (read by sjf, srtf)."
+        ),
+    ] = True,
+    seeds: Annotated[int, typer.Option(min=1, max=10, help="--reproduce fgd: how many of the seeds 42..51.")] = 1,
+    rates: Annotated[str, typer.Option(help="--reproduce gavel: arrival rates (jobs/hour).")] = "0.4,2.0,3.2",
+    show_progress: Annotated[
+        bool | None,
+        typer.Option("--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
+    ] = None,
+) -> None:
+    """Simulate a workload under several policies and compare them (or reproduce a published experiment)."""
+    try:
+        root = traces_root(traces)
+        table = load_prices(prices, price or [])
+        names = [p.strip() for p in policies.split(",") if p.strip()]
+        bar = show_progress if show_progress is not None else sys.stderr.isatty()
+        if not math.isfinite(load_scale) or load_scale <= 0:
+            raise WorkloadError(f"--load-scale is {load_scale}", "give a factor > 0, e.g. 4")
+        if reproduce is not None:
+            _reproduce(
+                reproduce, root, names, policies != DEFAULT_POLICIES, load_scale, table, seeds, rates, bar, out, as_json
+            )
+            return
+        loaded = load_named(workload, root, seed, parse_options(options or []))
+        loaded = scale_load(loaded, load_scale)
+        notes = []
+        if oracle and any(tj.duration is not None for tj in loaded.jobs):
+            loaded = loaded.with_expected_durations()
+            notes.append("Jobs carry their trace run time as expected_duration (read only by sjf and srtf).")
+        with progress_bar(bar) as progress:
+            experiment = run_experiment(loaded, names, prices=table, progress=progress, notes=notes)
+        if out is not None:
+            write_report(out, [experiment])
+        if as_json:
+            typer.echo(json.dumps(experiment.as_dict()))
+        else:
+            console = stdout_console()
+            print_experiment(console, experiment)
+            if out is not None:
+                console.print(f"wrote {out}/results.json, results.csv, report.md and plots")
+    except GpufleetError as error:
+        fail(error)
+
+
+def _reproduce(
+    name: str,
+    root: Path | None,
+    names: list[str],
+    chosen: bool,
+    load_scale: float,
+    table: PriceTable | None,
+    seeds: int,
+    rates: str,
+    bar: bool,
+    out: Path | None,
+    as_json: bool,
+) -> None:
+    runner = REPRODUCTIONS.get(name)
+    if runner is None:
+        raise WorkloadError(f"no published experiment {name!r} to reproduce", f"use one of: {', '.join(REPRODUCTIONS)}")
+    root = _need_traces(root, f"--reproduce {name}", "the trace folders")
+    kwargs: dict[str, Any] = {"policies": names if chosen else None, "prices": table}
+    if name == "helios-philly":
+        kwargs["load_scale"] = load_scale
+    elif load_scale != 1:
+        raise WorkloadError(f"--load-scale applies to --reproduce helios-philly, not {name}", "drop --load-scale")
+    if name == "fgd":
+        kwargs["seeds"] = tuple(range(42, 42 + seeds))
+    if name == "gavel":
+        try:
+            kwargs["rates"] = tuple(float(r) for r in rates.split(",") if r.strip())
+        except ValueError:
+            raise WorkloadError(f"--rates {rates!r} is not a list of numbers", "write e.g. --rates 0.4,2.0") from None
+    run: Callable[..., Comparison] = runner
+    with progress_bar(bar) as progress:
+        comparison = run(root, progress=progress, **kwargs)
+    if out is not None:
+        write_report(out, list(comparison.experiments), comparison)
+    if as_json:
+        typer.echo(json.dumps(comparison.as_dict()))
+        return
+    console = stdout_console()
+    print_comparison(console, comparison)
+    if out is not None:
+        console.print(f"wrote {out}/results.json, comparison.csv, results.csv, report.md and plots")

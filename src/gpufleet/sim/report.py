@@ -1,0 +1,415 @@
+"""Write a simulation's results to a folder: results.json, results.csv, PNG plots and report.md.
+
+Every file that shows results names the workload's source: results.json carries `citation`, `license` and
+`assumptions` per workload; report.md prints them under the tables; each plot's footer names the workload.
+
+    results.json        the experiment (or the comparison with published results, and its experiments)
+    results.csv         one row per (workload, policy) with every one-value metric
+    comparison.csv      with --reproduce: our figures beside the published ones
+    jct_cdf.png         CDF of job completion time per policy (jobs that finished)
+    fgd_allocation.png  FGD protocol: GPU allocation % vs arrived load, with the published curves if given
+    queue_time.png      mean queueing delay per queue and policy
+    gpu_allocation.png  GPU allocation % over simulated time per policy
+    report.md           all of the above, with the citation, license and assumptions
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpufleet.sim.experiment import Comparison, Experiment
+from gpufleet.sim.metrics import job_completion_times
+from gpufleet.sim.workload import WorkloadError
+
+SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("avg_jct_s", "avg JCT (s)"),
+    ("p95_jct_s", "p95 JCT (s)"),
+    ("avg_queueing_s", "avg queueing (s)"),
+    ("p95_queueing_s", "p95 queueing (s)"),
+    ("makespan_s", "makespan (s)"),
+    ("gpu_alloc_pct", "GPU alloc %"),
+    ("fragmentation_pct_of_capacity", "frag % cap"),
+    ("preemptions", "preemptions"),
+    ("cost_usd", "cost (USD)"),
+    ("jain_slowdown", "Jain (slowdown)"),
+    ("avg_ftf_rho", "avg rho"),
+)
+FGD_REPORT_STEPS = (50, 80, 90, 95, 100, 110, 120, 130)
+
+
+def fmt(value: Any) -> str:
+    """A table cell: thousands separators for large numbers, 2-4 significant decimals for small ones."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.2f}"
+        return f"{value:.3g}" if value else "0"
+    return str(value)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "workload"
+
+
+def citation_line(experiment: Experiment) -> str:
+    w = experiment.workload
+    return f"Workload {w.name}: {w.citation} License: {w.license}"
+
+
+# --- files -----------------------------------------------------------------------------------------------
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def _write_results_csv(path: Path, experiments: Sequence[Experiment]) -> None:
+    rows = [
+        {"workload": e.workload.name, "policy": r.policy, **r.metrics.scalars()} for e in experiments for r in e.results
+    ]
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if v is None else v for k, v in row.items()})
+
+
+def _write_comparison_csv(path: Path, comparison: Comparison) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(comparison.columns)
+        for row in comparison.rows:
+            writer.writerow(["" if v is None else v for v in row])
+
+
+# --- plots -----------------------------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    # matplotlib is heavy: loaded only when a report is written, with the file-only Agg backend.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _footer(fig: Any, experiment: Experiment) -> None:
+    w = experiment.workload
+    lines = textwrap.wrap(f"Workload {w.name}. Source: {w.citation}", 170)
+    if len(lines) > 3:
+        lines = [*lines[:2], lines[2][:160] + " [...]"]
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=6, ha="left", va="bottom")
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    _pyplot().close(fig)
+    return path
+
+
+def plot_jct_cdf(experiment: Experiment, path: Path) -> Path | None:
+    curves = {r.policy: np.sort(job_completion_times(r.run, experiment.job_ids)) for r in experiment.results}
+    curves = {p: v for p, v in curves.items() if v.size}
+    if not curves:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, values in curves.items():
+        ax.step(np.maximum(values, 1e-3), np.arange(1, values.size + 1) / values.size, where="post", label=policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (s, log scale)")
+    ax.set_ylabel("fraction of finished jobs")
+    ax.set_title(f"JCT CDF - {experiment.workload.name}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.subplots_adjust(bottom=0.2)
+    _footer(fig, experiment)
+    return _save(fig, path)
+
+
+def plot_fgd_allocation(
+    experiment: Experiment, path: Path, published: dict[str, Any] | None = None, names: dict[str, str] | None = None
+) -> Path | None:
+    """GPU allocation vs arrived load per policy (solid), the published mean of the matching policy (dashed, same
+    colour; `names` maps our policy to the published name); right panel: the saturated region."""
+    if not experiment.fgd_protocol:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    published = published or {}
+    names = names or {}
+    top = max((s.arrived_pct for r in experiment.results for s in r.metrics.fgd_steps), default=130)
+    for ax in axes:
+        shown: set[str] = set()
+        for i, r in enumerate(experiment.results):
+            colour = colours[i % len(colours)]
+            steps = r.metrics.fgd_steps
+            ax.plot(
+                [s.arrived_pct for s in steps],
+                [s.gpu_alloc_pct for s in steps],
+                color=colour,
+                marker=".",
+                label=r.policy,
+            )
+            theirs = names.get(r.policy)
+            if theirs in published:
+                curve = published[theirs]
+                ax.plot(
+                    curve["arrived_pct"],
+                    curve["gpu_alloc_pct"],
+                    color=colour,
+                    linestyle="--",
+                    label=f"{theirs} (published)",
+                )
+                shown.add(theirs)
+        for theirs, curve in sorted(published.items()):
+            if theirs not in shown:
+                ax.plot(
+                    curve["arrived_pct"],
+                    curve["gpu_alloc_pct"],
+                    color="grey",
+                    linestyle=":",
+                    label=f"{theirs} (published)",
+                )
+        ax.plot([0, 100], [0, 100], color="grey", linewidth=0.6, linestyle=":")
+        ax.grid(True, alpha=0.3)
+        ax.set_xlabel("arrived GPU request (% of GPU capacity)")
+    axes[0].set_xlim(0, top)
+    axes[0].set_ylabel("GPU allocation (% of capacity)")
+    axes[0].set_title(f"FGD protocol - {experiment.workload.name}", fontsize=10)
+    axes[0].legend(fontsize=7)
+    axes[1].set_xlim(80, top)
+    axes[1].set_ylim(80, 100)
+    axes[1].set_title("saturation (zoom)", fontsize=10)
+    fig.subplots_adjust(bottom=0.22, wspace=0.25, left=0.07, right=0.98)
+    _footer(fig, experiment)
+    return _save(fig, path)
+
+
+def plot_queue_time(experiment: Experiment, path: Path) -> Path | None:
+    if experiment.fgd_protocol:
+        return None  # pods never leave: every placed pod started at once, there is no queueing to show
+    queues = sorted({q.name for r in experiment.results for q in r.metrics.queues if q.avg_queueing_s is not None})
+    if not queues:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(7, 0.6 * len(queues) * len(experiment.results)), 4.5))
+    width = 0.8 / max(1, len(experiment.results))
+    x = np.arange(len(queues))
+    for i, r in enumerate(experiment.results):
+        by_queue = {q.name: q.avg_queueing_s or 0.0 for q in r.metrics.queues}
+        ax.bar(x + i * width, [by_queue.get(q, 0.0) for q in queues], width, label=r.policy)
+    ax.set_xticks(x + width * (len(experiment.results) - 1) / 2)
+    ax.set_xticklabels(queues, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("mean queueing delay (s)")
+    ax.set_title(f"Queueing delay per queue - {experiment.workload.name}")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    fig.subplots_adjust(bottom=0.3)
+    _footer(fig, experiment)
+    return _save(fig, path)
+
+
+def plot_gpu_allocation(experiment: Experiment, path: Path) -> Path | None:
+    capacity = experiment.workload.gpu_capacity_milli
+    if not capacity or experiment.fgd_protocol:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in experiment.results:
+        samples = r.run.samples
+        if not samples:
+            continue
+        stride = max(1, len(samples) // 4000)
+        kept = samples[::stride]
+        ax.step(
+            [s.at / 3600.0 for s in kept],
+            [100.0 * s.allocated_milli / capacity for s in kept],
+            where="post",
+            label=r.policy,
+        )
+    ax.set_xlabel("simulated time (hours)")
+    ax.set_ylabel("GPU allocation (% of capacity)")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"GPU allocation over time - {experiment.workload.name}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.subplots_adjust(bottom=0.2)
+    _footer(fig, experiment)
+    return _save(fig, path)
+
+
+# --- markdown --------------------------------------------------------------------------------------------
+
+
+def _md_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def _experiment_md(experiment: Experiment, images: dict[str, Path], heading: str = "##") -> list[str]:
+    w = experiment.workload
+    lines = [f"{heading} Workload `{w.name}`", ""]
+    models = ", ".join(f"{m} x{n}" for m, n in w.gpus_by_model().items())
+    lines += [
+        f"{len(w.nodes):,} nodes, {w.gpu_count:,} GPUs ({models}), {len(w.queues)} queue(s), {len(w.jobs):,} jobs"
+        + (
+            " - FGD protocol (pods never leave; measured at each 5 % of arrived load)."
+            if experiment.fgd_protocol
+            else "."
+        )
+        + (
+            f" Job-level metrics over {len(experiment.job_ids):,} selected jobs."
+            if experiment.job_ids is not None
+            else ""
+        ),
+        "",
+    ]
+    rows = [[r.policy, *(r.metrics.as_dict().get(k) for k, _ in SUMMARY_COLUMNS)] for r in experiment.results]
+    lines += _md_table(["policy", *(label for _, label in SUMMARY_COLUMNS)], rows)
+    lines += ["", f"*{citation_line(experiment)}*", ""]
+    if experiment.fgd_protocol:
+        lines += [f"{heading}# GPU allocation % / FGD fragmentation % of capacity at arrived load", ""]
+        steps = list(FGD_REPORT_STEPS)
+        fgd_rows = []
+        for r in experiment.results:
+            at = {s.arrived_pct: s for s in r.metrics.fgd_steps}
+            fgd_rows.append(
+                [
+                    r.policy,
+                    *(
+                        f"{at[p].gpu_alloc_pct:.2f} / {at[p].frag_gpu_pct_of_capacity:.2f}" if p in at else None
+                        for p in steps
+                    ),
+                ]
+            )
+        lines += _md_table(["policy", *(f"{p} %" for p in steps)], fgd_rows)
+        lines += ["", f"*{citation_line(experiment)}*", ""]
+    lines += [f"{heading}# Per queue", ""]
+    queue_rows = [
+        [r.policy, q.name, q.jobs, q.finished, q.avg_jct_s, q.avg_queueing_s, q.avg_slowdown, q.gpu_share_pct]
+        for r in experiment.results
+        for q in r.metrics.queues
+    ]
+    lines += _md_table(
+        ["policy", "queue", "jobs", "finished", "avg JCT (s)", "avg queueing (s)", "avg slowdown", "GPU share %"],
+        queue_rows,
+    )
+    lines += [
+        "",
+        f"{heading}# Source, license and assumptions",
+        "",
+        f"- Citation: {w.citation}",
+        f"- License: {w.license}",
+    ]
+    lines += [f"- Assumption: {a}" for a in w.assumptions]
+    lines += [f"- Note: {n}" for n in experiment.notes]
+    if experiment.prices is not None:
+        lines += [f"- Prices: {experiment.prices.basis} (from {experiment.prices.source})."]
+        unpriced = sorted({m for r in experiment.results for m in r.metrics.unpriced_models})
+        if unpriced:
+            lines += [f"- No price for GPU model(s) {', '.join(unpriced)}: their GPU-hours are not in `cost_usd`."]
+    else:
+        lines += ["- Cost: no price table given (`--prices PATH`), so no cost is computed."]
+    lines += [""]
+    for label, image in images.items():
+        lines += [f"![{label}]({image.name})", ""]
+    return lines
+
+
+def _report_md(
+    experiments: Sequence[Experiment], comparison: Comparison | None, images: dict[str, dict[str, Path]]
+) -> str:
+    lines = ["# gpufleet simulation report", ""]
+    if comparison is not None:
+        lines += [f"## {comparison.title}", ""]
+        lines += _md_table(comparison.columns, comparison.rows)
+        lines += ["", f"*Published figures: {comparison.source}*", ""]
+        lines += [f"- {n}" for n in comparison.notes]
+        lines += [""]
+    for experiment in experiments:
+        lines += _experiment_md(
+            experiment, images.get(experiment.workload.name, {}), "##" if comparison is None else "###"
+        )
+    lines += [
+        "## Definitions",
+        "",
+        "JCT = finish - submit; queueing = first start - submit; pending = all time in state pending (log); "
+        "GPU alloc % = time-weighted allocated / capacity over the makespan; fragmentation = FGD measure "
+        "(Weng et al., ATC'23) with the workload itself as target workload, time-weighted over its samples; "
+        "Jain (slowdown) = Jain's index over queues of their mean slowdown; rho = JCT / run time on a 1/N share "
+        "(Themis). Full definitions: `gpufleet.sim.metrics`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(
+    out_dir: str | Path, experiments: Sequence[Experiment], comparison: Comparison | None = None
+) -> list[Path]:
+    """Write every file into `out_dir` (created if missing); returns the paths written."""
+    out = Path(out_dir).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise WorkloadError(
+            f"cannot create the output folder: {error.strerror}", "give a writable folder", path=out
+        ) from None
+    if not out.is_dir():
+        raise WorkloadError("is not a folder", "give a folder for the results (--out DIR)", path=out)
+    written: list[Path] = []
+    data = (
+        comparison.as_dict()
+        if comparison is not None
+        else (
+            experiments[0].as_dict() if len(experiments) == 1 else {"experiments": [e.as_dict() for e in experiments]}
+        )
+    )
+    _write_json(out / "results.json", data)
+    _write_results_csv(out / "results.csv", experiments)
+    written += [out / "results.json", out / "results.csv"]
+    if comparison is not None:
+        _write_comparison_csv(out / "comparison.csv", comparison)
+        written.append(out / "comparison.csv")
+    images: dict[str, dict[str, Path]] = {}
+    several = len(experiments) > 1
+    published = comparison.series.get("fgd_published") if comparison is not None else None
+    names = comparison.series.get("policy_names") if comparison is not None else None
+    for experiment in experiments:
+        suffix = f"-{_slug(experiment.workload.name)}" if several else ""
+        made = {
+            "JCT CDF": plot_jct_cdf(experiment, out / f"jct_cdf{suffix}.png"),
+            "GPU allocation vs arrived load (FGD protocol)": plot_fgd_allocation(
+                experiment, out / f"fgd_allocation{suffix}.png", published, names
+            ),
+            "Queueing delay per queue": plot_queue_time(experiment, out / f"queue_time{suffix}.png"),
+            "GPU allocation over time": plot_gpu_allocation(experiment, out / f"gpu_allocation{suffix}.png"),
+        }
+        kept = {label: p for label, p in made.items() if p is not None}
+        images[experiment.workload.name] = kept
+        written += kept.values()
+    (out / "report.md").write_text(_report_md(experiments, comparison, images), encoding="utf-8")
+    written.append(out / "report.md")
+    return written

@@ -1,0 +1,139 @@
+"""`gpufleet sim` and `gpufleet bench sim` through the CLI: tables with the citation, JSON, files, error exits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpufleet.cli.main import app
+
+SMALL = ["--set", "jobs=60", "--set", "nodes=4"]
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.delenv("GPUFLEET_TRACES", raising=False)
+    monkeypatch.delenv("GPUFLEET_PRICES", raising=False)
+    return CliRunner()
+
+
+def test_sim_with_no_arguments_prints_a_table_with_the_citation(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["sim"])
+    assert result.exit_code == 0, result.output
+    for policy in ("fifo", "las", "default"):
+        assert policy in result.stdout
+    assert "avg JCT s" in result.stdout
+    assert "gpufleet synthetic workload generator" in result.stdout  # the table footer cites the workload
+
+
+def test_sim_json_has_every_metric_per_policy(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["sim", *SMALL, "-p", "fifo,sjf", "--seed", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["workload"]["citation"].startswith("gpufleet synthetic")
+    assert data["workload"]["jobs"] == 60
+    assert list(data["policies"]) == ["fifo", "sjf"]
+    keys = {
+        "avg_jct_s",
+        "p50_jct_s",
+        "p95_jct_s",
+        "p99_jct_s",
+        "avg_queueing_s",
+        "p95_queueing_s",
+        "avg_pending_s",
+        "avg_slowdown",
+        "makespan_s",
+        "gpu_alloc_pct",
+        "gpu_hours_allocated",
+        "gpu_hours_by_model",
+        "cost_usd",
+        "fragmentation_pct_of_capacity",
+        "fragmentation_ratio_pct_of_idle",
+        "preemptions",
+        "lost_work_s",
+        "lost_gpu_hours",
+        "jain_slowdown",
+        "jain_gpu_share",
+        "avg_ftf_rho",
+        "max_ftf_rho",
+        "ftf_unfair_pct",
+        "queues",
+        "fgd_steps",
+    }
+    for metrics in data["policies"].values():
+        assert keys <= set(metrics)
+        assert all(k == k.lower() and " " not in k for k in metrics)
+        assert metrics["jobs_finished"] == 60
+    assert "expected_duration" in data["notes"][0]
+
+
+def test_sim_writes_report_files_with_prices(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app, ["sim", *SMALL, "-p", "fifo", "--out", str(out), "--price", "A100-80GB=1.85", "--price", "H100-80GB=4.57"]
+    )
+    assert result.exit_code == 0, result.output
+    for name in ("results.json", "results.csv", "report.md", "jct_cdf.png", "queue_time.png"):
+        assert (out / name).stat().st_size > 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["policies"]["fifo"]["cost_usd"] > 0
+    assert data["policies"]["fifo"]["unpriced_models"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-p", "fifo,nope"], "no scheduling profile named 'nope'"),
+        (["-p", "fifo,fifo"], "listed twice"),
+        (["-w", "no-such-workload"], "unknown workload"),
+        (["-w", "philly"], "needs the public trace data"),
+        (["-w", "philly", "--traces", "/no/such/dir"], "traces folder does not exist"),
+        (["--set", "jobs"], "is not KEY=VALUE"),
+        (["--set", "bogus=1"], "bogus"),
+        (["--load-scale", "0"], "--load-scale"),
+        (["--price", "T4"], "MODEL=USD"),
+        (["--prices", "/no/such/prices.csv"], "price table does not exist"),
+        (["--reproduce", "nothing"], "no published experiment 'nothing'"),
+        (["--reproduce", "helios-philly"], "needs the public trace data"),
+    ],
+)
+def test_errors_exit_2_with_a_fix_and_no_traceback(runner: CliRunner, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["sim", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert result.stderr.startswith("error: ")
+    assert "to fix:" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_unknown_reproduction_with_traces(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["sim", "--reproduce", "nothing", "--traces", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "no published experiment 'nothing'" in result.stderr
+
+
+def test_named_trace_without_its_folder(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["sim", "-w", "tiresias", "--traces", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "tiresias data folder is missing" in result.stderr
+
+
+def test_env_var_gives_the_traces_folder(runner: CliRunner, traces_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The one short real-trace run: Tiresias' 60-job trace.
+    monkeypatch.setenv("GPUFLEET_TRACES", str(traces_root))
+    result = runner.invoke(app, ["sim", "-w", "tiresias", "-p", "fifo,tiresias", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["workload"]["jobs"] == 60
+    assert "Tiresias" in data["workload"]["citation"]
+    assert data["policies"]["fifo"]["jobs_finished"] == 60
+
+
+def test_bench_sim_errors(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["bench", "sim"])
+    assert result.exit_code == 2 and "needs the public traces" in result.stderr
+    result = runner.invoke(app, ["bench", "sim", "--traces", str(tmp_path), "--case", "nope"])
+    assert result.exit_code == 2 and "no benchmark case 'nope'" in result.stderr
