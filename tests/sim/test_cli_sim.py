@@ -134,6 +134,8 @@ def test_env_var_gives_the_traces_folder(runner: CliRunner, traces_root: Path, m
 
 def test_bench_sim_errors(runner: CliRunner, tmp_path: Path) -> None:
     result = runner.invoke(app, ["bench", "sim"])
-    assert result.exit_code == 2 and "needs the public traces" in result.stderr
+    assert result.exit_code == 2
+    assert "needs the public traces" in result.stderr
     result = runner.invoke(app, ["bench", "sim", "--traces", str(tmp_path), "--case", "nope"])
-    assert result.exit_code == 2 and "no benchmark case 'nope'" in result.stderr
+    assert result.exit_code == 2
+    assert "no benchmark case 'nope'" in result.stderr

@@ -121,7 +121,8 @@ def test_preemption_counts_and_pending_time_after_preemption() -> None:
     )
     result = run_policy(workload, profile("priority"))
     m = result.metrics
-    assert m.preemptions == 1 and m.jobs_preempted == 1
+    assert m.preemptions == 1
+    assert m.jobs_preempted == 1
     assert m.backend_stops == 1
     records = {r.id: r for r in result.run.store.all()}
     assert records["low"].preemptions == 1
@@ -158,7 +159,9 @@ def test_small_statistics() -> None:
     assert time_average([0.0, 10.0], [2.0, 4.0], 10.0) == pytest.approx(2.0)
     s = Summary.of([1.0, 2.0, 3.0, 4.0])
     assert (s.count, s.avg, s.p50, s.max) == (4, 2.5, 2.5, 4.0)
-    assert Summary.of([]).flat("jct", "_s") == dict.fromkeys(("avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "max_jct_s"))
+    assert Summary.of([]).flat("jct", "_s") == dict.fromkeys(
+        ("avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "max_jct_s")
+    )
 
 
 def test_fgd_protocol_measures_at_arrived_load_steps() -> None:

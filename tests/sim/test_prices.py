@@ -22,7 +22,8 @@ def test_gcp_catalog_prices_per_gpu_hour() -> None:
     assert table.price("H100-80GB") == pytest.approx(4.57009)  # memory suffix dropped -> H100
     assert table.price("V100M32") == pytest.approx(2.48)  # openb's name
     assert table.price("H200") == pytest.approx(74.49392 / 8)  # an 8-GPU row, per GPU
-    assert table.price("G2") is None and table.price("philly-gpu") is None
+    assert table.price("G2") is None
+    assert table.price("philly-gpu") is None
     spot = load_price_table(COSTS, spot=True)
     assert spot.price("T4") == pytest.approx(0.14)
     assert "host VM not included" in table.basis

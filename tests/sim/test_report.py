@@ -86,7 +86,12 @@ def test_fgd_protocol_plot_and_comparison_table(tmp_path: Path) -> None:
         for i in range(8)
     )
     workload = Workload(
-        "fgd-tiny", "hand-made FGD-style workload", "test", (make_node("n0", "T4", 4, 16 * GiB),), (QueueSpec("q"),), pods
+        "fgd-tiny",
+        "hand-made FGD-style workload",
+        "test",
+        (make_node("n0", "T4", 4, 16 * GiB),),
+        (QueueSpec("q"),),
+        pods,
     )
     experiment = run_experiment(workload, ["best-fit"])
     comparison = Comparison(
@@ -97,7 +102,10 @@ def test_fgd_protocol_plot_and_comparison_table(tmp_path: Path) -> None:
         (experiment,),
         "a published source",
         ("a note",),
-        {"fgd_published": {"X": {"arrived_pct": [0, 100], "gpu_alloc_pct": [0.0, 70.0]}}, "policy_names": {"best-fit": "X"}},
+        {
+            "fgd_published": {"X": {"arrived_pct": [0, 100], "gpu_alloc_pct": [0.0, 70.0]}},
+            "policy_names": {"best-fit": "X"},
+        },
     )
     written = write_report(tmp_path, [experiment], comparison)
     names = {p.name for p in written}
@@ -109,7 +117,8 @@ def test_fgd_protocol_plot_and_comparison_table(tmp_path: Path) -> None:
     assert data["experiments"][0]["workload"]["citation"] == "hand-made FGD-style workload"
     assert [s["arrived_pct"] for s in data["experiments"][0]["policies"]["best-fit"]["fgd_steps"]][:3] == [0, 5, 10]
     report = (tmp_path / "report.md").read_text()
-    assert "a published source" in report and "hand-made FGD-style workload" in report
+    assert "a published source" in report
+    assert "hand-made FGD-style workload" in report
 
 
 def test_output_path_that_is_a_file_is_an_error(experiment: Experiment, tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ NEW = {
     "sjf": f"order=sjf, {STANDARD}, score=bin_pack*1+topology*1, select=pack, preempt=none",
     "srtf": f"order=srtf, {STANDARD}, score=bin_pack*1+topology*1, select=pack, preempt=none",
     "gavel": f"order=throughput_fair, {STANDARD}, score=throughput*2+bin_pack*1+topology*1, select=pack, preempt=none",
-    "tiresias": f"order=las, {STANDARD}, score=topology*2+bin_pack*1, select=pack, preempt=none",
+    "tiresias": f"order=las, {STANDARD}, score=topology*2+bin_pack*1, select=pack, preempt=las",
 }
 TABLE = ThroughputTable((ThroughputEntry("a", "A100", 1, 2.0), ThroughputEntry("a", "T4", 1, 1.0)))
 

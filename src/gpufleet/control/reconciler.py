@@ -96,7 +96,7 @@ class Reconciler:
             self.pending.wake_all()
         self._observe(now, report)
         self._intake()
-        if self.profile.preempt is not None and now - self._last_retry_all >= self.settings.retry_all_s:
+        if self.profile.preempt is not None and now >= self._last_retry_all + self.settings.retry_all_s:
             self.pending.wake_all()
             self._last_retry_all = now
         for _ in range(self.settings.max_cycles_per_step):

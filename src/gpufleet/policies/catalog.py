@@ -23,8 +23,7 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
                    placement (`throughput`, weight 2) + bin_pack + topology, for a throughput table
                    (`PolicyData.throughput`; without one the throughput parts are neutral)
     tiresias       least attained service (2D-LAS bands) with consolidation first (topology weight 2, then
-                   bin_pack). Tiresias also preempts jobs of lower-priority bands; the only preemption plugin
-                   (`priority`) ranks by job priority and quota, not bands, so this profile runs without it
+                   bin_pack), and LAS preemption: a job may stop jobs of its queue in a higher band (`las`)
 
 Data-driven plugins (FGD's target workload, Gavel's throughput table) cannot be built from a name alone.
 Two ways to give them their data:
@@ -56,6 +55,7 @@ from gpufleet.policies.order.priority import Priority
 from gpufleet.policies.order.sjf import ShortestJobFirst
 from gpufleet.policies.order.srtf import ShortestRemainingTime
 from gpufleet.policies.order.throughput_fair import ThroughputFairShare
+from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.policies.preempt.priority import PriorityPreemption
 from gpufleet.policies.score.best_fit import BestFit
 from gpufleet.policies.score.bin_pack import BinPack
@@ -103,7 +103,8 @@ for _score in (BinPack, BestFit, Spread, Topology, FgdScore, RandomScore, Throug
     SCORE.register(_score.name, _score)
 for _select in (PackGpus, FgdSelect):
     SELECT.register(_select.name, _select)
-PREEMPT.register(PriorityPreemption.name, PriorityPreemption)
+for _preempt in (PriorityPreemption, LasPreemption):
+    PREEMPT.register(_preempt.name, _preempt)
 
 STANDARD_FILTERS = ("node_health", "gpu_model", "fits")
 STANDARD_ADMIT = ("gang", "quota")
@@ -189,7 +190,7 @@ PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
     "sjf": lambda _: build_profile("sjf", "sjf", (("bin_pack", 1.0), ("topology", 1.0))),
     "srtf": lambda _: build_profile("srtf", "srtf", (("bin_pack", 1.0), ("topology", 1.0))),
     "gavel": _gavel,
-    "tiresias": lambda _: build_profile("tiresias", "las", (("topology", 2.0), ("bin_pack", 1.0))),
+    "tiresias": lambda _: build_profile("tiresias", "las", (("topology", 2.0), ("bin_pack", 1.0)), preempt="las"),
 }
 
 # name -> zero-argument factory with the default PolicyData.

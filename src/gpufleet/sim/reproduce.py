@@ -352,6 +352,9 @@ def reproduce_gavel(
         f"Jobs 4000-4999 of {num_jobs} measured, as Gavel does; numpy default_rng({seed}), not Gavel's random stream.",
         "Gavel allocates in 360 s rounds with time-sharing; gpufleet places jobs event by event without "
         "time-slicing (LAS preempts at job granularity), so expect the shape, not the seconds.",
+        "Heterogeneity-agnostic profiles (fifo, las) break placement ties by node name, so at low load jobs land on "
+        "the K80s first (the slowest GPUs, named first) and their JCT falls as load rises; Gavel's agnostic "
+        "policies time-share every GPU type instead.",
         "rho: ours approximates the 1/N share with the mean number of jobs in the system (gpufleet.sim.metrics).",
         f"Workload: {w.citation} License: {w.license}",
     )

@@ -25,7 +25,10 @@ class LeastAttainedService:
         self.thresholds = tuple(sorted(thresholds))
 
     def band(self, job: Job) -> int:
-        return bisect.bisect_right(self.thresholds, job.attained_gpu_seconds)
+        return self.band_of(job.attained_gpu_seconds)
+
+    def band_of(self, attained_gpu_seconds: float) -> int:
+        return bisect.bisect_right(self.thresholds, attained_gpu_seconds)
 
     def job_key(self, job: Job, state: CycleState) -> SortKey:
         return (self.band(job), -job.priority, job.submitted_at)

@@ -123,18 +123,14 @@ def _refusal(blocked_by: Status, why: str) -> VictimChoice:
 class PriorityPreemption:
     name: ClassVar[str] = NAME
 
-    def preempt(self, view: JobView, state: CycleState, blocked_by: Status, trial: Trial) -> VictimChoice:
-        job = view.job
-        request = job.request
-        demand = {
-            GPU: request.gpu_milli_total * job.gang_size,
-            CPU: request.cpu_milli * job.gang_size,
-            MEMORY: request.memory * job.gang_size,
-        }
+    def candidates(
+        self, job: Job, state: CycleState, demand: dict[str, int], quota_ok: bool
+    ) -> tuple[list[Holding], dict[str, str]]:
+        """Running jobs that may be stopped for `job`, and why each may. Only those that free a node the
+        job could use, or quota it is short of, are worth stopping."""
         ledger = state.ledger
         reclaiming = ledger.within_nominal(job.queue, demand)
         needs = frozenset(key for key, amount in demand.items() if amount)
-        quota_ok = trial.admits(job, state).ok
         capable = _capable_nodes(job, state)
         index = state.table.index
         spec = ledger.queues.get(job.queue)
@@ -142,10 +138,9 @@ class PriorityPreemption:
         reasons: dict[str, str] = {}
         candidates: list[Holding] = []
         for (queue, priority), members in sorted(state.preemptible_by_group.items()):
-            why = _eligible(job, queue, priority, state, reclaiming, needs)
+            why = self.eligible(job, queue, priority, state, reclaiming, needs)
             if why is None:
                 continue
-            # Stopping a job helps only if it frees a node the job could use, or quota it is short of.
             frees_quota = not quota_ok and (
                 queue == job.queue or (cohort is not None and _cohort(ledger.queues.get(queue)) == cohort)
             )
@@ -156,9 +151,31 @@ class PriorityPreemption:
                 if frees_quota or any(capable[index[w.node]] for w in holding.workers):
                     reasons[job_id] = why
                     candidates.append(holding)
+        return candidates, reasons
+
+    def eligible(
+        self, job: Job, queue: str, priority: int, state: CycleState, reclaiming: bool, needs: frozenset[str]
+    ) -> str | None:
+        """Why jobs of (`queue`, `priority`) may be stopped for `job`, or None."""
+        return _eligible(job, queue, priority, state, reclaiming, needs)
+
+    def cost(self, holding: Holding, state: CycleState) -> tuple[float, ...]:
+        """Victims are taken cheapest first: lower priority, less work lost, younger."""
+        return _cost(holding, state)
+
+    def preempt(self, view: JobView, state: CycleState, blocked_by: Status, trial: Trial) -> VictimChoice:
+        job = view.job
+        request = job.request
+        demand = {
+            GPU: request.gpu_milli_total * job.gang_size,
+            CPU: request.cpu_milli * job.gang_size,
+            MEMORY: request.memory * job.gang_size,
+        }
+        quota_ok = trial.admits(job, state).ok
+        candidates, reasons = self.candidates(job, state, demand, quota_ok)
         if not candidates:
             return _refusal(blocked_by, "no job that may be preempted for it holds what it needs")
-        candidates.sort(key=lambda h: (*_cost(h, state), h.job.id))
+        candidates.sort(key=lambda h: (*self.cost(h, state), h.job.id))
         chosen: list[str] | None = None
         potential = _potential_workers(job, state, candidates)
         if int(np.minimum(potential, job.gang_size).sum()) < job.gang_size:
@@ -213,7 +230,11 @@ class PriorityPreemption:
                     per_node[node].append(holding)
         ranked = sorted(
             per_node,
-            key=lambda n: (max(h.job.priority for h in per_node[n]), sum(_cost(h, state)[1] for h in per_node[n]), n),
+            key=lambda n: (
+                max(self.cost(h, state)[0] for h in per_node[n]),
+                sum(self.cost(h, state)[1] for h in per_node[n]),
+                n,
+            ),
         )
         best: tuple[tuple[float, ...], list[str]] | None = None
         for node in ranked[:NODES_TRIED]:
@@ -230,7 +251,7 @@ class PriorityPreemption:
             kept = self._reprieve(job, state, trial, removed)
             if not kept:
                 continue  # it would fit with nobody stopped here: not a victim set
-            costs = [_cost(state.holdings[v], state) for v in kept]
+            costs = [self.cost(state.holdings[v], state) for v in kept]
             key = (max(c[0] for c in costs), float(np.sum([c[1] for c in costs])), float(len(kept)), float(node))
             if best is None or key < best[0]:
                 best = (key, kept)

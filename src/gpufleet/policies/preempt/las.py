@@ -1,0 +1,60 @@
+"""Preemption by least attained service (Tiresias, Gu et al., NSDI 2019), on top of priority preemption.
+
+A pending job may also stop preemptible jobs of its own queue that have received more service: jobs in
+a higher discretised LAS band (GPU-seconds attained, including the current run). Victims are taken from
+the highest band first, then the least work lost. With checkpoints on the stop signal, a victim loses no
+work, only the restart; the bands (not raw attained service) keep jobs from trading places on every
+small difference. Everything priority preemption allows is allowed too.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from gpufleet.domain.jobs import Job
+from gpufleet.policies.order.las import DEFAULT_THRESHOLDS, LeastAttainedService
+from gpufleet.policies.preempt.priority import PriorityPreemption
+from gpufleet.scheduling.state import CycleState, Holding
+
+NAME = "las"
+
+
+def attained_now(holding: Holding, state: CycleState) -> float:
+    """GPU-seconds a holding job has received, its current run included."""
+    running = holding.running
+    gpus = holding.job.gpu_milli_total / 1000.0
+    earlier = holding.job.attained_gpu_seconds
+    if running is None:
+        return earlier
+    return earlier + gpus * max(0.0, state.now - running.started_at)
+
+
+class LasPreemption(PriorityPreemption):
+    name: ClassVar[str] = NAME
+
+    def __init__(self, thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS) -> None:
+        self.bands = LeastAttainedService(thresholds)
+
+    def band(self, holding: Holding, state: CycleState) -> int:
+        return self.bands.band_of(attained_now(holding, state))
+
+    def candidates(
+        self, job: Job, state: CycleState, demand: dict[str, int], quota_ok: bool
+    ) -> tuple[list[Holding], dict[str, str]]:
+        candidates, reasons = super().candidates(job, state, demand, quota_ok)
+        mine = self.bands.band_of(job.attained_gpu_seconds)
+        for (queue, _priority), members in sorted(state.preemptible_by_group.items()):
+            if queue != job.queue:
+                continue
+            for job_id in members:
+                holding = state.holdings.get(job_id)
+                if holding is None or job_id in state.evicting or job_id in reasons:
+                    continue
+                if holding.job.priority <= job.priority and self.band(holding, state) > mine:
+                    reasons[job_id] = f"attained more service (LAS band {self.band(holding, state)} > {mine})"
+                    candidates.append(holding)
+        return candidates, reasons
+
+    def cost(self, holding: Holding, state: CycleState) -> tuple[float, ...]:
+        base = super().cost(holding, state)
+        return (base[0], -float(self.band(holding, state)), *base[1:])
