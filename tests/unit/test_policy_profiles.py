@@ -36,6 +36,7 @@ NEW = {
     "first-fit": f"order=fifo, {STANDARD}, score=, select=pack, preempt=none",
     "random": f"order=fifo, {STANDARD}, score=random*1, select=pack, preempt=none",
     "fgd": f"order=fifo, {STANDARD}, score=fgd*1, select=fgd, preempt=none",
+    "fgd-bf": f"order=fifo, {STANDARD}, score=fgd*1+best_fit*0.02, select=fgd, preempt=none",
     "fgd-fair": f"order=fair_share, {STANDARD}, score=fgd*1+topology*1, select=fgd, preempt=priority",
     "sjf": f"order=sjf, {STANDARD}, score=bin_pack*1+topology*1, select=pack, preempt=none",
     "srtf": f"order=srtf, {STANDARD}, score=bin_pack*1+topology*1, select=pack, preempt=none",

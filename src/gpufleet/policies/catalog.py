@@ -14,6 +14,8 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
     random         FIFO, uniformly random node, seeded by the snapshot seed and job id (FGD's `01-Random`)
     fgd            FIFO, fragmentation gradient descent score + FGD GPU selection (FGD's `06-FGD`), for a
                    target workload (`PolicyData.target`; default: `GENERIC_TARGET`)
+    fgd-bf         `fgd` with best fit (weight 0.02) to break FGD's near-ties toward the node with the least
+                   absolute room left; on openb default it allocates more than FGD alone (see the closing notes)
     fgd-fair       `default` with FGD for placement: fair share, fgd + topology, FGD GPU selection, priority
                    preemption; for shared clusters with fractional GPUs
     sjf            shortest job first with known durations (`expected_duration`), bin_pack + topology
@@ -150,6 +152,13 @@ def _fgd(data: PolicyData) -> Profile:
     return build_profile("fgd", "fifo", ((score, 1.0),), select=FgdSelect(data.target, memo=score.memo))
 
 
+def _fgd_best_fit(data: PolicyData) -> Profile:
+    score = FgdScore(data.target)
+    return build_profile(
+        "fgd-bf", "fifo", ((score, 1.0), ("best_fit", 0.02)), select=FgdSelect(data.target, memo=score.memo)
+    )
+
+
 def _fgd_fair(data: PolicyData) -> Profile:
     score = FgdScore(data.target)
     return build_profile(
@@ -186,6 +195,7 @@ PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
     "first-fit": lambda _: build_profile("first-fit", "fifo", ()),
     "random": lambda _: build_profile("random", "fifo", (("random", 1.0),)),
     "fgd": _fgd,
+    "fgd-bf": _fgd_best_fit,
     "fgd-fair": _fgd_fair,
     "sjf": lambda _: build_profile("sjf", "sjf", (("bin_pack", 1.0), ("topology", 1.0))),
     "srtf": lambda _: build_profile("srtf", "srtf", (("bin_pack", 1.0), ("topology", 1.0))),
