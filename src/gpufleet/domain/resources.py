@@ -35,8 +35,18 @@ class WorkerRequest:
     cpu_milli: int = 0
     memory: int = 0
     models: frozenset[str] = field(default_factory=frozenset)
+    # Requests key many per-cycle caches: hash once, not on every look-up.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "_hash",
+            hash((self.gpus, self.gpu_milli, self.gpu_memory, self.cpu_milli, self.memory, self.models)),
+        )
         problems: list[FieldProblem] = []
         if self.gpus < 0:
             problems.append(FieldProblem("gpus", f"is {self.gpus}", "ask for 0 or more GPUs"))

@@ -166,10 +166,13 @@ class _Cycle:
         if cached is not None:
             return cached
         if self.searches[job.queue] >= self.profile.preemption_searches_per_queue:
+            # Searches only ever run out within a cycle: the answer holds for every later job like this one.
             deferred = (
                 f"preemption not tried this cycle: queue {job.queue} used its {self.searches[job.queue]} searches"
             )
-            return Status(blocked_by.code, (*blocked_by.reasons, deferred), blocked_by.plugin, blocked_by.wake_on)
+            status = Status(blocked_by.code, (*blocked_by.reasons, deferred), blocked_by.plugin, blocked_by.wake_on)
+            self.no_victims[key] = status
+            return status
         self.searches[job.queue] += 1
         if view is None:
             view = _admit(self.profile, job, self.state)[0]
