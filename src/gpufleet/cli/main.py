@@ -25,6 +25,15 @@ app.add_typer(bench_app, name="bench")
 app.command("sim")(sim_command)
 
 
+def print_result(result: dict[str, object], as_json: bool) -> None:
+    """A benchmark's result: one JSON object, or one `key: value` line each."""
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for key, value in result.items():
+        typer.echo(f"{key:>20}: {value}")
+
+
 def fail(error: GpufleetError) -> None:
     """Print a user mistake as one clear message, no stack trace, and exit 2."""
     typer.echo(f"error: {error}", err=True)
@@ -53,11 +62,7 @@ def bench_scheduler(
     except GpufleetError as error:
         fail(error)
         return
-    if as_json:
-        typer.echo(json.dumps(result))
-    else:
-        for key, value in result.items():
-            typer.echo(f"{key:>20}: {value}")
+    print_result(result, as_json)
 
 
 @bench_app.command("sim")
@@ -87,11 +92,7 @@ def bench_sim(
     except GpufleetError as error:
         fail(error)
         return
-    if as_json:
-        typer.echo(json.dumps(result))
-    else:
-        for key, value in result.items():
-            typer.echo(f"{key:>20}: {value}")
+    print_result(result, as_json)
 
 
 def main() -> None:  # pragma: no cover - console entry
