@@ -27,6 +27,7 @@ class ScriptedBackend:
     launches: list[Launch] = field(default_factory=list)
     stops: list[tuple[JobId, int, float]] = field(default_factory=list)
     _inbox: list[Observation] = field(default_factory=list)
+    adopted: list[Launch] = field(default_factory=list)
 
     def launch(self, launch: Launch) -> None:
         if any(done.job.id == launch.job.id and done.attempt == launch.attempt for done in self.launches):
@@ -35,6 +36,9 @@ class ScriptedBackend:
 
     def stop(self, job_id: JobId, attempt: int, grace_s: float, reason: str) -> None:
         self.stops.append((job_id, attempt, grace_s))
+
+    def adopt(self, live: Sequence[Launch]) -> None:
+        self.adopted = list(live)
 
     def poll(self) -> Sequence[Observation]:
         out, self._inbox = self._inbox, []

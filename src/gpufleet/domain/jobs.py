@@ -10,6 +10,46 @@ from gpufleet.domain.resources import WorkerRequest
 
 JobId = str
 
+SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """How a backend runs each worker of a job. The scheduling core never reads it.
+
+    `command` is an argv, or with `shell` a single string run by `/bin/sh -c`. `env` is extra
+    environment as (name, value) pairs. On preemption or cancel the backend sends `checkpoint_signal`,
+    waits `grace_s`, then kills. `max_runtime_s` bounds one attempt; `retries` is how many times a
+    failed attempt is started again.
+    """
+
+    command: tuple[str, ...]
+    shell: bool = False
+    workdir: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    checkpoint_signal: str = "SIGTERM"
+    grace_s: float = 30.0
+    max_runtime_s: float | None = None
+    retries: int = 0
+
+    def __post_init__(self) -> None:
+        problems: list[FieldProblem] = []
+        if not self.command or not all(self.command):
+            problems.append(FieldProblem("command", "is empty", "give the program and its arguments"))
+        elif self.shell and len(self.command) != 1:
+            problems.append(FieldProblem("command", "has several parts with shell", "give one shell string"))
+        if self.checkpoint_signal not in SIGNALS:
+            problems.append(
+                FieldProblem("checkpoint_signal", f"is {self.checkpoint_signal!r}", f"use one of {', '.join(SIGNALS)}")
+            )
+        if self.grace_s < 0:
+            problems.append(FieldProblem("grace_period", f"is {self.grace_s}", "give seconds >= 0"))
+        if self.max_runtime_s is not None and self.max_runtime_s <= 0:
+            problems.append(FieldProblem("max_runtime", f"is {self.max_runtime_s}", "give seconds > 0, or leave unset"))
+        if self.retries < 0:
+            problems.append(FieldProblem("retries", f"is {self.retries}", "give 0 or more"))
+        check(problems, "run spec")
+
 
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -33,6 +73,8 @@ class Job:
     checkpoint_interval: float | None = None
     attained_gpu_seconds: float = 0.0
     job_type: str = ""
+    name: str = ""
+    run: RunSpec | None = None
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []
@@ -77,7 +119,8 @@ class RunningJob:
     """A job that holds resources now (running, launching, or evicting).
 
     `last_checkpoint_at` is when its work was last saved: preempting it loses the work since then.
-    `evicting_for` is set while it is being preempted for another job.
+    `evicting_for` is set while it is being stopped: the preemptor's id, or "" when it is stopped for
+    another reason (a cancel, a timeout).
     """
 
     job: Job

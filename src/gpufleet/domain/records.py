@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.lifecycle import JobState
+
+
+class StopCause(enum.StrEnum):
+    """Why a job that holds resources is being stopped; decides where it goes once stopped."""
+
+    PREEMPTED = "preempted"  # back to its queue
+    RECLAIMED = "reclaimed"  # reserved but idle: back to its queue
+    CANCELLED = "cancelled"  # a user cancelled it: cancelled
+    TIMEOUT = "timeout"  # ran past its max runtime: failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +26,9 @@ class JobRecord:
 
     `attempt` counts launches (1 for the first); `attained_gpu_seconds` the GPU-time the job has
     received over all attempts (what least-attained-service ordering reads); `waiting_code` and
-    `waiting_reason` say, for a waiting job, why, in the core's words.
+    `waiting_reason` say, for a waiting job, why, in the core's words. While it is EVICTING,
+    `stop_cause` says why and `evicting_for` names the preemptor (empty for a cancel or timeout);
+    `failures` counts failed attempts, against the run spec's `retries`.
     """
 
     job: Job
@@ -35,6 +47,9 @@ class JobRecord:
     exit_code: int | None = None
     waiting_code: str = ""
     waiting_reason: str = ""
+    stop_cause: StopCause | None = None
+    failures: int = 0
+    reason: str = ""  # the last transition's reason: why it is in its state
 
     @property
     def id(self) -> JobId:
@@ -55,7 +70,9 @@ class JobRecord:
             self.workers,
             started_at=self.started_at if self.started_at is not None else self.submitted_at,
             last_checkpoint_at=self.last_checkpoint_at,
-            evicting_for=self.evicting_for,
+            evicting_for=self.evicting_for
+            if self.evicting_for is not None
+            else ("" if self.state is JobState.EVICTING else None),
         )
 
     def as_pending(self) -> Job:

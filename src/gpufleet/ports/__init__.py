@@ -72,6 +72,30 @@ class ExecutionBackend(Protocol):
         """What happened since the last call: observed truth only, each observation once."""
         ...
 
+    def adopt(self, live: Sequence[Launch]) -> None:
+        """Called once at start with every launch the store believes holds resources (LAUNCHING,
+        RUNNING, EVICTING). The backend keeps watching those it still has, reports through `poll`
+        what ended while the control plane was down (EXITED) and what it cannot find (LOST), and
+        stops whatever it runs that is not in `live`."""
+        ...
+
+
+class RequestKind(enum.StrEnum):
+    CANCEL = "cancel"  # stop it for good (cancelled)
+    REQUEUE = "requeue"  # stop it and put it back in its queue (drain of its node)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A user's request for the loop to act on a job. The loop is the only writer of job state, so the
+    API records requests and the loop turns them into transitions."""
+
+    seq: int
+    job_id: JobId
+    kind: RequestKind
+    reason: str
+    at: float
+
 
 class StaleWriteError(Exception):
     """A write whose expected version no longer matches the store: the cycle that made it is stale."""
@@ -108,6 +132,14 @@ class StateStore(Protocol):
         ...
 
     def history(self, job_id: JobId) -> Sequence[Transition]: ...
+
+    def request(self, job_id: JobId, kind: RequestKind, reason: str, at: float) -> None:
+        """Record a request (e.g. cancel) for the loop; the API's way to act on an existing job."""
+        ...
+
+    def take_requests(self, cursor: int) -> tuple[Sequence[Request], int]:
+        """Requests recorded after `cursor`, and the cursor to pass next time."""
+        ...
 
 
 class EventSink(Protocol):

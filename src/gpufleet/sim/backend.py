@@ -114,6 +114,9 @@ class SimulatedBackend:
             self.stats.done[observation.job_id] = self.work.get(observation.job_id) or 0.0
         self._inbox.append(observation)
 
+    def adopt(self, live: Sequence[Launch]) -> None:
+        """The simulator starts with nothing running: there is nothing to adopt."""
+
     def poll(self) -> Sequence[Observation]:
         out, self._inbox = self._inbox, []
         return out

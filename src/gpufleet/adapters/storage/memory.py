@@ -10,7 +10,7 @@ from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.records import JobRecord
-from gpufleet.ports import StaleWriteError
+from gpufleet.ports import Request, RequestKind, StaleWriteError
 
 
 class InMemoryStore:
@@ -23,6 +23,7 @@ class InMemoryStore:
         self._submissions: list[JobId] = []
         self._history: dict[JobId, list[Transition]] = {}
         self.log: list[Transition] = []
+        self._requests: list[Request] = []
 
     def nodes(self) -> tuple[Node, ...]:
         return self._nodes
@@ -78,3 +79,9 @@ class InMemoryStore:
 
     def history(self, job_id: JobId) -> Sequence[Transition]:
         return tuple(self._history.get(job_id, ()))
+
+    def request(self, job_id: JobId, kind: RequestKind, reason: str, at: float) -> None:
+        self._requests.append(Request(len(self._requests) + 1, job_id, kind, reason, at))
+
+    def take_requests(self, cursor: int) -> tuple[Sequence[Request], int]:
+        return self._requests[cursor:], len(self._requests)

@@ -1,0 +1,76 @@
+"""What the control plane's API needs from its store beyond the loop's `StateStore`: queues, nodes,
+tokens and job queries. Implemented by the SQL store; every method is one short transaction."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpufleet.domain.cluster import Node
+from gpufleet.domain.lifecycle import JobState
+from gpufleet.domain.quotas import QueueSpec
+from gpufleet.domain.records import JobRecord
+from gpufleet.ports import StateStore
+
+
+class Role(enum.StrEnum):
+    ADMIN = "admin"  # everything
+    TEAM = "team"  # submit to, see and cancel the jobs of one queue
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """An API token as stored: never the secret, only its hash (`secret_hash`, hex SHA-256)."""
+
+    id: str
+    name: str
+    role: Role
+    queue: str | None
+    secret_hash: str
+    created_at: float
+    revoked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    queue: str | None = None
+    states: frozenset[JobState] = frozenset()
+    name: str | None = None
+    limit: int = 100
+    before_seq: int | None = None  # paging: jobs submitted before this `submit_seq`, newest first
+
+
+class AdminStore(StateStore, Protocol):
+    def set_queue(self, spec: QueueSpec) -> None:
+        """Create or replace a queue; bumps the cluster version."""
+        ...
+
+    def delete_queue(self, name: str) -> None:
+        """Remove a queue. Raises SpecError if it has active jobs or tokens; UnknownNameError if absent."""
+        ...
+
+    def set_nodes(self, nodes: Sequence[Node]) -> None:
+        """Replace the inventory (at start, from discovery), keeping each node's cordon flag."""
+        ...
+
+    def set_node_flags(self, name: str, *, cordoned: bool | None = None, healthy: bool | None = None) -> Node:
+        """Cordon/uncordon or mark health; bumps the cluster version. UnknownNameError if absent."""
+        ...
+
+    def create_token(self, token: Token) -> None: ...
+
+    def token_by_hash(self, secret_hash: str) -> Token | None: ...
+
+    def tokens(self) -> Sequence[Token]: ...
+
+    def revoke_token(self, token_id: str) -> None: ...
+
+    def jobs(self, query: JobQuery) -> Sequence[JobRecord]:
+        """Jobs matching the query, newest first."""
+        ...
+
+    def get_setting(self, key: str) -> str | None: ...
+
+    def set_setting(self, key: str, value: str) -> None: ...

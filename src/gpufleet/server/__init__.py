@@ -1,0 +1,1 @@
+"""The control plane on one machine: the HTTP API, the loop thread, and `gpufleet up`."""
