@@ -1,0 +1,27 @@
+"""What the HTTP API is given by the process that runs it (`gpufleet up`, or a test)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet.domain.jobs import JobId
+from gpufleet.ports import Clock
+from gpufleet.ports.admin import AdminStore
+
+
+@dataclass
+class ApiContext:
+    store: AdminStore
+    clock: Clock
+    # Log files of a job, oldest attempt first, one per worker (empty when it never ran here).
+    log_paths: Callable[[JobId], Sequence[Path]] = lambda _job_id: ()
+    # Tell the control loop that something changed (a submit, a cancel, a quota), so it runs now.
+    wake: Callable[[], None] = lambda: None
+    emulated: bool = False
+    inventory_source: str = "nvml"  # "nvml", "emulated: 8xA100-80GB", "emulated: cluster.yaml"
+    policy: str = "default"
+    # Prometheus exposition of /metrics (set by the process once telemetry is wired).
+    metrics: Callable[[], tuple[bytes, str]] | None = None
+    extra: dict[str, object] = field(default_factory=dict)
