@@ -3,7 +3,8 @@
 The same class runs live (wall clock, a real backend, a database) and in the simulator (simulated
 clock and backend, in-memory store): only the ports passed in differ.
 
-- Observe: what the backend reports (started, exited, stopped, lost) becomes transitions.
+- Observe: what the backend reports (started, exited, stopped, lost) becomes transitions; so do the
+  users' requests (cancel, requeue) and attempts that ran past their max runtime.
 - Snapshot: a base working state is kept in step with the store and forked for each cycle.
 - Decide: the pure core (`decide`) on the jobs that need a decision now (see `PendingIndex`).
 - Apply: first the intents are written (placements as Launching, victims as Evicting) in one
@@ -12,6 +13,8 @@ clock and backend, in-memory store): only the ports passed in differ.
 
 from __future__ import annotations
 
+import heapq
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,15 +22,27 @@ from dataclasses import dataclass, field
 from gpufleet.control.pending import PendingIndex
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition, transition
-from gpufleet.domain.records import JobRecord
+from gpufleet.domain.records import JobRecord, StopCause
 from gpufleet.domain.snapshot import ClusterSnapshot
-from gpufleet.ports import Clock, EventSink, ExecutionBackend, Launch, Observation, ObservationKind, StateStore
+from gpufleet.ports import (
+    Clock,
+    EventSink,
+    ExecutionBackend,
+    Launch,
+    Observation,
+    ObservationKind,
+    Request,
+    RequestKind,
+    StaleWriteError,
+    StateStore,
+)
 from gpufleet.scheduling.cycle import CycleResult, decide
 from gpufleet.scheduling.plugins import Profile
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.status import Wake
 
 S = JobState
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,7 @@ class StepReport:
     placed: int = 0
     preempted: int = 0
     finished: int = 0
+    stopped: int = 0  # cancels, requeues and timeouts asked of the backend
     cycles: int = 0
     decided: int = 0
     core_seconds: float = 0.0
@@ -54,7 +70,7 @@ class _Changes:
 
     def move(self, record: JobRecord, target: JobState, reason: str, at: float, **changes: object) -> JobRecord:
         self.transitions.append(transition(record.id, record.state, target, reason, at))
-        new = record.evolve(state=target, **changes)
+        new = record.evolve(state=target, reason=reason, **changes)
         self.records.append(new)
         return new
 
@@ -82,20 +98,37 @@ class Reconciler:
         self.pending = PendingIndex(profile.strict_fifo)
         self.nominated: set[JobId] = set()
         self._cursor = 0
+        self._request_cursor = 0
         self._cluster_version = -1
         self._last_retry_all = clock.now()
+        self._deadlines: list[tuple[float, JobId, int]] = []  # (max runtime end, job, attempt), a heap
         self.base = self._rebuild()
+        self.backend.adopt([Launch(r.job, r.attempt, r.workers) for r in self.store.active() if r.holds_resources])
 
     # --- the loop -------------------------------------------------------------------------------
 
     def step(self) -> StepReport:
         report = StepReport()
+        try:
+            self._step(report)
+        except StaleWriteError as error:
+            # Another writer changed a job under us (a second control plane on the same store, or a
+            # bug). Nothing was launched for the rejected write: resynchronise from the store.
+            log.warning("store changed under the control loop (%s); resynchronising", error)
+            self.pending = PendingIndex(self.profile.strict_fifo)
+            self.nominated.clear()
+            self.base = self._rebuild()
+        return report
+
+    def _step(self, report: StepReport) -> None:
         now = self.clock.now()
         if self.store.cluster_version() != self._cluster_version:
             self.base = self._rebuild()
             self.pending.wake_all()
         self._observe(now, report)
         self._intake()
+        self._requests(now, report)
+        self._timeouts(now, report)
         if self.profile.preempt is not None and now >= self._last_retry_all + self.settings.retry_all_s:
             self.pending.wake_all()
             self._last_retry_all = now
@@ -111,7 +144,6 @@ class Reconciler:
             self._apply(now, result, report)
             if not self.pending.settle(jobs, result.waiting):
                 break
-        return report
 
     def next_retry_at(self) -> float | None:
         """When parked jobs will be retried regardless of events (None: only events wake them)."""
@@ -128,11 +160,18 @@ class Reconciler:
         running = tuple(r.as_running() for r in records if r.holds_resources)
         snapshot = ClusterSnapshot(self.store.nodes(), running, self.store.queues(), now=self.clock.now())
         base = CycleState(snapshot)
+        self._deadlines = []
         for record in records:
             if record.state is S.PENDING and record.id not in self.pending:
                 self.pending.add(record.as_pending(), self._key(record.as_pending(), base))
-        self._cursor = max(self._cursor, 0)
+            elif record.holds_resources:
+                self._track_deadline(record)
         return base
+
+    def _track_deadline(self, record: JobRecord) -> None:
+        run = record.job.run
+        if run is not None and run.max_runtime_s is not None and record.started_at is not None:
+            heapq.heappush(self._deadlines, (record.started_at + run.max_runtime_s, record.id, record.attempt))
 
     def _key(self, job: Job, base: CycleState) -> tuple[float | int | str, ...]:
         return self.profile.order.job_key(job, base)
@@ -143,6 +182,78 @@ class Reconciler:
             if record.state is S.PENDING and record.id not in self.pending:
                 job = record.as_pending()
                 self.pending.add(job, self._key(job, self.base))
+
+    # --- requests and timeouts ---------------------------------------------------------------------
+
+    def _requests(self, now: float, report: StepReport) -> None:
+        requests, self._request_cursor = self.store.take_requests(self._request_cursor)
+        if not requests:
+            return
+        changes = _Changes()
+        stops: list[JobRecord] = []
+        for request in requests:
+            record = self._latest(request.job_id, changes)
+            if record is None or record.state.terminal:
+                continue
+            if request.kind is RequestKind.CANCEL:
+                self._cancel(record, request, now, changes, stops)
+            elif request.kind is RequestKind.REQUEUE and self._requeue_applies(record, request):
+                stops.append(self._stop(record, StopCause.PREEMPTED, f"requeued: {request.reason}", now, changes))
+        self._write(changes)
+        self._send_stops(stops, report)
+
+    @staticmethod
+    def _requeue_applies(record: JobRecord, request: Request) -> bool:
+        # Requests are replayed after a restart: only one made after this attempt started applies.
+        return (
+            record.state in (S.RUNNING, S.LAUNCHING)
+            and record.started_at is not None
+            and request.at >= record.started_at
+        )
+
+    def _cancel(
+        self, record: JobRecord, request: Request, now: float, changes: _Changes, stops: list[JobRecord]
+    ) -> None:
+        reason = f"cancelled: {request.reason}" if request.reason else "cancelled"
+        if record.state is S.PENDING:
+            changes.move(record, S.CANCELLED, reason, now, finished_at=now)
+            self.pending.remove(record.id)
+            self.nominated.discard(record.id)
+        elif record.state in (S.RUNNING, S.LAUNCHING):
+            stops.append(self._stop(record, StopCause.CANCELLED, reason, now, changes))
+        elif record.state is S.EVICTING and record.stop_cause is not StopCause.CANCELLED:
+            # Already stopping (preempted): once stopped it ends cancelled instead of going back.
+            changes.records.append(record.evolve(stop_cause=StopCause.CANCELLED, reason=reason))
+
+    def _timeouts(self, now: float, report: StepReport) -> None:
+        if not self._deadlines or self._deadlines[0][0] > now:
+            return
+        changes = _Changes()
+        stops: list[JobRecord] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, job_id, attempt = heapq.heappop(self._deadlines)
+            record = self._latest(job_id, changes)
+            if record is None or record.attempt != attempt or record.state not in (S.RUNNING, S.LAUNCHING):
+                continue
+            limit = record.job.run.max_runtime_s if record.job.run is not None else None
+            reason = f"ran past its max runtime of {limit:g} s"
+            stops.append(self._stop(record, StopCause.TIMEOUT, reason, now, changes))
+        self._write(changes)
+        self._send_stops(stops, report)
+
+    def _stop(self, record: JobRecord, cause: StopCause, reason: str, now: float, changes: _Changes) -> JobRecord:
+        evicting = changes.move(record, S.EVICTING, reason, now, stop_cause=cause, evicting_for=None)
+        self.base.set_evicting(record.id, "")
+        return evicting
+
+    def _send_stops(self, stops: Sequence[JobRecord], report: StepReport) -> None:
+        for record in stops:
+            self.backend.stop(record.id, record.attempt, self._grace(record), record.reason)
+            report.stopped += 1
+
+    def _grace(self, record: JobRecord) -> float:
+        run = record.job.run
+        return run.grace_s if run is not None else self.settings.grace_s
 
     # --- observe ----------------------------------------------------------------------------------
 
@@ -197,63 +308,97 @@ class Reconciler:
                 return None
             if record.state is S.LAUNCHING:
                 record = changes.move(record, S.RUNNING, "all workers started", at, started_at=record.started_at)
-            code = obs.exit_code if obs.exit_code is not None else 0
-            target = S.SUCCEEDED if code == 0 else S.FAILED
-            reason = (
-                "all workers exited 0"
-                if code == 0
-                else f"a worker exited {code}" + (f": {obs.detail}" if obs.detail else "")
-            )
-            return changes.move(
-                record,
-                target,
-                reason,
-                at,
-                finished_at=at,
-                exit_code=code,
-                attained_gpu_seconds=attained,
-                last_checkpoint_at=checkpoint,
-                evicting_for=None,
-            )
+            return self._exited(record, obs, attained, checkpoint, changes)
         if obs.kind is ObservationKind.STOPPED:
             if record.state is not S.EVICTING:
                 return None
+            return self._stopped(record, obs, attained, checkpoint, changes)
+        if obs.kind is ObservationKind.LOST and record.state in (S.RUNNING, S.LAUNCHING, S.EVICTING):
+            if record.state is S.EVICTING and record.stop_cause in (StopCause.CANCELLED, StopCause.TIMEOUT):
+                return self._stopped(record, obs, attained, checkpoint, changes)
+            what = "lost while being stopped" if record.state is S.EVICTING else "lost"
             return changes.move(
                 record,
                 S.PENDING,
-                f"preempted for {record.evicting_for}; back in queue {record.job.queue}",
+                f"{what} ({obs.detail or 'no reason given'}); retried",
                 at,
                 workers=(),
                 started_at=None,
                 attained_gpu_seconds=attained,
                 last_checkpoint_at=checkpoint,
                 evicting_for=None,
-                preemptions=record.preemptions + 1,
+                stop_cause=None,
+                preemptions=record.preemptions + (record.state is S.EVICTING),
             )
-        if obs.kind is ObservationKind.LOST and record.state in (S.RUNNING, S.LAUNCHING, S.EVICTING):
-            if record.state is S.EVICTING:
-                return changes.move(
-                    record,
-                    S.PENDING,
-                    f"lost while being preempted: {obs.detail}",
-                    at,
-                    workers=(),
-                    started_at=None,
-                    attained_gpu_seconds=attained,
-                    evicting_for=None,
-                    preemptions=record.preemptions + 1,
-                )
+        return None
+
+    def _exited(
+        self, record: JobRecord, obs: Observation, attained: float, checkpoint: float | None, changes: _Changes
+    ) -> JobRecord:
+        at = obs.at
+        code = obs.exit_code if obs.exit_code is not None else 0
+        ended = {
+            "finished_at": at,
+            "exit_code": code,
+            "attained_gpu_seconds": attained,
+            "last_checkpoint_at": checkpoint,
+        }
+        if code == 0:
+            return changes.move(record, S.SUCCEEDED, "all workers exited 0", at, evicting_for=None, **ended)
+        failed = f"a worker exited {code}" + (f": {obs.detail}" if obs.detail else "")
+        if record.state is S.EVICTING and record.stop_cause is StopCause.CANCELLED:
+            return changes.move(record, S.CANCELLED, f"{record.reason} ({failed})", at, evicting_for=None, **ended)
+        run = record.job.run
+        if record.state is S.RUNNING and run is not None and record.failures < run.retries:
             return changes.move(
                 record,
                 S.PENDING,
-                f"lost ({obs.detail or 'no reason given'}); retried",
+                f"{failed}; retry {record.failures + 1} of {run.retries}",
                 at,
                 workers=(),
                 started_at=None,
+                exit_code=code,
                 attained_gpu_seconds=attained,
                 last_checkpoint_at=checkpoint,
+                failures=record.failures + 1,
             )
-        return None
+        return changes.move(record, S.FAILED, failed, at, evicting_for=None, failures=record.failures + 1, **ended)
+
+    def _stopped(
+        self, record: JobRecord, obs: Observation, attained: float, checkpoint: float | None, changes: _Changes
+    ) -> JobRecord:
+        at = obs.at
+        if record.stop_cause in (StopCause.CANCELLED, StopCause.TIMEOUT):
+            target = S.CANCELLED if record.stop_cause is StopCause.CANCELLED else S.FAILED
+            return changes.move(
+                record,
+                target,
+                record.reason or record.stop_cause.value,
+                at,
+                finished_at=at,
+                exit_code=obs.exit_code,
+                attained_gpu_seconds=attained,
+                last_checkpoint_at=checkpoint,
+                evicting_for=None,
+            )
+        why = (
+            f"preempted for {record.evicting_for}"
+            if record.evicting_for
+            else (record.reason or f"{(record.stop_cause or StopCause.PREEMPTED).value}")
+        )
+        return changes.move(
+            record,
+            S.PENDING,
+            f"{why}; back in queue {record.job.queue}",
+            at,
+            workers=(),
+            started_at=None,
+            attained_gpu_seconds=attained,
+            last_checkpoint_at=checkpoint,
+            evicting_for=None,
+            stop_cause=None,
+            preemptions=record.preemptions + 1,
+        )
 
     def _cohort_mates(self, queues: set[str]) -> set[str]:
         specs = self.base.ledger.queues
@@ -285,6 +430,7 @@ class Reconciler:
             self.pending.remove(record.id)
             self.nominated.discard(record.id)
             self.base.add_running(launching.as_running())
+            self._track_deadline(launching)
             launches.append(Launch(launching.job, launching.attempt, launching.workers))
             report.placed += 1
         for preemption in result.preemptions:
@@ -297,6 +443,7 @@ class Reconciler:
                 f"preempted for {preemption.for_job}: {preemption.reason}",
                 now,
                 evicting_for=preemption.for_job,
+                stop_cause=StopCause.PREEMPTED,
             )
             self.base.set_evicting(record.id, preemption.for_job)
             self.nominated.add(preemption.for_job)
@@ -313,7 +460,7 @@ class Reconciler:
         for launch in launches:
             self.backend.launch(launch)
         for record, reason in stops:
-            self.backend.stop(record.id, record.attempt, self.settings.grace_s, reason)
+            self.backend.stop(record.id, record.attempt, self._grace(record), reason)
 
     def _latest(self, job_id: JobId, changes: _Changes) -> JobRecord | None:
         for record in reversed(changes.records):
