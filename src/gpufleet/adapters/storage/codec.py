@@ -1,0 +1,346 @@
+"""Pure functions between the domain's frozen types and JSON-able dicts, for the SQL store's JSON columns.
+
+Every field of `JobRecord`, `Job`, `RunSpec`, `WorkerRequest`, `WorkerPlacement`, `QueueSpec`, `Quota`,
+`Node` and `Gpu` is written, so `decode(encode(x)) == x`. Decoding passes only the keys it finds, so a
+record written before a field with a default was added still decodes (the dataclass default applies).
+
+JSON has no sets, tuples or infinities: frozensets become sorted lists, tuples lists, enums their values,
+and non-finite floats the strings "inf", "-inf" (a strict JSON parser such as PostgreSQL's refuses the
+bare `Infinity` that Python's json module would write).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpufleet.domain.cluster import Gpu, GpuShare, Node, WorkerPlacement
+from gpufleet.domain.jobs import Job, RunSpec
+from gpufleet.domain.lifecycle import JobState
+from gpufleet.domain.quotas import QueueSpec, Quota
+from gpufleet.domain.records import JobRecord, StopCause
+from gpufleet.domain.resources import WorkerRequest
+
+Json = dict[str, Any]
+
+
+def _float_out(value: float) -> float | str:
+    return value if math.isfinite(value) else str(value)
+
+
+def _float_in(value: float | int | str) -> float:
+    return float(value)
+
+
+def _opt_float_out(value: float | None) -> float | str | None:
+    return None if value is None else _float_out(value)
+
+
+def _opt_float_in(value: float | int | str | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _decode(data: Mapping[str, Any], readers: Mapping[str, Callable[[Any], Any]]) -> dict[str, Any]:
+    """The constructor arguments found in `data`, each read by its field's reader."""
+    return {key: read(data[key]) for key, read in readers.items() if key in data}
+
+
+# --- resources, run spec, job --------------------------------------------------------------------------
+
+
+def encode_request(request: WorkerRequest) -> Json:
+    return {
+        "gpus": request.gpus,
+        "gpu_milli": request.gpu_milli,
+        "gpu_memory": request.gpu_memory,
+        "cpu_milli": request.cpu_milli,
+        "memory": request.memory,
+        "models": sorted(request.models),
+    }
+
+
+_REQUEST_READERS: dict[str, Callable[[Any], Any]] = {
+    "gpus": int,
+    "gpu_milli": int,
+    "gpu_memory": int,
+    "cpu_milli": int,
+    "memory": int,
+    "models": frozenset,
+}
+
+
+def decode_request(data: Mapping[str, Any]) -> WorkerRequest:
+    return WorkerRequest(**_decode(data, _REQUEST_READERS))
+
+
+def encode_run(run: RunSpec) -> Json:
+    return {
+        "command": list(run.command),
+        "shell": run.shell,
+        "workdir": run.workdir,
+        "env": [[name, value] for name, value in run.env],
+        "checkpoint_signal": run.checkpoint_signal,
+        "grace_s": _float_out(run.grace_s),
+        "max_runtime_s": _opt_float_out(run.max_runtime_s),
+        "retries": run.retries,
+    }
+
+
+_RUN_READERS: dict[str, Callable[[Any], Any]] = {
+    "command": tuple,
+    "shell": bool,
+    "workdir": str,
+    "env": lambda pairs: tuple((str(name), str(value)) for name, value in pairs),
+    "checkpoint_signal": str,
+    "grace_s": _float_in,
+    "max_runtime_s": _opt_float_in,
+    "retries": int,
+}
+
+
+def decode_run(data: Mapping[str, Any]) -> RunSpec:
+    return RunSpec(**_decode(data, _RUN_READERS))
+
+
+def encode_job(job: Job) -> Json:
+    return {
+        "id": job.id,
+        "queue": job.queue,
+        "request": encode_request(job.request),
+        "workers": job.workers,
+        "min_workers": job.min_workers,
+        "priority": job.priority,
+        "preemptible": job.preemptible,
+        "submit_seq": job.submit_seq,
+        "submitted_at": _float_out(job.submitted_at),
+        "expected_duration": _opt_float_out(job.expected_duration),
+        "checkpoint_interval": _opt_float_out(job.checkpoint_interval),
+        "attained_gpu_seconds": _float_out(job.attained_gpu_seconds),
+        "job_type": job.job_type,
+        "name": job.name,
+        "run": None if job.run is None else encode_run(job.run),
+    }
+
+
+_JOB_READERS: dict[str, Callable[[Any], Any]] = {
+    "id": str,
+    "queue": str,
+    "request": decode_request,
+    "workers": int,
+    "min_workers": lambda v: None if v is None else int(v),
+    "priority": int,
+    "preemptible": bool,
+    "submit_seq": int,
+    "submitted_at": _float_in,
+    "expected_duration": _opt_float_in,
+    "checkpoint_interval": _opt_float_in,
+    "attained_gpu_seconds": _float_in,
+    "job_type": str,
+    "name": str,
+    "run": lambda v: None if v is None else decode_run(v),
+}
+
+
+def decode_job(data: Mapping[str, Any]) -> Job:
+    return Job(**_decode(data, _JOB_READERS))
+
+
+# --- placements and records ----------------------------------------------------------------------------
+
+
+def encode_placement(placement: WorkerPlacement) -> Json:
+    return {
+        "node": placement.node,
+        # [index, milli, memory] per GPU: placements of big gangs repeat this many times.
+        "gpus": [[share.index, share.milli, share.memory] for share in placement.gpus],
+        "cpu_milli": placement.cpu_milli,
+        "memory": placement.memory,
+    }
+
+
+_PLACEMENT_READERS: dict[str, Callable[[Any], Any]] = {
+    "node": str,
+    "gpus": lambda shares: tuple(GpuShare(int(i), int(m), int(mem)) for i, m, mem in shares),
+    "cpu_milli": int,
+    "memory": int,
+}
+
+
+def decode_placement(data: Mapping[str, Any]) -> WorkerPlacement:
+    return WorkerPlacement(**_decode(data, _PLACEMENT_READERS))
+
+
+def encode_record(record: JobRecord) -> Json:
+    return {
+        "job": encode_job(record.job),
+        "state": record.state.value,
+        "version": record.version,
+        "attempt": record.attempt,
+        "workers": [encode_placement(w) for w in record.workers],
+        "submitted_at": _float_out(record.submitted_at),
+        "started_at": _opt_float_out(record.started_at),
+        "first_started_at": _opt_float_out(record.first_started_at),
+        "finished_at": _opt_float_out(record.finished_at),
+        "last_checkpoint_at": _opt_float_out(record.last_checkpoint_at),
+        "attained_gpu_seconds": _float_out(record.attained_gpu_seconds),
+        "evicting_for": record.evicting_for,
+        "preemptions": record.preemptions,
+        "exit_code": record.exit_code,
+        "waiting_code": record.waiting_code,
+        "waiting_reason": record.waiting_reason,
+        "stop_cause": None if record.stop_cause is None else record.stop_cause.value,
+        "failures": record.failures,
+        "reason": record.reason,
+    }
+
+
+_RECORD_READERS: dict[str, Callable[[Any], Any]] = {
+    "job": decode_job,
+    "state": JobState,
+    "version": int,
+    "attempt": int,
+    "workers": lambda ws: tuple(decode_placement(w) for w in ws),
+    "submitted_at": _float_in,
+    "started_at": _opt_float_in,
+    "first_started_at": _opt_float_in,
+    "finished_at": _opt_float_in,
+    "last_checkpoint_at": _opt_float_in,
+    "attained_gpu_seconds": _float_in,
+    "evicting_for": lambda v: None if v is None else str(v),
+    "preemptions": int,
+    "exit_code": lambda v: None if v is None else int(v),
+    "waiting_code": str,
+    "waiting_reason": str,
+    "stop_cause": lambda v: None if v is None else StopCause(v),
+    "failures": int,
+    "reason": str,
+}
+
+
+def decode_record(data: Mapping[str, Any]) -> JobRecord:
+    return JobRecord(**_decode(data, _RECORD_READERS))
+
+
+# --- queues ------------------------------------------------------------------------------------------------
+
+
+def encode_quota(quota: Quota) -> Json:
+    return {
+        "nominal": quota.nominal,
+        "borrowing_limit": quota.borrowing_limit,
+        "lending_limit": quota.lending_limit,
+    }
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+_QUOTA_READERS: dict[str, Callable[[Any], Any]] = {
+    "nominal": _opt_int,
+    "borrowing_limit": _opt_int,
+    "lending_limit": _opt_int,
+}
+
+
+def decode_quota(data: Mapping[str, Any]) -> Quota:
+    return Quota(**_decode(data, _QUOTA_READERS))
+
+
+def encode_queue(spec: QueueSpec) -> Json:
+    return {
+        "name": spec.name,
+        "quotas": {key: encode_quota(quota) for key, quota in sorted(spec.quotas.items())},
+        "cohort": spec.cohort,
+        "weight": _float_out(spec.weight),
+    }
+
+
+_QUEUE_READERS: dict[str, Callable[[Any], Any]] = {
+    "name": str,
+    "quotas": lambda quotas: {str(key): decode_quota(q) for key, q in quotas.items()},
+    "cohort": lambda v: None if v is None else str(v),
+    "weight": _float_in,
+}
+
+
+def decode_queue(data: Mapping[str, Any]) -> QueueSpec:
+    return QueueSpec(**_decode(data, _QUEUE_READERS))
+
+
+# --- nodes -------------------------------------------------------------------------------------------------
+
+
+def encode_gpu(gpu: Gpu) -> Json:
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "model": gpu.model,
+        "memory": gpu.memory,
+        "nvlink_group": gpu.nvlink_group,
+    }
+
+
+_GPU_READERS: dict[str, Callable[[Any], Any]] = {
+    "index": int,
+    "uuid": str,
+    "model": str,
+    "memory": int,
+    "nvlink_group": int,
+}
+
+
+def decode_gpu(data: Mapping[str, Any]) -> Gpu:
+    return Gpu(**_decode(data, _GPU_READERS))
+
+
+def encode_node(node: Node) -> Json:
+    return {
+        "name": node.name,
+        "gpus": [encode_gpu(g) for g in node.gpus],
+        "cpu_milli": node.cpu_milli,
+        "memory": node.memory,
+        "rack": node.rack,
+        "zone": node.zone,
+        "cordoned": node.cordoned,
+        "healthy": node.healthy,
+    }
+
+
+_NODE_READERS: dict[str, Callable[[Any], Any]] = {
+    "name": str,
+    "gpus": lambda gpus: tuple(decode_gpu(g) for g in gpus),
+    "cpu_milli": int,
+    "memory": int,
+    "rack": str,
+    "zone": str,
+    "cordoned": bool,
+    "healthy": bool,
+}
+
+
+def decode_node(data: Mapping[str, Any]) -> Node:
+    return Node(**_decode(data, _NODE_READERS))
+
+
+__all__ = [
+    "decode_gpu",
+    "decode_job",
+    "decode_node",
+    "decode_placement",
+    "decode_queue",
+    "decode_quota",
+    "decode_record",
+    "decode_request",
+    "decode_run",
+    "encode_gpu",
+    "encode_job",
+    "encode_node",
+    "encode_placement",
+    "encode_queue",
+    "encode_quota",
+    "encode_record",
+    "encode_request",
+    "encode_run",
+]

@@ -1,0 +1,112 @@
+"""The tables of the SQL store, as SQLAlchemy Core metadata.
+
+The migrations in `migrations/versions` create these tables; a test compares the migrated database with
+this metadata, so the two cannot drift apart.
+
+Each job is one row: its whole `JobRecord` as JSON (`record`, written by `codec`) plus copies of the
+fields that queries filter or order on (`seq`, `queue`, `name`, `state`, `version`), kept in step with the
+JSON by every write. `seq` is the submission order (`Job.submit_seq`), handed out from the `submit_seq`
+counter in `meta`; see `sql.py` for why a counter row and not an autoincrement.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# SQLite only autoincrements an `INTEGER PRIMARY KEY`; PostgreSQL gets a 64-bit identity.
+AutoId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.String(), primary_key=True),
+    sa.Column("seq", sa.BigInteger(), nullable=False, unique=True),
+    sa.Column("queue", sa.String(), nullable=False),
+    sa.Column("name", sa.String(), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("version", sa.Integer(), nullable=False),
+    sa.Column("submitted_at", sa.Float(), nullable=False),
+    sa.Column("record", sa.JSON(), nullable=False),
+    # The loop reads active jobs in submission order; the API pages by queue, state or name, newest first.
+    sa.Index(None, "state", "seq"),
+    sa.Index(None, "queue", "seq"),
+    sa.Index(None, "name", "seq"),
+)
+
+transitions = sa.Table(
+    "transitions",
+    metadata,
+    sa.Column("id", AutoId, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(), sa.ForeignKey("jobs.id"), nullable=False),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("target", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("at", sa.Float(), nullable=False),
+    sa.Index(None, "job_id", "id"),
+)
+
+requests = sa.Table(
+    "requests",
+    metadata,
+    sa.Column("seq", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("job_id", sa.String(), sa.ForeignKey("jobs.id"), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text(), nullable=False),
+    sa.Column("at", sa.Float(), nullable=False),
+)
+
+queues = sa.Table(
+    "queues",
+    metadata,
+    sa.Column("name", sa.String(), primary_key=True),
+    sa.Column("spec", sa.JSON(), nullable=False),
+)
+
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("name", sa.String(), primary_key=True),
+    sa.Column("spec", sa.JSON(), nullable=False),  # the whole Node, cordoned and healthy included
+)
+
+tokens = sa.Table(
+    "tokens",
+    metadata,
+    sa.Column("id", sa.String(), primary_key=True),
+    sa.Column("name", sa.String(), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("queue", sa.String(), nullable=True),
+    sa.Column("secret_hash", sa.String(), nullable=False, unique=True),
+    sa.Column("created_at", sa.Float(), nullable=False),
+    sa.Column("revoked", sa.Boolean(), nullable=False),
+)
+
+settings = sa.Table(
+    "settings",
+    metadata,
+    sa.Column("key", sa.String(), primary_key=True),
+    sa.Column("value", sa.Text(), nullable=False),
+)
+
+# Counters: `cluster_version` (bumped on any queue or node change), `submit_seq` and `request_seq` (the
+# last sequence number handed out to a job or a request).
+meta = sa.Table(
+    "meta",
+    metadata,
+    sa.Column("key", sa.String(), primary_key=True),
+    sa.Column("value", sa.BigInteger(), nullable=False),
+)
+
+CLUSTER_VERSION = "cluster_version"
+SUBMIT_SEQ = "submit_seq"
+REQUEST_SEQ = "request_seq"
+COUNTERS = {CLUSTER_VERSION: 1, SUBMIT_SEQ: 0, REQUEST_SEQ: 0}

@@ -1,0 +1,34 @@
+"""Session fixtures shared by every test folder: a private PostgreSQL server (see tests/kit/postgres.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.kit.postgres import OPT_OUT, PostgresServer, PostgresUnavailableError, opted_out
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session. Fails (not skips) when PostgreSQL is not installed; set
+    GPUFLEET_TEST_POSTGRES=0 to skip the tests that need it."""
+    if opted_out():
+        pytest.skip(f"PostgreSQL tests turned off by {OPT_OUT}=0")
+    try:
+        server = PostgresServer()
+        server.start()
+    except PostgresUnavailableError as error:
+        pytest.fail(str(error), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """The URL of a fresh, empty database on the session's server, dropped after the test."""
+    url = postgres_server.create_database()
+    yield url
+    postgres_server.drop_database(url)
