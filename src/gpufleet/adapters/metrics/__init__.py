@@ -1,0 +1,39 @@
+"""Prometheus exposition of GPU telemetry (dcgm-exporter names) and scheduler metrics (`gpufleet_*`)."""
+
+from gpufleet.adapters.metrics.exposition import (
+    GPU_LABELS,
+    GPU_METRICS,
+    OWN_GPU_LABELS,
+    SCHEDULER_METRICS,
+    TelemetryCollector,
+    make_registry,
+    metrics_endpoint,
+    render,
+)
+from gpufleet.adapters.metrics.view import (
+    WAIT_BUCKETS_S,
+    QueueMetrics,
+    SampleSource,
+    SchedulerState,
+    SchedulerView,
+    WaitHistogram,
+    wait_histogram,
+)
+
+__all__ = [
+    "GPU_LABELS",
+    "GPU_METRICS",
+    "OWN_GPU_LABELS",
+    "SCHEDULER_METRICS",
+    "WAIT_BUCKETS_S",
+    "QueueMetrics",
+    "SampleSource",
+    "SchedulerState",
+    "SchedulerView",
+    "TelemetryCollector",
+    "WaitHistogram",
+    "make_registry",
+    "metrics_endpoint",
+    "render",
+    "wait_histogram",
+]
