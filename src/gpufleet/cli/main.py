@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from gpufleet import __version__
+from gpufleet.cli.commands_client import register_client_commands
 from gpufleet.cli.sim import TRACES_ENV, traces_root
 from gpufleet.cli.sim import sim as sim_command
 from gpufleet.domain.errors import GpufleetError, WorkloadError
@@ -23,6 +24,7 @@ app = typer.Typer(
 bench_app = typer.Typer(help="Benchmarks; each prints one JSON object.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.command("sim")(sim_command)
+register_client_commands(app)
 
 
 def print_result(result: dict[str, object], as_json: bool) -> None:

@@ -1,0 +1,493 @@
+"""Client commands: submit, jobs, show, explain, cancel, logs, queues, quota, nodes, cordon/drain, tokens, login.
+
+Each talks to the control plane's HTTP API. Every command takes --url/--token (or GPUFLEET_URL /
+GPUFLEET_TOKEN, or the file `gpufleet login` writes) and most take --json for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpufleet.cli.client import TOKEN_ENV, URL_ENV, Client, resolve, write_config
+from gpufleet.domain.errors import GpufleetError
+
+UrlOpt = Annotated[str | None, typer.Option("--url", envvar=URL_ENV, help="Control plane URL.", show_default=False)]
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar=TOKEN_ENV, help="API token.", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+ACTIVE_STATES = ("pending", "admitted", "launching", "running", "evicting")
+TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+STATE_STYLE = {
+    "pending": "yellow",
+    "running": "green",
+    "succeeded": "bold green",
+    "failed": "red",
+    "cancelled": "dim",
+    "evicting": "magenta",
+}
+
+token_app = typer.Typer(help="API tokens (admin).", no_args_is_help=True)
+quota_app = typer.Typer(help="Queue quotas (admin).", no_args_is_help=True)
+
+
+def _console() -> Console:
+    return Console(soft_wrap=True)
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+@contextmanager
+def _client(url: str | None, token: str | None) -> Iterator[Client]:
+    """A client; any GpufleetError inside becomes `error: …; to fix: …` and exit code 2."""
+    try:
+        with Client(resolve(url, token)) as client:
+            yield client
+    except GpufleetError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _gpus(value: float) -> str:
+    return f"{value:g}"
+
+
+def _size(nbytes: float | None) -> str:
+    if not nbytes:
+        return "-"
+    from gpufleet.server.spec import format_size
+
+    return format_size(int(nbytes))
+
+
+def _state(state: str) -> str:
+    style = STATE_STYLE.get(state)
+    return f"[{style}]{state}[/]" if style else state
+
+
+def _since(at: float | None) -> str:
+    if at is None:
+        return "-"
+    seconds = max(0.0, time.time() - at)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+
+def login(
+    url: Annotated[str, typer.Argument(help="e.g. http://127.0.0.1:8080")],
+    token: Annotated[str, typer.Argument(help="The token `gpufleet up` printed, or one from `token create`.")],
+    check: Annotated[bool, typer.Option("--check/--no-check", help="Check the URL and token first.")] = True,
+) -> None:
+    """Save the control plane's URL and a token for later commands."""
+    if check:
+        with _client(url, token) as client:
+            info = client.get("/v1/info")
+        typer.echo(f"logged in to gpufleet {info['version']} at {url} as {info['role']}")
+    path = write_config(url.rstrip("/"), token)
+    typer.echo(f"saved to {path}")
+
+
+def submit(
+    spec_file: Annotated[str, typer.Argument(metavar="JOB.yaml", help="The job spec.")],
+    queue: Annotated[str | None, typer.Option(help="Submit to this queue (overrides the spec's).")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until it ends; exit 1 unless it succeeded.")] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a job from a YAML spec."""
+    from gpufleet.server.spec import load_spec_file
+
+    with _client(url, token) as client:
+        spec = load_spec_file(spec_file)
+        if queue:
+            spec = spec.model_copy(update={"queue": queue})
+        job = client.post("/v1/jobs", spec.model_dump(mode="json", exclude_none=True))
+        if not as_json:
+            typer.echo(f"submitted {job['id']} to queue {job['queue']}")
+        while wait and job["state"] not in TERMINAL_STATES:
+            time.sleep(0.5)
+            job = client.get(f"/v1/jobs/{job['id']}")
+    if as_json:
+        _print_json(job)
+    elif wait:
+        code = f" (exit code {job['exit_code']})" if job.get("exit_code") is not None else ""
+        typer.echo(f"{job['id']} {job['state']}{code}: {job['reason']}")
+    if wait and job["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def jobs(
+    queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
+    state: Annotated[list[str] | None, typer.Option(help="Only these states (repeatable).")] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="Include finished jobs.")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many.")] = 100,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List jobs, newest first (active ones unless --all or --state)."""
+    states = list(state or ()) or ([] if show_all else list(ACTIVE_STATES))
+    with _client(url, token) as client:
+        page = client.call("GET", "/v1/jobs", params={"queue": queue, "state": states, "limit": limit})
+    if as_json:
+        _print_json(page["jobs"])
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "QUEUE", "STATE", "GPUS", "WORKERS", "SUBMITTED", "WHY"):
+        table.add_column(column)
+    for job in page["jobs"]:
+        why = job["waiting_reason"] if job["state"] == "pending" else job["reason"]
+        table.add_row(
+            job["id"],
+            job["name"] or "-",
+            job["queue"],
+            _state(job["state"]),
+            _gpus(job["request"]["gpus"]),
+            str(job["workers"]),
+            _since(job["submitted_at"]),
+            (why or "")[:80],
+        )
+    console = _console()
+    console.print(table)
+    if not page["jobs"]:
+        console.print("no jobs" + ("" if show_all or state else " (add --all to see finished ones)"))
+
+
+def show(
+    job_id: Annotated[str, typer.Argument(metavar="JOB")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Everything about one job."""
+    with _client(url, token) as client:
+        job = client.get(f"/v1/jobs/{job_id}")
+    if as_json:
+        _print_json(job)
+        return
+    request = job["request"]
+    lines = [
+        f"[bold]{job['id']}[/] {job['name']}  queue {job['queue']}  {_state(job['state'])}",
+        f"reason: {job['reason'] or '-'}",
+        f"asks: {_gpus(request['gpus'])} GPU x {job['workers']} workers"
+        + (f", models {'|'.join(request['gpu_models'])}" if request["gpu_models"] else "")
+        + (f", {request['cpu']:g} CPU" if request["cpu"] else "")
+        + (f", {_size(request['memory'])} memory" if request["memory"] else ""),
+        f"priority {job['priority']}, {'preemptible' if job['preemptible'] else 'not preemptible'}, "
+        f"attempt {job['attempt']}, preempted {job['preemptions']}x",
+    ]
+    if job["run"]:
+        lines.append("command: " + " ".join(job["run"]["command"]))
+    if job["exit_code"] is not None:
+        lines.append(f"exit code: {job['exit_code']}")
+    for worker in job["placement"]:
+        gpus = ", ".join(f"{g['index']} ({g['model']}, {g['fraction']:g})" for g in worker["gpus"]) or "no GPUs"
+        lines.append(f"worker {worker['rank']}: {worker['node']} GPUs {gpus}")
+    console = _console()
+    for line in lines:
+        console.print(line)
+
+
+def explain(
+    job_id: Annotated[str, typer.Argument(metavar="JOB")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Why a job waits (or what happened to it), in the scheduler's words."""
+    with _client(url, token) as client:
+        why = client.get(f"/v1/jobs/{job_id}/explain")
+    if as_json:
+        _print_json(why)
+        return
+    console = _console()
+    console.print(f"[bold]{why['id']}[/] {_state(why['state'])}: {why['summary']}")
+    if why["position"] is not None:
+        ahead = ", ".join(why["ahead"][:10]) + (" …" if len(why["ahead"]) > 10 else "")
+        console.print(f"position {why['position']} in queue {why['queue']}" + (f"; ahead: {ahead}" if ahead else ""))
+    for quota in why["quota"]:
+        nominal = "unlimited" if quota["nominal"] is None else f"{quota['nominal']:g}"
+        used = _size(quota["used"]) if quota["unit"] == "bytes" else f"{quota['used']:g}"
+        if quota["unit"] == "bytes" and quota["nominal"] is not None:
+            nominal = _size(quota["nominal"])
+        console.print(f"quota {quota['resource']}: {used} used of {nominal} nominal ({quota['unit']})")
+    for event in why["events"][-5:]:
+        console.print(f"  {event['source']} -> {event['target']}: {event['reason']}")
+
+
+def cancel(
+    job_id: Annotated[str, typer.Argument(metavar="JOB")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a job: checkpoint signal, grace period, then kill."""
+    with _client(url, token) as client:
+        answer = client.post(f"/v1/jobs/{job_id}/cancel")
+    if as_json:
+        _print_json(answer)
+    else:
+        typer.echo(f"{job_id}: {answer['message']}")
+
+
+def logs(
+    job_id: Annotated[str, typer.Argument(metavar="JOB")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    worker: Annotated[int, typer.Option(min=0, help="Worker (rank).")] = 0,
+    attempt: Annotated[int | None, typer.Option(min=1, help="Attempt (default: the latest).")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Print a job's output (one worker's stdout and stderr)."""
+    offset = 0
+    with _client(url, token) as client:
+        while True:
+            chunk = client.get(f"/v1/jobs/{job_id}/logs", worker=worker, attempt=attempt, offset=offset)
+            if chunk["text"]:
+                typer.echo(chunk["text"], nl=False)
+            moved = chunk["next_offset"] != offset
+            offset = chunk["next_offset"]
+            if attempt is None and chunk["attempt"]:
+                attempt = chunk["attempt"]  # stay on the attempt we started reading
+            if not follow or (chunk["complete"] and not moved):
+                break
+            if not moved:
+                time.sleep(0.3)
+
+
+# -------------------------------------------------------------------------------------------- queues
+
+
+def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Queues: quotas and what their jobs use now."""
+    with _client(url, token) as client:
+        listed = client.get("/v1/queues")["queues"]
+    if as_json:
+        _print_json(listed)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS"):
+        table.add_column(column)
+    for queue in listed:
+        quotas = []
+        for key, quota in queue["quotas"].items():
+            text = _size(quota["nominal"]) if key == "memory" else _num(quota["nominal"])
+            if quota["borrowing_limit"] is not None:
+                text += f" (+{_num(quota['borrowing_limit'])})"
+            quotas.append(f"{key}={text}")
+        usage = queue["usage"]
+        table.add_row(
+            queue["name"],
+            queue["cohort"] or "-",
+            f"{queue['weight']:g}",
+            str(usage["running"]),
+            str(usage["pending"]),
+            _gpus(usage["gpus"]),
+            " ".join(quotas) or "unlimited",
+        )
+    _console().print(table)
+
+
+def _num(value: float | None) -> str:
+    return "unlimited" if value is None else f"{value:g}"
+
+
+@quota_app.command("set")
+def quota_set(
+    queue: Annotated[str, typer.Argument(help="Queue (team) name; created if new.")],
+    gpu: Annotated[float | None, typer.Option(help="Nominal GPUs (any model).")] = None,
+    gpu_model: Annotated[
+        list[str] | None, typer.Option("--gpu-model", help="Per-model nominal, MODEL=N (repeatable).")
+    ] = None,
+    cpu: Annotated[float | None, typer.Option(help="Nominal CPU cores.")] = None,
+    memory: Annotated[str | None, typer.Option(help="Nominal memory, e.g. 512GiB.")] = None,
+    borrowing_limit: Annotated[float | None, typer.Option(help="GPUs it may borrow above nominal.")] = None,
+    lending_limit: Annotated[float | None, typer.Option(help="GPUs of its nominal it may lend.")] = None,
+    cohort: Annotated[str | None, typer.Option(help="Cohort whose idle quota it shares.")] = None,
+    weight: Annotated[float | None, typer.Option(help="Fair-share weight.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a queue or change its quotas; what is not given stays as it was."""
+    with _client(url, token) as client:
+        current = next((q for q in client.get("/v1/queues")["queues"] if q["name"] == queue), None)
+        quotas: dict[str, Any] = {k: dict(v) for k, v in (current or {}).get("quotas", {}).items()}
+        if gpu is not None or borrowing_limit is not None or lending_limit is not None:
+            entry = quotas.setdefault("gpu", {"nominal": None, "borrowing_limit": None, "lending_limit": None})
+            if gpu is not None:
+                entry["nominal"] = gpu
+            if borrowing_limit is not None:
+                entry["borrowing_limit"] = borrowing_limit
+            if lending_limit is not None:
+                entry["lending_limit"] = lending_limit
+        for item in gpu_model or ():
+            model, sep, amount = item.partition("=")
+            try:
+                value = float(amount)
+            except ValueError:
+                value = -1.0
+            if not sep or not model.strip() or value < 0:
+                raise GpufleetError(f"--gpu-model {item!r} is not MODEL=N", "e.g. --gpu-model A100-80GB=4")
+            quotas.setdefault(f"gpu:{model.strip()}", {})["nominal"] = value
+        if cpu is not None:
+            quotas.setdefault("cpu", {})["nominal"] = cpu
+        if memory is not None:
+            quotas.setdefault("memory", {})["nominal"] = memory
+        body = {
+            "quotas": quotas,
+            "cohort": cohort if cohort is not None else (current or {}).get("cohort"),
+            "weight": weight if weight is not None else (current or {}).get("weight", 1.0),
+        }
+        saved = client.call("PUT", f"/v1/queues/{queue}", json_body=body)
+    if as_json:
+        _print_json(saved)
+    else:
+        typer.echo(f"queue {queue} {'updated' if current else 'created'}")
+
+
+@quota_app.command("delete")
+def quota_delete(
+    queue: Annotated[str, typer.Argument(help="Queue to delete (no active jobs, no live tokens).")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Delete a queue."""
+    with _client(url, token) as client:
+        client.call("DELETE", f"/v1/queues/{queue}")
+    typer.echo(f"queue {queue} deleted")
+
+
+# --------------------------------------------------------------------------------------------- nodes
+
+
+def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Nodes, their GPUs, and which jobs hold each GPU."""
+    with _client(url, token) as client:
+        listed = client.get("/v1/nodes")["nodes"]
+    if as_json:
+        _print_json(listed)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("NODE", "GPU", "MODEL", "MEMORY", "ALLOCATED", "JOBS"):
+        table.add_column(column)
+    for node in listed:
+        flags = [f for f, on in (("cordoned", node["cordoned"]), ("unhealthy", not node["healthy"])) if on]
+        label = node["name"] + (" (emulated)" if node["emulated"] else "") + (f" [{', '.join(flags)}]" if flags else "")
+        for gpu in node["gpus"] or [None]:
+            if gpu is None:
+                table.add_row(label, "-", "-", "-", "-", "-")
+                continue
+            jobs_on = ", ".join(f"{a['job_id']} ({a['fraction']:g})" for a in gpu["jobs"]) or "-"
+            table.add_row(
+                label, str(gpu["index"]), gpu["model"], _size(gpu["memory"]), f"{gpu['allocated']:g}", jobs_on
+            )
+            label = ""
+    _console().print(table)
+
+
+def _node_action(action: str, node: str, url: str | None, token: str | None, as_json: bool) -> None:
+    with _client(url, token) as client:
+        answer = client.post(f"/v1/nodes/{node}/{action}")
+    if as_json:
+        _print_json(answer)
+        return
+    if action == "drain":
+        requeued = answer["requeued"]
+        typer.echo(
+            f"node {node} cordoned; {len(requeued)} job(s) asked to requeue"
+            + (": " + ", ".join(requeued) if requeued else "")
+        )
+    else:
+        typer.echo(f"node {node} {action}ed")
+
+
+def cordon(node: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Place no new jobs on a node."""
+    _node_action("cordon", node, url, token, as_json)
+
+
+def uncordon(node: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Allow new jobs on a node again."""
+    _node_action("uncordon", node, url, token, as_json)
+
+
+def drain(node: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Cordon a node and send its jobs back to their queues."""
+    _node_action("drain", node, url, token, as_json)
+
+
+# -------------------------------------------------------------------------------------------- tokens
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Argument(help="Who it is for, e.g. team-a-ci.")],
+    role: Annotated[str, typer.Option(help="team (one queue) or admin.")] = "team",
+    queue: Annotated[str | None, typer.Option(help="The team's queue (team tokens).")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a token; its secret is printed once."""
+    with _client(url, token) as client:
+        created = client.post("/v1/tokens", {"name": name, "role": role, "queue": queue})
+    if as_json:
+        _print_json(created)
+        return
+    typer.echo(f"token {created['id']} ({created['role']}{', queue ' + created['queue'] if created['queue'] else ''})")
+    typer.echo(f"secret (shown once): {created['secret']}")
+
+
+@token_app.command("list")
+def token_list(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """List tokens (never their secrets)."""
+    with _client(url, token) as client:
+        listed = client.get("/v1/tokens")["tokens"]
+    if as_json:
+        _print_json(listed)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "ROLE", "QUEUE", "CREATED", "REVOKED"):
+        table.add_column(column)
+    for item in listed:
+        table.add_row(
+            item["id"], item["name"], item["role"], item["queue"] or "-", _since(item["created_at"]),
+            "yes" if item["revoked"] else "",
+        )  # fmt: skip
+    _console().print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(metavar="ID")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Revoke a token; it stops working at once."""
+    with _client(url, token) as client:
+        client.call("DELETE", f"/v1/tokens/{token_id}")
+    typer.echo(f"token {token_id} revoked")
+
+
+def register_client_commands(app: typer.Typer) -> None:
+    """Add the client commands to the `gpufleet` app."""
+    for command in (login, submit, jobs, show, explain, cancel, logs, queues, nodes, cordon, uncordon, drain):
+        app.command()(command)
+    app.add_typer(quota_app, name="quota")
+    app.add_typer(token_app, name="token")

@@ -1,0 +1,100 @@
+"""`/v1/info`, `/v1/queues`, `/v1/nodes`, `/v1/tokens`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Response
+
+from gpufleet.ports.admin import Role
+from gpufleet.server.api import principal, service
+from gpufleet.server.auth import Principal
+from gpufleet.server.schemas import (
+    DrainOut,
+    InfoOut,
+    NodeOut,
+    NodesOut,
+    QueueIn,
+    QueueOut,
+    QueuesOut,
+    TokenCreatedOut,
+    TokenIn,
+    TokenOut,
+    TokensOut,
+)
+from gpufleet.server.service import Service
+
+router = APIRouter()
+
+Who = Annotated[Principal, Depends(principal)]
+Svc = Annotated[Service, Depends(service)]
+QueueName = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="e.g. team-a")]
+NodeName = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")]
+TokenId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", description="e.g. t-1a2b3c4d")]
+
+
+@router.get("/info", tags=["info"])
+def info(who: Who, svc: Svc) -> InfoOut:
+    """Version, scheduling policy, inventory (labelled when emulated) and the caller's role."""
+    return svc.info(who)
+
+
+@router.get("/queues", tags=["queues"])
+def queues(who: Who, svc: Svc) -> QueuesOut:
+    """Queues with their quotas (GPUs, cores, bytes) and what their jobs use now. Team tokens see theirs."""
+    return QueuesOut(queues=svc.queues(who))
+
+
+@router.put("/queues/{name}", tags=["queues"])
+def set_queue(name: QueueName, body: QueueIn, who: Who, svc: Svc) -> QueueOut:
+    """Create or replace a queue (admin). Quotas: `{"gpu": 8, "gpu:A100-80GB": {"nominal": 4,
+    "borrowing_limit": 2}, "cpu": 64, "memory": "512GiB"}`."""
+    return svc.set_queue(who, name, body)
+
+
+@router.delete("/queues/{name}", tags=["queues"], status_code=204)
+def delete_queue(name: QueueName, who: Who, svc: Svc) -> Response:
+    """Delete a queue (admin); refused while it has active jobs or tokens."""
+    svc.delete_queue(who, name)
+    return Response(status_code=204)
+
+
+@router.get("/nodes", tags=["nodes"])
+def nodes(who: Who, svc: Svc) -> NodesOut:
+    """Nodes and their GPUs, with what is allocated on each GPU."""
+    del who  # any valid token may look
+    return NodesOut(nodes=svc.nodes())
+
+
+@router.post("/nodes/{name}/cordon", tags=["nodes"])
+def cordon(name: NodeName, who: Who, svc: Svc) -> NodeOut:
+    """Stop placing new jobs on the node (admin); running jobs stay."""
+    return svc.set_cordon(who, name, True)
+
+
+@router.post("/nodes/{name}/uncordon", tags=["nodes"])
+def uncordon(name: NodeName, who: Who, svc: Svc) -> NodeOut:
+    return svc.set_cordon(who, name, False)
+
+
+@router.post("/nodes/{name}/drain", tags=["nodes"])
+def drain(name: NodeName, who: Who, svc: Svc) -> DrainOut:
+    """Cordon the node and requeue every job holding resources on it (admin)."""
+    return svc.drain(who, name)
+
+
+@router.post("/tokens", tags=["tokens"], status_code=201)
+def create_token(body: TokenIn, who: Who, svc: Svc) -> TokenCreatedOut:
+    """Create a token (admin). The secret is in this answer only; the server keeps its hash."""
+    return svc.create_token(who, body.name, Role(body.role), body.queue)
+
+
+@router.get("/tokens", tags=["tokens"])
+def tokens(who: Who, svc: Svc) -> TokensOut:
+    return TokensOut(tokens=svc.tokens(who))
+
+
+@router.delete("/tokens/{token_id}", tags=["tokens"])
+def revoke_token(token_id: TokenId, who: Who, svc: Svc) -> TokenOut:
+    """Revoke a token (admin); it stops working at once."""
+    return svc.revoke_token(who, token_id)

@@ -1,0 +1,91 @@
+"""`/v1/jobs`: submit, list, show, events, explain, cancel, logs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query
+
+from gpufleet.domain.lifecycle import JobState
+from gpufleet.server.api import principal, service
+from gpufleet.server.auth import Principal
+from gpufleet.server.schemas import CancelOut, EventsOut, ExplainOut, JobListOut, JobOut, LogsOut
+from gpufleet.server.service import Service
+from gpufleet.server.spec import JobSpec
+
+router = APIRouter(tags=["jobs"])
+
+Who = Annotated[Principal, Depends(principal)]
+Svc = Annotated[Service, Depends(service)]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
+JobIdPath = Annotated[str, Path(pattern=NAME_PATTERN, description="A job id such as j-7f3a9c21.")]
+
+
+@router.post("/jobs", status_code=201)
+def submit(spec: JobSpec, who: Who, svc: Svc) -> JobOut:
+    """Submit a job; the id is chosen by the server. Without `queue`, a team token submits to its queue."""
+    return svc.submit(who, spec)
+
+
+@router.get("/jobs")
+def list_jobs(
+    who: Who,
+    svc: Svc,
+    queue: Annotated[str | None, Query(max_length=200)] = None,
+    state: Annotated[list[JobState] | None, Query(description="Repeatable: ?state=pending&state=running")] = None,
+    name: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before_seq: Annotated[int | None, Query(ge=0, description="Paging: `next_before_seq` of the last page")] = None,
+) -> JobListOut:
+    """Jobs, newest first. Team tokens see only their queue's."""
+    return svc.list_jobs(
+        who,
+        queue=_plain(queue),
+        states=state or [],
+        name=_plain(name),
+        limit=limit,
+        before_seq=before_seq,
+    )
+
+
+@router.get("/jobs/{job_id}")
+def show(job_id: JobIdPath, who: Who, svc: Svc) -> JobOut:
+    return svc.get_job(who, job_id)
+
+
+@router.get("/jobs/{job_id}/events")
+def events(job_id: JobIdPath, who: Who, svc: Svc) -> EventsOut:
+    """Every state change of the job, oldest first, with its reason."""
+    return svc.events(who, job_id)
+
+
+@router.get("/jobs/{job_id}/explain")
+def explain(job_id: JobIdPath, who: Who, svc: Svc) -> ExplainOut:
+    """Why a job waits (the scheduler's words, its place in its queue, its queue's quota), or what happened."""
+    return svc.explain(who, job_id)
+
+
+@router.post("/jobs/{job_id}/cancel", status_code=202)
+def cancel(job_id: JobIdPath, who: Who, svc: Svc) -> CancelOut:
+    """Ask the loop to stop the job for good (checkpoint signal, grace period, then kill)."""
+    return svc.cancel(who, job_id)
+
+
+@router.get("/jobs/{job_id}/logs")
+def logs(
+    job_id: JobIdPath,
+    who: Who,
+    svc: Svc,
+    worker: Annotated[int, Query(ge=0, le=100_000)] = 0,
+    attempt: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
+    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+) -> LogsOut:
+    """A chunk of a worker's output from byte `offset` (latest attempt by default); follow with `next_offset`."""
+    return svc.logs(who, job_id, worker=worker, attempt=attempt, offset=offset)
+
+
+def _plain(text: str | None) -> str | None:
+    """An empty filter is no filter; a NUL cannot match any stored name."""
+    if text is None or not text:
+        return None
+    return text.replace("\x00", "")

@@ -1,0 +1,440 @@
+"""The job spec users write: YAML for the CLI, the same schema as JSON for the API.
+
+People's units in, base units out: `gpus: 0.5` becomes a 500 milli-GPU share, `memory: 64GiB` bytes,
+`grace_period: 5m` seconds. `JobSpec.to_job` builds the domain `Job` (with its `RunSpec`); every
+problem, from pydantic or from the domain's own checks, comes back as one `SpecError` that names each
+bad field with a fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from gpufleet.domain.errors import FieldProblem, SpecError, WorkloadError
+from gpufleet.domain.jobs import SIGNALS, Job, JobId, RunSpec
+from gpufleet.domain.resources import MILLI_PER_GPU, WorkerRequest, parse_models
+
+# ---------------------------------------------------------------------------------------------- units
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": 1024,
+    "kib": 1024,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
+
+# Why each reserved variable is refused: the allocator sets them per worker.
+RESERVED_ENV: dict[str, str] = {
+    "CUDA_VISIBLE_DEVICES": "gpufleet sets it to the GPUs the job was given; ask for GPUs with `gpus` instead",
+    "NVIDIA_VISIBLE_DEVICES": "gpufleet chooses the GPUs; ask for GPUs with `gpus` instead",
+    "MASTER_PORT": "gpufleet gives each job a free port; read MASTER_PORT from the environment instead",
+    "MASTER_ADDR": "gpufleet sets it to the first worker's host; read MASTER_ADDR from the environment instead",
+    "RANK": "gpufleet sets it per worker; read RANK from the environment instead",
+    "WORLD_SIZE": "gpufleet sets it from `workers`; read WORLD_SIZE from the environment instead",
+    "LOCAL_RANK": "gpufleet sets it per worker; read LOCAL_RANK from the environment instead",
+}
+RESERVED_ENV_PREFIX = "GPUFLEET_"
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _BadValueError(ValueError):
+    """A value error that carries its fix; `problems_from_validation` splits it back out."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}{_FIX_SEP}{fix}")
+
+
+_FIX_SEP = "; to fix: "
+
+
+def parse_size(value: object, what: str = "size") -> int:
+    """`"20GiB"`, `"20GB"`, `"512Mi"`, `1073741824` -> bytes. GB/MB are powers of 1000, GiB/MiB of 1024."""
+    if isinstance(value, bool):
+        raise _BadValueError(f"is {value!r}", f"give the {what} as bytes or with a unit, e.g. 20GiB")
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    elif isinstance(value, float):
+        number, unit = value, ""
+    elif isinstance(value, str) and (match := _SIZE_RE.match(value)):
+        number, unit = float(match.group(1)), match.group(2).lower()
+    else:
+        raise _BadValueError(f"{value!r} is not a size", f"give the {what} as bytes or with a unit, e.g. 20GiB or 64GB")
+    if unit not in _SIZE_UNITS:
+        raise _BadValueError(
+            f"unit {unit!r} is not known", "use B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB"
+        )
+    if not math.isfinite(number) or number < 0:
+        raise _BadValueError(f"is {value!r}", f"give a {what} >= 0")
+    return round(number * _SIZE_UNITS[unit])
+
+
+def parse_duration(value: object) -> float:
+    """`"30s"`, `"5m"`, `"1h30m"`, `"500ms"`, `90` -> seconds."""
+    if isinstance(value, bool):
+        raise _BadValueError(f"is {value!r}", "give seconds, or a duration such as 30s, 5m, 2h")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _DURATION_PART_RE.findall(text)
+            if not parts or "".join(n + u for n, u in parts) != text:
+                raise _BadValueError(
+                    f"{value!r} is not a duration", "give seconds, or a duration such as 30s, 5m, 2h, 1h30m"
+                ) from None
+            seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    else:
+        raise _BadValueError(f"{value!r} is not a duration", "give seconds, or a duration such as 30s, 5m, 2h")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise _BadValueError(f"is {value!r}", "give a duration >= 0")
+    return seconds
+
+
+def has_nul(value: object) -> bool:
+    """Whether a NUL character hides anywhere in a parsed YAML/JSON value."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(has_nul(v) for v in value)
+    return False
+
+
+def format_size(nbytes: int) -> str:
+    """Bytes in the largest binary unit that keeps it readable: 21474836480 -> '20GiB'."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= factor:
+            return f"{nbytes / factor:.4g}{unit}"
+    return f"{nbytes}B"
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+class JobSpec(BaseModel):
+    """A job as a user writes it. Sizes take units (20GiB, 64GB), durations too (30s, 5m, 2h)."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    name: str = Field("", max_length=200, description="A label for people; need not be unique.")
+    queue: str | None = Field(None, max_length=200, description="Team queue; default: the token's queue.")
+    command: list[str] | str = Field(description="An argv list, or one string run by /bin/sh -c.")
+    workdir: str = Field("", description="Working directory of every worker.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    gpus: float = Field(0, ge=0, description="Whole GPUs per worker, or a fraction of one GPU such as 0.5.")
+    gpu_memory: int | str | None = Field(None, description="GPU memory needed on each GPU: 20GiB, 20GB or bytes.")
+    gpu_models: list[str] | str | None = Field(None, description='Allowed GPU models: a list or "A100-80GB|H100".')
+    cpu: float = Field(0, ge=0, description="CPU cores per worker.")
+    memory: int | str | None = Field(None, description="Memory per worker: 64GiB, 64GB or bytes.")
+    workers: int = Field(1, ge=1, le=10_000, description="Workers started together (a gang).")
+    min_workers: int | None = Field(None, ge=1, description="Elastic jobs: the smallest gang that may start.")
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="Higher runs first and may preempt lower.")
+    preemptible: bool = True
+    checkpoint_signal: str = Field("SIGTERM", description="Sent before stopping it; then `grace_period`.")
+    grace_period: float | str = Field(30.0, description="Time between the signal and SIGKILL: 30s, 5m or seconds.")
+    max_runtime: float | str | None = Field(None, description="Longest run of one attempt; then it fails.")
+    retries: int = Field(0, ge=0, le=1000, description="Times a failed attempt is started again.")
+    checkpoint_interval: float | str | None = Field(None, description="How often the job saves its work.")
+    expected_duration: float | str | None = Field(None, description="A run-time estimate for ordering policies.")
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, str):
+            if not value.strip():
+                raise _BadValueError("is empty", "give the program and its arguments, e.g. [python, train.py]")
+        elif not value or not all(part for part in value):
+            raise _BadValueError(
+                "is empty or has an empty part", "give the program and its arguments, e.g. [python, train.py]"
+            )
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: object) -> object:
+        if not isinstance(value, Mapping):
+            return value  # pydantic says it is not a map
+        cleaned: dict[str, str] = {}
+        problems: list[str] = []
+        fixes: list[str] = []
+        for name, item in value.items():
+            key = str(name)
+            if not _ENV_NAME_RE.match(key):
+                problems.append(f"{key!r} is not a variable name")
+                fixes.append("use letters, digits and _, not starting with a digit")
+                continue
+            why = RESERVED_ENV.get(key)
+            if why is None and key.startswith(RESERVED_ENV_PREFIX):
+                why = (
+                    f"gpufleet sets {RESERVED_ENV_PREFIX}* variables for each worker; read them instead of setting them"
+                )
+            if why is not None:
+                problems.append(f"sets {key}, which the allocator owns")
+                fixes.append(f"remove {key}: {why}")
+                continue
+            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                problems.append(f"{key}={item!r} is not a string or number")
+                fixes.append(f"quote the value of {key}")
+                continue
+            cleaned[key] = str(item)
+        if problems:
+            raise _BadValueError("; ".join(problems), "; ".join(fixes))
+        return cleaned
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise _BadValueError(f"is {value}", "give whole GPUs (e.g. 2) or a fraction of one GPU (e.g. 0.5)")
+        if value > 1 and value != int(value):
+            raise _BadValueError(
+                f"is {value:g}", "a fraction applies to one GPU: give a whole number, or a value in (0, 1)"
+            )
+        if 0 < value < 1 and round(value * MILLI_PER_GPU) < 1:
+            raise _BadValueError(f"is {value:g}", "give at least 0.001 of a GPU")
+        return value
+
+    @field_validator("gpu_memory", "memory")
+    @classmethod
+    def _size(cls, value: int | str | None) -> int | None:
+        return None if value is None else parse_size(value)
+
+    @field_validator("gpu_models")
+    @classmethod
+    def _models(cls, value: list[str] | str | None) -> list[str] | None:
+        if value is None:
+            return None
+        models = sorted(parse_models(value)) if isinstance(value, str) else [m.strip() for m in value]
+        for model in models:
+            if not model or "|" in model:
+                raise _BadValueError(f"{model!r} is not a model name", 'give model names, e.g. ["A100-80GB", "H100"]')
+        return models
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise _BadValueError(f"is {value}", "give CPU cores, e.g. 8 or 0.5")
+        return value
+
+    @field_validator("checkpoint_signal")
+    @classmethod
+    def _signal(cls, value: str) -> str:
+        name = value.upper()
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        if name not in SIGNALS:
+            raise _BadValueError(f"is {value!r}", f"use one of {', '.join(SIGNALS)}")
+        return name
+
+    @field_validator("grace_period", "max_runtime", "checkpoint_interval", "expected_duration")
+    @classmethod
+    def _duration(cls, value: float | str | None) -> float | None:
+        return None if value is None else parse_duration(value)
+
+    @field_validator("min_workers")
+    @classmethod
+    def _min_workers(cls, value: int | None, info: ValidationInfo) -> int | None:
+        workers = info.data.get("workers")
+        if value is not None and isinstance(workers, int) and value > workers:
+            raise _BadValueError(f"is {value}, above workers={workers}", "give 1 <= min_workers <= workers")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: object) -> object:
+        # A NUL byte cannot be in an argv, an environment or most databases' text: refuse it up front.
+        if isinstance(data, Mapping):
+            for key, value in data.items():
+                if has_nul(value) or has_nul(key):
+                    raise _BadValueError(f"{key} contains a NUL character", f"remove it from {key}")
+        return data
+
+    # ------------------------------------------------------------------------------ to the domain
+
+    def to_job(self, job_id: JobId, queue: str, submitted_at: float = 0.0) -> Job:
+        """The domain job; the domain's own checks come back as a SpecError in this spec's field names."""
+        gpus, milli = (1, round(self.gpus * MILLI_PER_GPU)) if 0 < self.gpus < 1 else (int(self.gpus), MILLI_PER_GPU)
+        problems: list[FieldProblem] = []
+        try:
+            request = WorkerRequest(
+                gpus=gpus,
+                gpu_milli=milli,
+                gpu_memory=int(self.gpu_memory or 0),
+                cpu_milli=round(self.cpu * 1000),
+                memory=int(self.memory or 0),
+                models=frozenset(self.gpu_models or ()),
+            )
+        except SpecError as error:
+            problems.extend(_rename(error.fields))
+            request = WorkerRequest()
+        command = (self.command,) if isinstance(self.command, str) else tuple(self.command)
+        try:
+            run: RunSpec | None = RunSpec(
+                command=command,
+                shell=isinstance(self.command, str),
+                workdir=self.workdir,
+                env=tuple(sorted(self.env.items())),
+                checkpoint_signal=self.checkpoint_signal,
+                grace_s=float(self.grace_period),
+                max_runtime_s=None if self.max_runtime is None else float(self.max_runtime),
+                retries=self.retries,
+            )
+        except SpecError as error:
+            problems.extend(_rename(error.fields))
+            run = None
+        if not problems:
+            try:
+                return Job(
+                    id=job_id,
+                    queue=queue,
+                    request=request,
+                    workers=self.workers,
+                    min_workers=self.min_workers,
+                    priority=self.priority,
+                    preemptible=self.preemptible,
+                    submitted_at=submitted_at,
+                    expected_duration=None if self.expected_duration is None else float(self.expected_duration),
+                    checkpoint_interval=None if self.checkpoint_interval is None else float(self.checkpoint_interval),
+                    name=self.name,
+                    run=run,
+                )
+            except SpecError as error:
+                problems.extend(_rename(error.fields))
+        raise SpecError("job spec", tuple(problems))
+
+
+# Domain field names that differ from the spec's.
+_DOMAIN_TO_SPEC = {"gpu_fraction": "gpus", "grace_s": "grace_period", "max_runtime_s": "max_runtime"}
+
+
+def _rename(problems: Iterable[FieldProblem]) -> list[FieldProblem]:
+    return [FieldProblem(_DOMAIN_TO_SPEC.get(p.field, p.field), p.problem, p.fix) for p in problems]
+
+
+# ------------------------------------------------------------------------------- pydantic -> ours
+
+
+def problems_from_errors(
+    errors: Sequence[Mapping[str, Any]], known_fields: Iterable[str] = (), *, strip: int = 0
+) -> tuple[FieldProblem, ...]:
+    """Pydantic's error list as our field problems, each with a fix; `strip` drops leading location parts
+    (FastAPI prefixes `body`). An unknown field gets the closest known name as its fix."""
+    known = sorted(known_fields)
+    problems: list[FieldProblem] = []
+    for error in errors:
+        loc = [str(part) for part in tuple(error.get("loc", ()))[strip:]]
+        field = ".".join(loc) or "(spec)"
+        kind = str(error.get("type", ""))
+        message = str(error.get("msg", "is invalid"))
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        if kind == "extra_forbidden":
+            close = difflib.get_close_matches(loc[-1] if loc else "", known, n=1)
+            fix = f"did you mean {close[0]!r}? Otherwise remove it" if close else "remove it"
+            if known:
+                fix += f" (fields: {', '.join(known)})"
+            problems.append(FieldProblem(field, "is not a known field", fix))
+        elif kind == "missing":
+            problems.append(FieldProblem(field, "is missing", "add it"))
+        elif _FIX_SEP in message:
+            problem, fix = message.split(_FIX_SEP, 1)
+            problems.append(FieldProblem(field, problem, fix))
+        else:
+            shown = error.get("input")
+            got = f" (got {shown!r})" if shown is not None and not isinstance(shown, (dict, list)) else ""
+            problems.append(FieldProblem(field, message[:1].lower() + message[1:] + got, _fix_for(kind)))
+    # One problem per field and text (a union reports each branch; one line each is enough).
+    unique: dict[tuple[str, str], FieldProblem] = {}
+    for item in problems:
+        unique.setdefault((item.field, item.problem), item)
+    return tuple(unique.values())
+
+
+def _fix_for(kind: str) -> str:
+    if kind.startswith(("int_", "float_")) or kind in ("greater_than_equal", "less_than_equal"):
+        return "give a number in the allowed range"
+    if kind.startswith("string_"):
+        return "give a shorter text" if kind == "string_too_long" else "give a text"
+    if kind.startswith("bool"):
+        return "give true or false"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return "give a mapping of names to values"
+    if kind == "list_type":
+        return "give a list"
+    if kind == "json_invalid":
+        return "send valid JSON"
+    return "see the field's description in the API schema (/docs)"
+
+
+def spec_error(error: ValidationError, what: str = "job spec") -> SpecError:
+    return SpecError(what, problems_from_errors(error.errors(), JobSpec.model_fields))
+
+
+def parse_spec(data: object) -> JobSpec:
+    """A `JobSpec` from parsed YAML/JSON; SpecError naming every bad field."""
+    if not isinstance(data, Mapping):
+        raise SpecError(
+            "job spec",
+            (FieldProblem("(spec)", f"is a {type(data).__name__}", "write a mapping: name: …, command: …, gpus: …"),),
+        )
+    try:
+        return JobSpec.model_validate(dict(data))
+    except ValidationError as error:
+        raise spec_error(error) from None
+
+
+def load_spec_file(path: str | Path) -> JobSpec:
+    """Read a YAML job spec; a missing file or bad YAML is a WorkloadError that says where."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise WorkloadError("no such job spec file", "check the path", path=file) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+        raise WorkloadError(
+            f"cannot read the job spec ({error.__class__.__name__})", "give a readable YAML file", path=file
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(error, "problem", None) or str(error)
+        raise WorkloadError(
+            f"not valid YAML: {problem}", "fix the YAML syntax (indentation, quotes, colons)", path=file, line=line
+        ) from None
+    if data is None:
+        raise WorkloadError("the job spec is empty", "write at least `command:`", path=file)
+    try:
+        return parse_spec(data)
+    except SpecError as error:
+        raise SpecError(f"job spec {file}", error.fields) from None

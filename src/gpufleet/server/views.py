@@ -1,0 +1,277 @@
+"""Domain values as API bodies, in people's units, and queue quotas from people's units back to base units."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gpufleet.domain.cluster import Node, WorkerPlacement
+from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
+from gpufleet.domain.lifecycle import JobState, Transition
+from gpufleet.domain.quotas import CPU, GPU, GPU_MODEL_PREFIX, MEMORY, QueueSpec, Quota
+from gpufleet.domain.records import JobRecord
+from gpufleet.domain.resources import MILLI_PER_GPU
+from gpufleet.ports.admin import Token
+from gpufleet.server.schemas import (
+    AllocationOut,
+    EventOut,
+    GpuOut,
+    GpuShareOut,
+    JobOut,
+    NodeOut,
+    QueueIn,
+    QueueOut,
+    QueueUsageOut,
+    QuotaIn,
+    QuotaOut,
+    RequestOut,
+    RunOut,
+    TokenOut,
+    WorkerOut,
+)
+from gpufleet.server.spec import parse_size
+
+HOLDING = (JobState.ADMITTED, JobState.LAUNCHING, JobState.RUNNING, JobState.EVICTING)
+
+
+def workers_out(workers: Sequence[WorkerPlacement], nodes: Mapping[str, Node]) -> list[WorkerOut]:
+    out: list[WorkerOut] = []
+    for rank, worker in enumerate(workers):
+        node = nodes.get(worker.node)
+        shares: list[GpuShareOut] = []
+        for share in worker.gpus:
+            gpu = node.gpus[share.index] if node is not None and share.index < len(node.gpus) else None
+            shares.append(
+                GpuShareOut(
+                    index=share.index,
+                    uuid=gpu.uuid if gpu else "",
+                    model=gpu.model if gpu else "",
+                    fraction=share.milli / MILLI_PER_GPU,
+                    memory=share.memory,
+                )
+            )
+        out.append(
+            WorkerOut(rank=rank, node=worker.node, gpus=shares, cpu=worker.cpu_milli / 1000, memory=worker.memory)
+        )
+    return out
+
+
+def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
+    job, request = record.job, record.job.request
+    run = job.run
+    return JobOut(
+        id=job.id,
+        name=job.name,
+        queue=job.queue,
+        state=record.state.value,
+        reason=record.reason,
+        waiting_code=record.waiting_code,
+        waiting_reason=record.waiting_reason,
+        priority=job.priority,
+        preemptible=job.preemptible,
+        workers=job.workers,
+        min_workers=job.min_workers,
+        request=RequestOut(
+            gpus=request.gpu_milli / MILLI_PER_GPU if request.fractional else float(request.gpus),
+            gpu_memory=request.gpu_memory,
+            gpu_models=sorted(request.models),
+            cpu=request.cpu_milli / 1000,
+            memory=request.memory,
+        ),
+        run=None
+        if run is None
+        else RunOut(
+            command=list(run.command),
+            shell=run.shell,
+            workdir=run.workdir,
+            env=dict(run.env),
+            checkpoint_signal=run.checkpoint_signal,
+            grace_period=run.grace_s,
+            max_runtime=run.max_runtime_s,
+            retries=run.retries,
+        ),
+        submit_seq=job.submit_seq,
+        submitted_at=record.submitted_at,
+        started_at=record.started_at,
+        first_started_at=record.first_started_at,
+        finished_at=record.finished_at,
+        attempt=record.attempt,
+        exit_code=record.exit_code,
+        preemptions=record.preemptions,
+        failures=record.failures,
+        stop_cause=None if record.stop_cause is None else record.stop_cause.value,
+        attained_gpu_seconds=record.attained_gpu_seconds,
+        expected_duration=job.expected_duration,
+        checkpoint_interval=job.checkpoint_interval,
+        placement=workers_out(record.workers, nodes),
+        version=record.version,
+    )
+
+
+def event_out(transition: Transition) -> EventOut:
+    return EventOut(
+        source=transition.source.value, target=transition.target.value, reason=transition.reason, at=transition.at
+    )
+
+
+def token_out(token: Token) -> TokenOut:
+    return TokenOut(
+        id=token.id,
+        name=token.name,
+        role=token.role.value,
+        queue=token.queue,
+        created_at=token.created_at,
+        revoked=token.revoked,
+    )
+
+
+# ------------------------------------------------------------------------------------------ quotas
+
+
+def resource_unit(key: str) -> str:
+    if key == CPU:
+        return "cores"
+    if key == MEMORY:
+        return "bytes"
+    return "GPUs"
+
+
+def to_base(key: str, value: float | str | None, field: str) -> int | None:
+    """A quota amount in people's units (GPUs, cores, 64GiB) in base units (milli-GPU, milli-cores, bytes)."""
+    if value is None:
+        return None
+    if key == MEMORY:
+        return parse_size(value, "memory quota")
+    try:
+        number = float(value)
+    except ValueError:
+        raise GpufleetError(f"{field} is {value!r}", "give a number") from None
+    if not number >= 0 or number == float("inf"):
+        raise GpufleetError(f"{field} is {value!r}", "give a number >= 0")
+    return round(number * 1000)
+
+
+def from_base(key: str, value: int | None) -> float | None:
+    if value is None:
+        return None
+    return float(value) if key == MEMORY else value / 1000
+
+
+def queue_spec(name: str, body: QueueIn) -> QueueSpec:
+    """`QueueIn` (people's units) -> `QueueSpec` (base units); every bad key and amount named."""
+    problems: list[FieldProblem] = []
+    quotas: dict[str, Quota] = {}
+    for key, raw in body.quotas.items():
+        if key not in (GPU, CPU, MEMORY) and not (
+            key.startswith(GPU_MODEL_PREFIX) and len(key) > len(GPU_MODEL_PREFIX)
+        ):
+            problems.append(FieldProblem(f"quotas.{key}", "is not a resource", "use gpu, gpu:<MODEL>, cpu or memory"))
+            continue
+        given = raw if isinstance(raw, QuotaIn) else QuotaIn(nominal=raw)
+        amounts: dict[str, int | None] = {}
+        for part in ("nominal", "borrowing_limit", "lending_limit"):
+            field = f"quotas.{key}.{part}"
+            try:
+                amounts[part] = to_base(key, getattr(given, part), field)
+            except ValueError as error:  # parse_size's message carries its fix
+                problem, _, fix = str(error).partition("; to fix: ")
+                problems.append(FieldProblem(field, problem, fix or "give an amount"))
+            except GpufleetError as error:
+                problems.append(FieldProblem(field, error.message.removeprefix(field + " "), error.fix))
+        quotas[key] = Quota(amounts.get("nominal"), amounts.get("borrowing_limit"), amounts.get("lending_limit"))
+    if problems:
+        raise SpecError(f"queue {name!r}", tuple(problems))
+    return QueueSpec(name=name, quotas=quotas, cohort=body.cohort or None, weight=body.weight)
+
+
+def queue_usage(records: Sequence[JobRecord], nodes: Mapping[str, Node]) -> dict[str, dict[str, int]]:
+    """Per queue: running and pending counts and what its running jobs hold, per resource key (base units)."""
+    usage: dict[str, dict[str, int]] = {}
+    for record in records:
+        use = usage.setdefault(record.job.queue, {"running": 0, "pending": 0, GPU: 0, CPU: 0, MEMORY: 0})
+        if record.state is JobState.PENDING:
+            use["pending"] += 1
+        if record.state not in HOLDING:
+            continue
+        use["running"] += 1
+        for worker in record.workers:
+            use[CPU] += worker.cpu_milli
+            use[MEMORY] += worker.memory
+            node = nodes.get(worker.node)
+            for share in worker.gpus:
+                use[GPU] += share.milli
+                if node is not None and share.index < len(node.gpus):
+                    model_key = GPU_MODEL_PREFIX + node.gpus[share.index].model
+                    use[model_key] = use.get(model_key, 0) + share.milli
+    return usage
+
+
+def queue_out(spec: QueueSpec, use: Mapping[str, int]) -> QueueOut:
+    return QueueOut(
+        name=spec.name,
+        quotas={
+            key: QuotaOut(
+                nominal=from_base(key, quota.nominal),
+                borrowing_limit=from_base(key, quota.borrowing_limit),
+                lending_limit=from_base(key, quota.lending_limit),
+            )
+            for key, quota in sorted(spec.quotas.items())
+        },
+        cohort=spec.cohort,
+        weight=spec.weight,
+        usage=QueueUsageOut(
+            running=use.get("running", 0),
+            pending=use.get("pending", 0),
+            gpus=use.get(GPU, 0) / MILLI_PER_GPU,
+            cpu=use.get(CPU, 0) / 1000,
+            memory=use.get(MEMORY, 0),
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------------- nodes
+
+
+def node_out(node: Node, records: Sequence[JobRecord], emulated: bool) -> NodeOut:
+    per_gpu: dict[int, list[AllocationOut]] = {}
+    cpu = memory = 0
+    for record in records:
+        if record.state not in HOLDING:
+            continue
+        for worker in record.workers:
+            if worker.node != node.name:
+                continue
+            cpu += worker.cpu_milli
+            memory += worker.memory
+            for share in worker.gpus:
+                per_gpu.setdefault(share.index, []).append(
+                    AllocationOut(
+                        job_id=record.id,
+                        queue=record.job.queue,
+                        fraction=share.milli / MILLI_PER_GPU,
+                        memory=share.memory,
+                    )
+                )
+    return NodeOut(
+        name=node.name,
+        emulated=emulated,
+        cordoned=node.cordoned,
+        healthy=node.healthy,
+        rack=node.rack,
+        zone=node.zone,
+        cpu=node.cpu_milli / 1000,
+        memory=node.memory,
+        cpu_allocated=cpu / 1000,
+        memory_allocated=memory,
+        gpus=[
+            GpuOut(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                model=gpu.model,
+                memory=gpu.memory,
+                nvlink_group=gpu.nvlink_group,
+                allocated=sum(a.fraction for a in per_gpu.get(gpu.index, ())),
+                jobs=per_gpu.get(gpu.index, []),
+            )
+            for gpu in node.gpus
+        ],
+    )
