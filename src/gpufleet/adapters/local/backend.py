@@ -1,0 +1,473 @@
+"""The local executor: an `ExecutionBackend` that runs each worker as a real process on this machine.
+
+Each worker runs under a small shim (`shim.py`) started in a session of its own, so jobs outlive the
+control plane: after a restart, `adopt` finds them again through the files under the state folder
+(`layout.py`). The backend itself keeps no state that the files do not also hold.
+
+`poll` is called every few tens of milliseconds by the loop, so per live worker it only tries to open a
+file or two (`exit.json`, and `child.pid` until it exists) and makes one `waitpid` or `/proc` check: it
+never scans the state folder (only `adopt` does, once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.adapters.local.env import allocator_env
+from gpufleet.adapters.local.layout import Layout
+from gpufleet.adapters.local.ports import PortAllocator
+from gpufleet.adapters.local.proc import is_running, read_json, start_ticks, write_json
+from gpufleet.domain.cluster import Node
+from gpufleet.domain.errors import GpufleetError
+from gpufleet.domain.jobs import JobId
+from gpufleet.ports import BackendCapabilities, Clock, Launch, Observation, ObservationKind
+
+SHIM_MODULE = "gpufleet.adapters.local.shim"
+SHUTDOWN_REASON = "the control plane shut down"
+Key = tuple[JobId, int]
+
+# The shim resets these to their defaults (the control plane may ignore some), then installs its handlers.
+_DEFAULT_SIGNALS = (
+    signal.SIGPIPE,
+    signal.SIGXFSZ,
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+@dataclass
+class _Worker:
+    rank: int
+    dir: Path
+    shim_pid: int | None = None
+    shim_ticks: int | None = None
+    own: bool = False  # started by this object: reaped with waitpid
+    child: dict[str, Any] | None = None  # child.pid: pid, pgid, ticks, started_at
+    exit: dict[str, Any] | None = None  # exit.json: code, signal, ended_at (or error / not_started)
+    signalled: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.exit is not None
+
+
+@dataclass
+class _Job:
+    job_id: JobId
+    attempt: int
+    dir: Path
+    signal: int
+    port: int | None
+    workers: list[_Worker] = field(default_factory=list)
+    started_reported: bool = False
+    stop_reason: str | None = None
+    stop_signal: int | None = None  # what stopping workers get: the checkpoint signal, or SIGTERM for a gang
+    kill_at: float | None = None  # time.monotonic() after which the workers get SIGKILL
+    failure: tuple[int, str] | None = None  # first failed worker: its exit code and the detail to report
+    lost: str | None = None
+
+
+class LocalBackend:
+    """Runs jobs as processes on this machine. Single node: `multi_node` is False, but `nodes` may list
+    several emulated nodes, all run here. Observation times come from `clock`."""
+
+    capabilities = BackendCapabilities(multi_node=False, gpu_isolation=True, checkpoint_signal=True)
+
+    def __init__(
+        self,
+        state_dir: Path,
+        nodes: Sequence[Node],
+        clock: Clock,
+        *,
+        emulated: bool,
+        port_range: tuple[int, int] = (29500, 30499),
+        master_addr: str = "127.0.0.1",
+        gang_grace_s: float = 5.0,
+    ) -> None:
+        self.layout = Layout(Path(state_dir))
+        self.nodes = {node.name: node for node in nodes}
+        self.clock = clock
+        self.emulated = emulated
+        self.master_addr = master_addr
+        self.gang_grace_s = gang_grace_s
+        self.ports = PortAllocator(port_range[0], port_range[1], master_addr)
+        try:
+            self.ports.bindable(0)
+        except OSError as exc:
+            raise GpufleetError(
+                f"the local executor cannot bind its master address {master_addr!r}: {exc.strerror or exc}",
+                "set master_addr to an address of this machine, e.g. 127.0.0.1",
+            ) from exc
+        try:
+            self.layout.run_root().mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise GpufleetError(
+                f"cannot create the executor's state folder {state_dir}: {exc.strerror or exc}",
+                "give a writable state folder",
+            ) from exc
+        self._live: dict[Key, _Job] = {}
+        self._finished: set[Key] = set()
+        self._inbox: list[Observation] = []
+
+    # --- the port -------------------------------------------------------------------------------------
+
+    def launch(self, launch: Launch) -> None:
+        job = launch.job
+        key = (job.id, launch.attempt)
+        attempt_dir = self.layout.attempt_dir(job.id, launch.attempt)
+        if key in self._live or key in self._finished or attempt_dir.exists():
+            return  # idempotent: this attempt was launched already (by this object or before a restart)
+        run = job.run
+        if run is None:
+            self._lose(key, "the job has no run spec (no command), so the local executor has nothing to run")
+            return
+        port: int | None = None
+        try:
+            port = self.ports.acquire(_owner(key))
+            envs = [
+                allocator_env(
+                    launch,
+                    rank,
+                    self.nodes,
+                    master_addr=self.master_addr,
+                    master_port=port,
+                    emulated=self.emulated,
+                )
+                for rank in range(len(launch.workers))
+            ]
+        except GpufleetError as exc:
+            self.ports.release(port, _owner(key))
+            self._lose(key, str(exc))
+            return
+        attempt_dir.mkdir(parents=True)
+        signum = int(signal.Signals[run.checkpoint_signal])
+        write_json(
+            attempt_dir / "attempt.json",
+            {"job_id": job.id, "attempt": launch.attempt, "workers": len(launch.workers), "port": port},
+        )
+        job_dir = self.layout.job_dir(job.id)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        workdir = job_dir / Path(run.workdir).expanduser() if run.workdir else job_dir
+        argv = ["/bin/sh", "-c", run.command[0]] if run.shell else list(run.command)
+        base_env = {**os.environ, **dict(run.env)}
+        tracked = _Job(job.id, launch.attempt, attempt_dir, signum, port)
+        for rank, env in enumerate(envs):
+            tracked.workers.append(self._start_worker(job.id, launch.attempt, rank, argv, workdir, {**base_env, **env}))
+        self._live[key] = tracked
+
+    def stop(self, job_id: JobId, attempt: int, grace_s: float, reason: str) -> None:
+        job = self._live.get((job_id, attempt))
+        if job is None or job.stop_reason is not None:
+            return
+        self._refresh(job)
+        if all(w.done for w in job.workers):
+            return  # it ended by itself first: the next poll reports that
+        job.stop_reason = reason or "stopped"
+        self._begin_stop(job, job.signal, grace_s)
+
+    def poll(self) -> Sequence[Observation]:
+        for job in list(self._live.values()):
+            self._watch(job)
+        out, self._inbox = self._inbox, []
+        return out
+
+    def adopt(self, live: Sequence[Launch]) -> None:
+        wanted = {self.layout.attempt_dir(launch.job.id, launch.attempt) for launch in live}
+        for launch in live:
+            self._adopt(launch)
+        self._kill_orphans(wanted | {job.dir for job in self._live.values()})
+
+    # --- beyond the port: what the API and the CLI use ------------------------------------------------
+
+    def log_paths(self, job_id: JobId) -> list[Path]:
+        """The job's log files, one per attempt and worker, oldest attempt first."""
+        return self.layout.log_paths(job_id)
+
+    def shutdown(self, stop_jobs: bool, grace_s: float) -> None:
+        """With `stop_jobs`, stop every job (checkpoint signal, `grace_s`, then SIGKILL) and wait for them;
+        otherwise leave them running, for the next start to adopt."""
+        if not stop_jobs:
+            self._live.clear()
+            return
+        for job in list(self._live.values()):
+            self.stop(job.job_id, job.attempt, grace_s, SHUTDOWN_REASON)
+        deadline = time.monotonic() + grace_s + 5.0
+        while self._live and time.monotonic() < deadline:
+            for job in list(self._live.values()):
+                self._watch(job)  # observations stay queued for a last poll
+            time.sleep(0.01)
+
+    # --- launching ------------------------------------------------------------------------------------
+
+    def _start_worker(
+        self, job_id: JobId, attempt: int, rank: int, argv: list[str], workdir: Path, env: dict[str, str]
+    ) -> _Worker:
+        worker_dir = self.layout.worker_dir(job_id, attempt, rank)
+        worker_dir.mkdir()
+        log = self.layout.log_path(job_id, attempt, rank)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        write_json(
+            worker_dir / "spec.json",
+            {"argv": argv, "cwd": str(workdir), "stop_file": str(worker_dir.parent / "stop.json")},
+        )
+        worker = _Worker(rank, worker_dir)
+        try:
+            pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-I", "-m", SHIM_MODULE, str(worker_dir)],
+                env,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+                    (os.POSIX_SPAWN_DUP2, 1, 2),
+                ],
+                setsid=True,
+                setsigdef=_DEFAULT_SIGNALS,
+            )
+        except OSError as exc:
+            worker.exit = {"code": 126, "error": f"cannot start the worker shim: {exc.strerror or exc}"}
+            write_json(worker_dir / "exit.json", worker.exit)
+            return worker
+        worker.shim_pid, worker.shim_ticks, worker.own = pid, start_ticks(pid), True
+        write_json(worker_dir / "shim.pid", {"pid": pid, "ticks": worker.shim_ticks})
+        return worker
+
+    # --- watching -------------------------------------------------------------------------------------
+
+    def _refresh(self, job: _Job) -> None:
+        """Bring each running worker's state up to date: started? ended? vanished?"""
+        for worker in job.workers:
+            if worker.done:
+                continue
+            if worker.child is None:
+                worker.child = read_json(worker.dir / "child.pid")
+            # exit.json first: the shim writes it just before it exits.
+            worker.exit = read_json(worker.dir / "exit.json")
+            if worker.exit is not None or self._shim_alive(worker):
+                continue
+            worker.exit = read_json(worker.dir / "exit.json")
+            if worker.child is None:
+                worker.child = read_json(worker.dir / "child.pid")
+            if worker.exit is None:
+                worker.exit = {"vanished": True}
+                job.lost = job.lost or f"worker {worker.rank} process vanished"
+
+    def _shim_alive(self, worker: _Worker) -> bool:
+        if worker.own and worker.shim_pid is not None:
+            try:
+                pid, _ = os.waitpid(worker.shim_pid, os.WNOHANG)
+            except ChildProcessError:
+                worker.own = False  # reaped elsewhere: look it up by pid and start time below
+            else:
+                return pid == 0
+        return is_running(worker.shim_pid, worker.shim_ticks)
+
+    def _watch(self, job: _Job) -> None:
+        self._refresh(job)
+        key = (job.job_id, job.attempt)
+        if job.lost is not None:
+            self._kill_workers(job)
+            self._finish(job)
+            self._emit(key, ObservationKind.LOST, detail=job.lost)
+            return
+        if not job.started_reported and all(w.child is not None for w in job.workers):
+            job.started_reported = True
+            started = max(float(w.child["started_at"]) for w in job.workers if w.child is not None)
+            self._emit(key, ObservationKind.STARTED, wall=started)
+        if job.stop_reason is None and job.failure is None:
+            self._check_failure(job)
+        if job.stop_signal is not None:
+            self._signal_workers(job, job.stop_signal)  # workers whose command started after the stop
+            if job.kill_at is not None and time.monotonic() >= job.kill_at:
+                # Every poll until they are gone: a command that started after the deadline gets it too. A
+                # shim that has not started its command is left alone: it sees the stop file and records
+                # that it did not start (killing it would lose that record).
+                for worker in job.workers:
+                    if not worker.done and worker.child is not None:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.killpg(int(worker.child["pgid"]), signal.SIGKILL)
+        if not all(w.done for w in job.workers):
+            return
+        self._finish(job)
+        ended = max((float(w.exit.get("ended_at", 0.0)) for w in job.workers if w.exit), default=0.0)
+        if job.stop_reason == SHUTDOWN_REASON:
+            # The store still believes it runs: a plain STOPPED would be ignored, LOST gets it retried.
+            self._emit(key, ObservationKind.LOST, wall=ended or None, detail="stopped when the control plane shut down")
+        elif job.stop_reason is not None:
+            self._emit(key, ObservationKind.STOPPED, wall=ended or None, detail=job.stop_reason)
+        elif job.failure is not None:
+            self._emit(key, ObservationKind.EXITED, wall=ended or None, exit_code=job.failure[0], detail=job.failure[1])
+        else:
+            self._emit(key, ObservationKind.EXITED, wall=ended or None, exit_code=0)
+
+    def _check_failure(self, job: _Job) -> None:
+        failed = [w for w in job.workers if w.exit is not None and w.exit.get("code", 0) != 0]
+        if not failed:
+            return
+        first = min(failed, key=lambda w: (float(w.exit.get("ended_at", 0.0)) if w.exit else 0.0, w.rank))
+        assert first.exit is not None
+        code = int(first.exit["code"])
+        if "error" in first.exit:
+            detail = f"worker {first.rank} could not start: {first.exit['error']}"
+        elif first.exit.get("signal"):
+            detail = f"worker {first.rank} was killed by {_signal_name(int(first.exit['signal']))} ({code})"
+        else:
+            detail = f"worker {first.rank} exited {code}"
+        job.failure = (code, detail)
+        if not all(w.done for w in job.workers):
+            # A gang cannot go on without a member: stop the others, with a short grace.
+            self._begin_stop(job, signal.SIGTERM, self.gang_grace_s)
+
+    def _begin_stop(self, job: _Job, signum: int, grace_s: float) -> None:
+        job.stop_signal = signum
+        grace_s = max(0.0, grace_s)
+        if job.kill_at is not None:  # a gang already stopping keeps its earlier deadline
+            grace_s = min(grace_s, max(0.0, job.kill_at - time.monotonic()))
+        job.kill_at = time.monotonic() + grace_s
+        # Persisted first: a shim that has not started its command yet sees it and does not start it, and
+        # after a restart the stop (and its deadline) still holds.
+        write_json(
+            job.dir / "stop.json",
+            {"reason": job.stop_reason, "signal": signum, "kill_at": time.time() + grace_s},
+        )
+        self._signal_workers(job, signum)
+
+    def _signal_workers(self, job: _Job, signum: int) -> None:
+        for worker in job.workers:
+            if worker.done or worker.child is None or worker.signalled:
+                continue
+            worker.signalled = True
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(worker.child["pgid"]), signum)
+
+    def _kill_workers(self, job: _Job) -> None:
+        """SIGKILL every worker still running (a lost job is abandoned): its command's group, or the shim
+        itself before it started one."""
+        with contextlib.suppress(OSError):
+            write_json(job.dir / "stop.json", {"reason": job.stop_reason or "killed", "signal": int(signal.SIGKILL)})
+        for worker in job.workers:
+            if worker.done and "vanished" not in (worker.exit or {}):
+                continue
+            _kill_worker(worker.child, worker.shim_pid, worker.shim_ticks)
+
+    def _finish(self, job: _Job) -> None:
+        key = (job.job_id, job.attempt)
+        self._live.pop(key, None)
+        self._finished.add(key)
+        self.ports.release(job.port, _owner(key))
+
+    def _lose(self, key: Key, detail: str) -> None:
+        self._finished.add(key)
+        self._emit(key, ObservationKind.LOST, detail=detail)
+
+    def _emit(
+        self,
+        key: Key,
+        kind: ObservationKind,
+        *,
+        wall: float | None = None,
+        exit_code: int | None = None,
+        detail: str = "",
+    ) -> None:
+        """Queue an observation. `wall` (when known) is when it happened on the wall clock: it is carried
+        onto the backend's clock as `now - how long ago`, so a job that ended while the control plane was
+        down is not billed for the downtime."""
+        now = self.clock.now()
+        at = now - max(0.0, time.time() - wall) if wall is not None else now
+        self._inbox.append(Observation(key[0], key[1], kind, at, exit_code=exit_code, detail=detail))
+
+    # --- after a restart ------------------------------------------------------------------------------
+
+    def _adopt(self, launch: Launch) -> None:
+        key = (launch.job.id, launch.attempt)
+        if key in self._live or key in self._finished:
+            return
+        attempt_dir = self.layout.attempt_dir(*key)
+        info = read_json(attempt_dir / "attempt.json")
+        if info is None:
+            self._lose(key, "never started (control plane stopped before launch)")
+            return
+        run = launch.job.run
+        signum = int(signal.Signals[run.checkpoint_signal]) if run is not None else int(signal.SIGTERM)
+        port = info.get("port")
+        job = _Job(launch.job.id, launch.attempt, attempt_dir, signum, int(port) if port is not None else None)
+        for rank in range(len(launch.workers)):
+            worker_dir = attempt_dir / f"worker-{rank}"
+            shim = read_json(worker_dir / "shim.pid") or {}
+            worker = _Worker(
+                rank,
+                worker_dir,
+                shim_pid=shim.get("pid"),
+                shim_ticks=shim.get("ticks"),
+                child=read_json(worker_dir / "child.pid"),
+                exit=read_json(worker_dir / "exit.json"),
+            )
+            job.workers.append(worker)
+            if not worker.done and not is_running(worker.shim_pid, worker.shim_ticks):
+                worker.exit = read_json(worker_dir / "exit.json")  # it may have just ended
+                if worker.exit is None:
+                    worker.exit = {"vanished": True}
+                    job.lost = job.lost or (
+                        "worker died while the control plane was down"
+                        if worker_dir.exists()
+                        else "never started (control plane stopped during launch)"
+                    )
+        stop = read_json(attempt_dir / "stop.json")
+        if stop is not None:
+            # A stop asked for (with its reason), or a gang stopping after a failed member (no reason: the
+            # failure is found again from the exit records).
+            job.stop_reason = str(stop["reason"]) if stop.get("reason") else None
+            job.stop_signal = int(stop.get("signal", signal.SIGTERM))
+            job.kill_at = time.monotonic() + max(0.0, float(stop.get("kill_at", 0.0)) - time.time())
+        if job.port is not None and job.lost is None:
+            self.ports.hold(job.port, _owner(key))
+        self._live[key] = job
+
+    def _kill_orphans(self, keep: set[Path]) -> None:
+        """Kill every worker found running under the state folder whose attempt is not in `keep`: no job
+        may run twice (the store gave its resources to someone else, or retried it)."""
+        root = self.layout.run_root()
+        for attempt_dir in root.glob("*/attempt-*"):
+            if attempt_dir in keep:
+                continue
+            for worker_dir in attempt_dir.glob("worker-*"):
+                if (worker_dir / "exit.json").exists():
+                    continue
+                with contextlib.suppress(OSError):
+                    write_json(attempt_dir / "stop.json", {"reason": "orphan", "signal": int(signal.SIGKILL)})
+                shim = read_json(worker_dir / "shim.pid") or {}
+                _kill_worker(read_json(worker_dir / "child.pid"), shim.get("pid"), shim.get("ticks"))
+
+
+def _kill_worker(child: dict[str, Any] | None, shim_pid: int | None, shim_ticks: int | None) -> None:
+    """SIGKILL a worker's command group if it runs; a shim that has not started its command yet is killed
+    itself (the stop file written before keeps a shim that is just starting from starting it)."""
+    if child is not None and is_running(int(child["pid"]), child.get("ticks")):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(child["pgid"]), signal.SIGKILL)
+    elif child is None and is_running(shim_pid, shim_ticks) and shim_pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(shim_pid, signal.SIGKILL)
+
+
+def _owner(key: Key) -> str:
+    return f"{key[0]}#{key[1]}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
