@@ -7,6 +7,7 @@ replay the file anywhere with `RecordedProbe(path)`.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -33,7 +34,8 @@ def record(
         driver = probe.session.text("nvmlSystemGetDriverVersion", field="driver version") or "unknown"
         frames = []
         start = time.monotonic()
-        for step in range(int(seconds // interval) + 1):
+        steps = math.floor(seconds / interval + 1e-9)  # 0.5 / 0.1 is 4.999...: count the steps as a person would
+        for step in range(steps + 1):
             # Sleep to the step's slot rather than a fixed time: sampling cost must not stretch the interval.
             time.sleep(max(0.0, start + step * interval - time.monotonic()))
             frames.append(tuple(probe.sample(round(step * interval, 6))))

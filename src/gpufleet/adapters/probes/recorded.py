@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,7 @@ class RecordedProbe:
     def sample(self, now: float) -> Sequence[GpuSample]:
         if self._start is None:
             self._start = now
-        step = int(max(0.0, now - self._start) // self.recording.interval_s)
+        # The epsilon keeps 0.3 / 0.1 (2.999...) on frame 3, where a person reading the clock would put it.
+        step = math.floor(max(0.0, now - self._start) / self.recording.interval_s + 1e-9)
         frame = self._frames[step % len(self._frames)]
         return [dataclasses.replace(s, at=now) for s in frame]
