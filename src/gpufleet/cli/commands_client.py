@@ -388,7 +388,7 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) 
         table.add_column(column)
     for node in listed:
         flags = [f for f, on in (("cordoned", node["cordoned"]), ("unhealthy", not node["healthy"])) if on]
-        label = node["name"] + (" (emulated)" if node["emulated"] else "") + (f" [{', '.join(flags)}]" if flags else "")
+        label = node["name"] + (" (emulated)" if node["emulated"] else "") + (f" ({', '.join(flags)})" if flags else "")
         for gpu in node["gpus"] or [None]:
             if gpu is None:
                 table.add_row(label, "-", "-", "-", "-", "-")
