@@ -112,11 +112,13 @@ class PostgresServer:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self) -> str:
-        """A new, empty database; returns its URL."""
+    def create_database(self, template: str | None = None) -> str:
+        """A new database, empty or a copy of the database `template` (nobody may be connected to it);
+        returns its URL. Copying a small database is faster than creating one from `template1`."""
         name = f"t{os.getpid()}_{next(self._names)}"
+        copy = f' TEMPLATE "{template}"' if template else ""
         with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True) as c:
-            c.execute(f'CREATE DATABASE "{name}"')
+            c.execute(f'CREATE DATABASE "{name}"{copy}')
         return self.url(name)
 
     def drop_database(self, url: str) -> None:

@@ -53,6 +53,8 @@ def parse_url(url: str) -> URL:
         raise GpufleetError(f"database URL {url!r} cannot be read", URL_FIX) from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
+        if parsed.drivername not in ("sqlite", "sqlite+pysqlite"):  # the BEGIN handling below is pysqlite's
+            raise GpufleetError(f"database driver {parsed.drivername!r} is not supported", URL_FIX)
         if parsed.database in (None, "", ":memory:") or (parsed.query.get("mode") == "memory"):
             raise GpufleetError(
                 f"database URL {safe_url(parsed)!r} is an in-memory SQLite database, which each connection sees empty",

@@ -1,0 +1,213 @@
+"""The JSON codec: every field written, and decode(encode(x)) == x for generated records, queues, nodes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufleet.adapters.storage import codec
+from gpufleet.domain import Gpu, GpuShare, Job, JobState, Node, QueueSpec, Quota, WorkerPlacement, WorkerRequest
+from gpufleet.domain.jobs import SIGNALS, RunSpec
+from gpufleet.domain.quotas import CPU, GPU, MEMORY
+from gpufleet.domain.records import JobRecord, StopCause
+
+texts = st.text(max_size=12)
+names = st.text(min_size=1, max_size=12)
+sizes = st.integers(min_value=0, max_value=2**62)
+# Times and durations: any float but NaN (a NaN is not equal to itself, and no time is NaN), infinities included.
+times = st.floats(allow_nan=False)
+positive = st.floats(min_value=0.0, exclude_min=True, allow_nan=False)
+non_negative = st.floats(min_value=0.0, allow_nan=False)
+model = st.text(alphabet=st.characters(codec="ascii", categories=("L", "N")), min_size=1, max_size=8)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> WorkerRequest:
+    if draw(st.booleans()):
+        return WorkerRequest(
+            gpus=1,
+            gpu_milli=draw(st.integers(1, 999)),
+            gpu_memory=draw(sizes),
+            cpu_milli=draw(sizes),
+            memory=draw(sizes),
+            models=draw(st.frozensets(model, max_size=3)),
+        )
+    gpus = draw(st.integers(0, 16))
+    return WorkerRequest(
+        gpus=gpus,
+        gpu_memory=draw(sizes) if gpus else 0,
+        cpu_milli=draw(sizes),
+        memory=draw(sizes),
+        models=draw(st.frozensets(model, max_size=3)) if gpus else frozenset(),
+    )
+
+
+@st.composite
+def run_specs(draw: st.DrawFn) -> RunSpec:
+    shell = draw(st.booleans())
+    command = (draw(names),) if shell else tuple(draw(st.lists(names, min_size=1, max_size=4)))
+    return RunSpec(
+        command=command,
+        shell=shell,
+        workdir=draw(texts),
+        env=tuple(draw(st.lists(st.tuples(names, texts), max_size=3))),
+        checkpoint_signal=draw(st.sampled_from(SIGNALS)),
+        grace_s=draw(non_negative),
+        max_runtime_s=draw(st.none() | positive),
+        retries=draw(st.integers(0, 100)),
+    )
+
+
+@st.composite
+def jobs(draw: st.DrawFn) -> Job:
+    request = draw(requests())
+    workers = 1 if request.fractional else draw(st.integers(1, 64))
+    return Job(
+        id=draw(names),
+        queue=draw(names.filter(str.strip)),
+        request=request,
+        workers=workers,
+        min_workers=draw(st.none() | st.integers(1, workers)),
+        priority=draw(st.integers(-(2**31), 2**31)),
+        preemptible=draw(st.booleans()),
+        submit_seq=draw(st.integers(0, 2**62)),
+        submitted_at=draw(times),
+        expected_duration=draw(st.none() | positive),
+        checkpoint_interval=draw(st.none() | positive),
+        attained_gpu_seconds=draw(non_negative),
+        job_type=draw(texts),
+        name=draw(texts),
+        run=draw(st.none() | run_specs()),
+    )
+
+
+placements = st.builds(
+    WorkerPlacement,
+    node=names,
+    gpus=st.lists(st.builds(GpuShare, st.integers(0, 15), st.integers(1, 1000), sizes), max_size=4).map(tuple),
+    cpu_milli=sizes,
+    memory=sizes,
+)
+
+records = st.builds(
+    JobRecord,
+    job=jobs(),
+    state=st.sampled_from(JobState),
+    version=st.integers(1, 2**31),
+    attempt=st.integers(0, 1000),
+    workers=st.lists(placements, max_size=3).map(tuple),
+    submitted_at=times,
+    started_at=st.none() | times,
+    first_started_at=st.none() | times,
+    finished_at=st.none() | times,
+    last_checkpoint_at=st.none() | times,
+    attained_gpu_seconds=non_negative,
+    evicting_for=st.none() | texts,
+    preemptions=st.integers(0, 1000),
+    exit_code=st.none() | st.integers(-255, 255),
+    waiting_code=texts,
+    waiting_reason=texts,
+    stop_cause=st.none() | st.sampled_from(StopCause),
+    failures=st.integers(0, 100),
+    reason=texts,
+)
+
+
+@st.composite
+def quotas(draw: st.DrawFn) -> Quota:
+    nominal = draw(st.none() | sizes)
+    return Quota(
+        nominal=nominal,
+        borrowing_limit=None if nominal is None else draw(st.none() | sizes),
+        lending_limit=None if nominal is None else draw(st.none() | st.integers(0, nominal)),
+    )
+
+
+queue_specs = st.builds(
+    QueueSpec,
+    name=names.filter(str.strip),
+    quotas=st.dictionaries(st.sampled_from([GPU, CPU, MEMORY, "gpu:A100-80GB", "gpu:H100"]), quotas(), max_size=4),
+    cohort=st.none() | names.filter(str.strip),
+    weight=positive,
+)
+
+
+@st.composite
+def node_specs(draw: st.DrawFn) -> Node:
+    gpus = tuple(
+        Gpu(i, draw(texts), draw(model), draw(st.integers(1, 2**40)), draw(st.integers(0, 3)))
+        for i in range(draw(st.integers(0, 8)))
+    )
+    return Node(
+        name=draw(names),
+        gpus=gpus,
+        cpu_milli=draw(sizes),
+        memory=draw(sizes),
+        rack=draw(texts),
+        zone=draw(texts),
+        cordoned=draw(st.booleans()),
+        healthy=draw(st.booleans()),
+    )
+
+
+def through_json(data: dict[str, Any]) -> dict[str, Any]:
+    """What comes back from a JSON column: strict JSON (no NaN or Infinity), as the store writes it."""
+    loaded: dict[str, Any] = json.loads(json.dumps(data, allow_nan=False))
+    return loaded
+
+
+@settings(max_examples=300)
+@given(records)
+def test_records_round_trip(record: JobRecord) -> None:
+    assert codec.decode_record(through_json(codec.encode_record(record))) == record
+
+
+@given(queue_specs)
+def test_queues_round_trip(spec: QueueSpec) -> None:
+    assert codec.decode_queue(through_json(codec.encode_queue(spec))) == spec
+
+
+@given(node_specs())
+def test_nodes_round_trip(node: Node) -> None:
+    assert codec.decode_node(through_json(codec.encode_node(node))) == node
+
+
+def init_fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.init}
+
+
+def test_every_field_is_encoded() -> None:
+    run = RunSpec(("x",))
+    job = Job("a", "q", WorkerRequest(gpus=1), run=run)
+    placement = WorkerPlacement("n", (GpuShare(0),))
+    record = JobRecord(job, JobState.RUNNING, workers=(placement,))
+    node = Node("n", (Gpu(0, "u", "H100", 1),))
+    encoded = codec.encode_record(record)
+    assert set(encoded) == init_fields(JobRecord)
+    assert set(encoded["job"]) == init_fields(Job)
+    assert set(encoded["job"]["request"]) == init_fields(WorkerRequest)
+    assert set(encoded["job"]["run"]) == init_fields(RunSpec)
+    assert set(encoded["workers"][0]) == init_fields(WorkerPlacement)
+    assert set(codec.encode_queue(QueueSpec("q"))) == init_fields(QueueSpec)
+    assert set(codec.encode_quota(Quota())) == init_fields(Quota)
+    assert set(codec.encode_node(node)) == init_fields(Node)
+    assert set(codec.encode_node(node)["gpus"][0]) == init_fields(Gpu)
+
+
+def test_a_record_written_before_a_field_existed_gets_its_default() -> None:
+    record = JobRecord(Job("a", "q", WorkerRequest()), JobState.PENDING, failures=0, reason="")
+    old = codec.encode_record(record)
+    del old["failures"], old["reason"], old["job"]["run"]
+    assert codec.decode_record(old) == record
+
+
+def test_infinities_are_written_as_strict_json() -> None:
+    job = Job("a", "q", WorkerRequest(), expected_duration=float("inf"), submitted_at=float("-inf"))
+    text = json.dumps(codec.encode_job(job), allow_nan=False)
+    assert '"inf"' in text
+    assert '"-inf"' in text
+    assert codec.decode_job(json.loads(text)) == job
