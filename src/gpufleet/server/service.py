@@ -148,7 +148,7 @@ class Service:
         else:  # pragma: no cover - five collisions in a row
             raise ConflictError("could not draw a free job id", "submit again")
         self.ctx.wake()
-        return job_out(record, self._nodes())
+        return job_out(record, {})  # a new job holds nothing: no node look-up (a query) on the hot path
 
     def list_jobs(
         self,
