@@ -13,6 +13,7 @@ from gpufleet import __version__
 from gpufleet.cli.commands_client import register_client_commands
 from gpufleet.cli.sim import TRACES_ENV, traces_root
 from gpufleet.cli.sim import sim as sim_command
+from gpufleet.cli.up import up as up_command
 from gpufleet.domain.errors import GpufleetError, WorkloadError
 
 app = typer.Typer(
@@ -25,6 +26,7 @@ bench_app = typer.Typer(help="Benchmarks; each prints one JSON object.", no_args
 app.add_typer(bench_app, name="bench")
 app.command("sim")(sim_command)
 register_client_commands(app)
+app.command("up")(up_command)
 
 
 def print_result(result: dict[str, object], as_json: bool) -> None:
@@ -91,6 +93,24 @@ def bench_sim(
         if unknown:
             raise WorkloadError(f"no benchmark case {unknown[0]!r}", f"use one of: {', '.join(sim_bench.GOALS_S)}")
         result = sim_bench.run(root, cases or tuple(sim_bench.GOALS_S))
+    except GpufleetError as error:
+        fail(error)
+        return
+    print_result(result, as_json)
+
+
+@bench_app.command("api")
+def bench_api(
+    jobs: int = typer.Option(2000, min=1, help="Jobs submitted in the throughput run."),
+    clients: int = typer.Option(16, min=1, help="Concurrent HTTP clients in the throughput run."),
+    samples: int = typer.Option(50, min=1, help="Jobs timed one by one for submit -> process started."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """Submit throughput and submit -> process-started latency through the HTTP API (SQLite)."""
+    from gpufleet.bench import api
+
+    try:
+        result = api.run(jobs, clients, samples)
     except GpufleetError as error:
         fail(error)
         return

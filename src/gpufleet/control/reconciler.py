@@ -58,6 +58,7 @@ class StepReport:
     preempted: int = 0
     finished: int = 0
     stopped: int = 0  # cancels, requeues and timeouts asked of the backend
+    observed: int = 0  # observations the backend reported
     cycles: int = 0
     decided: int = 0
     core_seconds: float = 0.0
@@ -144,6 +145,27 @@ class Reconciler:
             self._apply(now, result, report)
             if not self.pending.settle(jobs, result.waiting):
                 break
+
+    def stop_everything(self, reason: str) -> int:
+        """Stop every job that holds resources and put it back in its queue (the control plane is
+        going down and was asked to stop its jobs). Returns how many were asked to stop."""
+        now = self.clock.now()
+        changes = _Changes()
+        stops = [
+            self._stop(record, StopCause.PREEMPTED, reason, now, changes)
+            for record in self.store.active()
+            if record.state in (S.RUNNING, S.LAUNCHING)
+        ]
+        self._write(changes)
+        report = StepReport()
+        self._send_stops(stops, report)
+        return report.stopped
+
+    def observe(self) -> StepReport:
+        """Record what the backend observed, and decide nothing (used while shutting down)."""
+        report = StepReport()
+        self._observe(self.clock.now(), report)
+        return report
 
     def next_retry_at(self) -> float | None:
         """When parked jobs will be retried regardless of events (None: only events wake them)."""
@@ -261,6 +283,7 @@ class Reconciler:
         observations = self.backend.poll()
         if not observations:
             return
+        report.observed += len(observations)
         changes = _Changes()
         released_queues: set[str] = set()
         requeued: list[JobRecord] = []

@@ -1,0 +1,165 @@
+"""`gpufleet bench api`: the control plane's API speed, through HTTP, on SQLite, as one JSON object.
+
+A real `gpufleet up` runs as a separate process on loopback with an emulated inventory and a fresh data
+directory. Measured:
+
+- **submit throughput**: `clients` concurrent HTTP clients (keep-alive) submit `jobs` one-GPU jobs to one
+  queue; jobs accepted per second of wall time (goal >= 500/s, the figure Slurm states).
+- **submit -> process started**: on the then idle control plane, one job at a time whose command records
+  the wall time it started; latency from just before the HTTP request to that time, p50 and p99 (goal
+  p50 <= 100 ms).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from gpufleet.domain.errors import GpufleetError
+
+GOAL_SUBMITS_PER_S = 500.0
+GOAL_START_P50_MS = 100.0
+TOKEN = re.compile(r"(gf_[A-Za-z0-9_\-]+)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalServer:
+    """`gpufleet up` in a child process on a free loopback port; the admin token read from its banner."""
+
+    def __init__(self, data_dir: Path, emulate: str = "8xA100-80GB", extra: tuple[str, ...] = ()) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = data_dir
+        env = {**os.environ, "GPUFLEET_CLIENT_CONFIG": str(data_dir / "client.toml"), "COLUMNS": "200"}
+        self.log = open(data_dir / "server.log", "w")  # noqa: SIM115 - closed in stop()
+        command = [sys.executable, "-m", "gpufleet", "up", "--data-dir", str(data_dir), "--port", str(self.port)]
+        self.process = subprocess.Popen(
+            [*command, "--emulate", emulate, *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env
+        )
+        self.token = self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise GpufleetError(
+                    f"gpufleet up exited with {self.process.returncode}: {self.output()[-2000:]}",
+                    "see the server output above",
+                )
+            match = TOKEN.search(self.output())
+            if match and "Ctrl-C" in self.output():
+                return match.group(1)
+            time.sleep(0.05)
+        self.stop()
+        raise GpufleetError("gpufleet up did not become ready in 30 s", "see its output in server.log")
+
+    def output(self) -> str:
+        return (self.data_dir / "server.log").read_text(errors="replace")
+
+    def client(self, timeout_s: float = 30.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout_s)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+        return self.process.returncode
+
+
+def _submit_throughput(server: LocalServer, jobs: int, clients: int) -> dict[str, object]:
+    spec = {"queue": "default", "command": ["sleep", "600"], "gpus": 1}
+    accepted = [0] * clients
+    errors: list[str] = []
+    per_client = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
+
+    def work(index: int) -> None:
+        with server.client() as client:
+            for n in range(per_client[index]):
+                response = client.post("/v1/jobs", json={**spec, "name": f"bench-{index}-{n}"})
+                if response.status_code in (200, 201):
+                    accepted[index] += 1
+                else:
+                    errors.append(f"{response.status_code} {response.text[:200]}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    total = sum(accepted)
+    return {
+        "submit_jobs": jobs,
+        "submit_clients": clients,
+        "submit_accepted": total,
+        "submit_errors": len(errors),
+        "submit_first_error": errors[0] if errors else None,
+        "submit_seconds": round(seconds, 3),
+        "submits_per_s": round(total / seconds, 1),
+        "submits_per_s_goal": GOAL_SUBMITS_PER_S,
+    }
+
+
+def _start_latency(server: LocalServer, samples: int, marks: Path) -> dict[str, object]:
+    latencies: list[float] = []
+    with server.client() as client:
+        for i in range(samples):
+            mark = marks / f"{i}.t"
+            command = [sys.executable, "-S", "-c", f"import time; open({str(mark)!r}, 'w').write(repr(time.time()))"]
+            sent = time.time()
+            response = client.post("/v1/jobs", json={"queue": "default", "command": command, "name": f"lat-{i}"})
+            response.raise_for_status()
+            deadline = time.monotonic() + 10.0
+            while not mark.exists() or not mark.read_text():
+                if time.monotonic() > deadline:
+                    raise GpufleetError(f"job {i} did not start within 10 s", "see server.log")
+                time.sleep(0.001)
+            latencies.append((float(mark.read_text()) - sent) * 1000.0)
+    latencies.sort()
+    return {
+        "start_samples": samples,
+        "start_p50_ms": round(statistics.median(latencies), 1),
+        "start_p99_ms": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1),
+        "start_max_ms": round(latencies[-1], 1),
+        "start_p50_ms_goal": GOAL_START_P50_MS,
+    }
+
+
+def run(jobs: int = 2000, clients: int = 16, latency_samples: int = 50) -> dict[str, object]:
+    root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-api-"))
+    try:
+        server = LocalServer(root, extra=("--stop-jobs",))
+        try:
+            result: dict[str, object] = {"store": "sqlite", "inventory": "emulated: 8xA100-80GB"}
+            marks = root / "marks"
+            marks.mkdir()
+            result |= _start_latency(server, latency_samples, marks)
+            result |= _submit_throughput(server, jobs, clients)
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return result

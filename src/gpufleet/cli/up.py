@@ -1,0 +1,116 @@
+"""`gpufleet up`: start the control plane on this machine."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gpufleet.domain.errors import GpufleetError
+
+DATA_DIR_ENV = "GPUFLEET_DATA_DIR"
+
+
+def default_data_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("gpufleet"))
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def up(
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(envvar=DATA_DIR_ENV, help="Where state, job logs and the lock live [default: user data dir]."),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback unless you mean it).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port.")] = 8080,
+    db: Annotated[
+        str | None,
+        typer.Option(help="Database URL, e.g. postgresql+psycopg://user@host/db [default: SQLite in the data dir]."),
+    ] = None,
+    emulate: Annotated[
+        str | None,
+        typer.Option(help="Emulate GPUs instead of using NVML, e.g. 8xA100-80GB or 2xT4,4xL4 (labelled emulated)."),
+    ] = None,
+    inventory: Annotated[
+        Path | None, typer.Option(help="An emulated inventory in YAML (several nodes, models, racks).")
+    ] = None,
+    policy: Annotated[str, typer.Option(help="Scheduling profile (see `gpufleet sim --help`).")] = "default",
+    stop_jobs: Annotated[
+        bool,
+        typer.Option(
+            "--stop-jobs/--keep-jobs",
+            help="On exit, stop running jobs and put them back in their queues, or leave them running to be "
+            "adopted by the next start.",
+        ),
+    ] = False,
+) -> None:
+    """Start the control plane: HTTP API, scheduling loop and local executor, on embedded defaults."""
+    from gpufleet.server.runtime import ControlPlane, UpSettings
+
+    console = Console(stderr=True, soft_wrap=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    settings = UpSettings(
+        data_dir=(data_dir or default_data_dir()).expanduser(),
+        host=host,
+        port=port,
+        db_url=db,
+        emulate=emulate,
+        inventory_file=inventory,
+        policy=policy,
+        stop_jobs_on_exit=stop_jobs,
+    )
+    try:
+        plane = ControlPlane(settings)
+    except GpufleetError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+    def ready() -> None:
+        gpus = sum(len(node.gpus) for node in plane.inventory.nodes)
+        label = " [bold yellow](EMULATED)[/]" if plane.inventory.emulated else ""
+        console.print(f"gpufleet control plane at [bold]{settings.url}[/]")
+        console.print(f"  GPUs: {gpus} on {len(plane.inventory.nodes)} node(s), {plane.inventory.source}{label}")
+        console.print(f"  data: {settings.data_dir}   store: {settings.db_url or 'SQLite (WAL)'}")
+        console.print(f"  policy: {settings.policy}   on exit: {'stop jobs' if stop_jobs else 'keep jobs running'}")
+        if not _is_loopback(host):
+            console.print(
+                f"[bold red]warning:[/] listening on {host}, reachable from other machines; every call needs a "
+                "token, but use TLS in front of it (a reverse proxy) or bind to 127.0.0.1"
+            )
+        if plane.admin_token is not None:
+            console.print(f"  admin token (shown once, keep it): [bold]{plane.admin_token}[/]")
+            saved = _save_client_config(settings.url, plane.admin_token)
+            if saved is not None:
+                console.print(f"  saved to {saved} for the gpufleet CLI on this machine")
+        console.print("Ctrl-C to stop.")
+
+    try:
+        plane.serve(on_ready=ready)
+    except GpufleetError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _save_client_config(url: str, token: str) -> Path | None:
+    """First start: let the CLI on this machine talk to this control plane without more setup, unless the
+    user already has a client config (never overwrite one)."""
+    try:
+        from gpufleet.cli.client import save_client_config
+    except ImportError:
+        return None
+    return save_client_config(url, token, overwrite=False)

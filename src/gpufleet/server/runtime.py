@@ -1,0 +1,238 @@
+"""`gpufleet up`: the control plane in one process — the HTTP API, the control loop in a thread, the local
+executor, and the store — with clean shutdown and re-adoption of running jobs on restart.
+
+The loop is the same `Reconciler` the simulator drives; here its ports are the wall clock, the SQL store
+and the local executor. API requests only write submissions and requests to the store and wake the loop.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from gpufleet.adapters.clock import WallClock
+from gpufleet.adapters.local.backend import LocalBackend
+from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
+from gpufleet.control.reconciler import Reconciler
+from gpufleet.domain.cluster import Node
+from gpufleet.domain.errors import GpufleetError
+from gpufleet.domain.quotas import DEFAULT_QUEUE, QueueSpec
+from gpufleet.policies.catalog import profile
+from gpufleet.server.context import ApiContext
+
+log = logging.getLogger("gpufleet.up")
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@dataclass(frozen=True)
+class UpSettings:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    db_url: str | None = None  # default: SQLite (WAL) in the data dir
+    emulate: str | None = None  # e.g. "8xA100-80GB": an emulated inventory instead of NVML
+    inventory_file: Path | None = None  # a YAML inventory (emulated)
+    policy: str = "default"
+    stop_jobs_on_exit: bool = False
+    exit_grace_s: float = 10.0
+    busy_tick_s: float = 0.02  # loop period while jobs are starting or stopping
+    idle_tick_s: float = 0.2  # loop period otherwise (API calls wake it at once)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    nodes: tuple[Node, ...]
+    emulated: bool
+    source: str  # "nvml", "emulated: 8xA100-80GB", "emulated: path.yaml"
+
+
+def discover_inventory(settings: UpSettings) -> Inventory:
+    """The GPUs this control plane schedules: NVML's, or an emulated inventory the user asked for."""
+    hostname = socket.gethostname().split(".")[0] or "localhost"
+    if settings.emulate and settings.inventory_file:
+        raise GpufleetError("both --emulate and --inventory were given", "give one of them")
+    if settings.emulate:
+        from gpufleet.adapters.inventory.emulated import parse_emulate
+
+        return Inventory(parse_emulate(settings.emulate, hostname), True, f"emulated: {settings.emulate}")
+    if settings.inventory_file:
+        from gpufleet.adapters.inventory.emulated import load_inventory_yaml
+
+        path = settings.inventory_file
+        return Inventory(load_inventory_yaml(path), True, f"emulated: {path}")
+    from gpufleet.adapters.nvml.discovery import discover_nodes
+
+    return Inventory(discover_nodes(hostname), False, "nvml")
+
+
+class DataDirLock:
+    """One control plane per data directory: a second `gpufleet up` on it is refused, not run twice."""
+
+    def __init__(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.path = data_dir / "gpufleet.lock"
+        self._file: IO[str] = open(self.path, "a+")  # noqa: SIM115 - held for the process's life
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise GpufleetError(
+                f"another gpufleet control plane is running on {data_dir}",
+                "stop it first, or give this one its own --data-dir",
+            ) from None
+        self._file.truncate(0)
+        self._file.write(f"{os.getpid()}\n")
+        self._file.flush()
+
+    def release(self) -> None:
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()
+
+
+class LoopThread(threading.Thread):
+    """Runs `Reconciler.step()` until stopped: fast while jobs start or stop, slower when idle, and at
+    once when woken (a submit, a cancel, a quota change)."""
+
+    def __init__(self, reconciler: Reconciler, busy_tick_s: float, idle_tick_s: float) -> None:
+        super().__init__(name="gpufleet-loop", daemon=True)
+        self.reconciler = reconciler
+        self.busy_tick_s = busy_tick_s
+        self.idle_tick_s = idle_tick_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.steps = 0
+        self.errors = 0
+        self._busy_until = 0.0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                report = self.reconciler.step()
+            except Exception:
+                # A failing step must not kill the control plane: log it and retry after a pause.
+                self.errors += 1
+                log.exception("control loop step failed; retrying in 1 s")
+                self._stop.wait(1.0)
+                continue
+            self.steps += 1
+            now = time.monotonic()
+            if report.placed or report.preempted or report.stopped or report.observed:
+                # Started/exited observations follow launches and stops within moments: look often.
+                self._busy_until = now + 2.0
+            self._wake.wait(self.busy_tick_s if now < self._busy_until else self.idle_tick_s)
+
+
+class ControlPlane:
+    """Everything `gpufleet up` runs, built from settings; `serve()` runs until SIGINT/SIGTERM."""
+
+    def __init__(self, settings: UpSettings, *, inventory: Inventory | None = None) -> None:
+        from gpufleet.server.auth import bootstrap_admin
+
+        self.settings = settings
+        self.lock = DataDirLock(settings.data_dir)
+        try:
+            self.inventory = inventory or discover_inventory(settings)
+            self.clock = WallClock()
+            self.store = SqlStore.open(settings.db_url or default_sqlite_url(settings.data_dir))
+            self.store.set_nodes(self.inventory.nodes)
+            if not self.store.queues():
+                self.store.set_queue(QueueSpec(DEFAULT_QUEUE))
+            self.store.set_setting("inventory", self.inventory.source)
+            self.admin_token = bootstrap_admin(self.store, self.clock)
+            self.backend = LocalBackend(
+                settings.data_dir / "jobs", self.inventory.nodes, self.clock, emulated=self.inventory.emulated
+            )
+            self.reconciler = Reconciler(self.store, self.backend, self.clock, profile(settings.policy))
+            self.loop = LoopThread(self.reconciler, settings.busy_tick_s, settings.idle_tick_s)
+            self.context = ApiContext(
+                store=self.store,
+                clock=self.clock,
+                log_paths=self.backend.log_paths,
+                wake=self.loop.wake,
+                emulated=self.inventory.emulated,
+                inventory_source=self.inventory.source,
+                policy=settings.policy,
+            )
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def serve(self, on_ready: Callable[[], None] | None = None) -> None:
+        import uvicorn
+
+        from gpufleet.server.api import create_app
+
+        app = create_app(self.context)
+        config = uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
+        server = uvicorn.Server(config)
+        self.loop.start()
+        try:
+            if on_ready is not None:
+                _call_when_started(server, on_ready)
+            server.run()
+            if not server.started:
+                raise GpufleetError(
+                    f"could not listen on {self.settings.url}",
+                    "is another program using that port? pick another with --port",
+                )
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the loop; then either leave the jobs running (the next start adopts them) or stop them,
+        recording each as back in its queue."""
+        self.loop.stop()
+        if self.loop.is_alive():
+            self.loop.join(timeout=10)
+        try:
+            if self.settings.stop_jobs_on_exit:
+                self._stop_jobs()
+            self.backend.shutdown(stop_jobs=self.settings.stop_jobs_on_exit, grace_s=self.settings.exit_grace_s)
+        finally:
+            self.store.close()
+            self.lock.release()
+
+    def _stop_jobs(self) -> None:
+        from gpufleet.domain.lifecycle import JobState
+
+        self.reconciler.stop_everything("the control plane stopped with --stop-jobs")
+        deadline = time.monotonic() + self.settings.exit_grace_s + 5.0
+        while time.monotonic() < deadline:
+            self.reconciler.observe()
+            if not any(r.state is JobState.EVICTING for r in self.store.active()):
+                return
+            time.sleep(0.05)
+
+
+def _call_when_started(server: object, callback: Callable[[], None]) -> None:
+    def watch() -> None:
+        import time
+
+        while not getattr(server, "started", False) and not getattr(server, "should_exit", False):
+            time.sleep(0.01)
+        if getattr(server, "started", False):
+            callback()
+
+    threading.Thread(target=watch, name="gpufleet-ready", daemon=True).start()
