@@ -14,13 +14,11 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.snapshot import ClusterSnapshot, Placement, Preemption
 from gpufleet.scheduling.ledger import job_usage
-from gpufleet.scheduling.placer import place_gang, place_worker, run_filters
+from gpufleet.scheduling.placer import evaluate, place_gang, place_worker
 from gpufleet.scheduling.plugins import GangContext, JobView, Profile, SortKey
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.status import Code, Status, unresolvable, wait
@@ -77,17 +75,19 @@ class _Trial:
         view, status = _admit(self.profile, job, state)
         if not status.ok:
             return False
+        if job.gang_size == 1:
+            # One worker is placed exactly when some node passes the filters: no need to place it.
+            return bool(evaluate(self.profile, view, state).passed.any())
         outcome = place_gang(self.profile, view, state, job.gang_size)
         if isinstance(outcome, Status):
             return False
-        for worker in outcome:
-            state.table.apply(worker, +1)
+        state.table.apply_many(outcome, +1)
         return True
 
     def worker_fits(self, job: Job, state: CycleState, node: int) -> bool:
+        # The class's cached filter results, refreshed where nodes changed, are the filters run on `node`.
         view = JobView(job, state.table.model_lut(job.request.models))
-        _, passed, _ = run_filters(self.profile, view, state, np.array([node], dtype=np.int64))
-        return bool(passed[0])
+        return bool(evaluate(self.profile, view, state).passed[node])
 
 
 def _admit(profile: Profile, job: Job, state: CycleState) -> tuple[JobView, Status]:
@@ -116,6 +116,31 @@ class _Cycle:
         self.no_victims: dict[tuple[object, ...], Status] = {}
         self.searches: dict[str, int] = defaultdict(int)
         self.failed: dict[tuple[object, ...], Status] = {}
+        # Per queue: (request, gang size, priority) -> the status every such job gets for the rest of
+        # the cycle, once one of them failed without side effects (see `settle_known`).
+        self.known: dict[str, dict[tuple[object, ...], Status]] = defaultdict(dict)
+        # Jobs that may have victims stopping for them: they always take the full path.
+        self.claimants = {j for j, victims in state.evicting_for.items() if victims}
+
+    def settle_known(self, queue: str, stack: list[tuple[SortKey, Job]]) -> None:
+        """Give the next jobs of a queue whose outcome is already known their status, without a turn.
+
+        Caches only grow within a cycle, so a job whose (request, gang, priority) already failed in its
+        queue, with no victims found or tried for it, fails again the same way; deciding it changes
+        nothing. Taking such jobs off the stack now, before jobs of other queues that rank between them,
+        gives the same result as deciding them in their turn."""
+        known = self.known.get(queue)
+        if not known:
+            return
+        waiting = self.waiting
+        claimants = self.claimants
+        while stack:
+            job = stack[-1][1]
+            status = known.get((job.request, job.min_workers or job.workers, job.priority))
+            if status is None or job.id in claimants:
+                return
+            stack.pop()
+            waiting[job.id] = status
 
     def decide(self, job: Job) -> bool:
         """Place the job, preempt for it, or record why it waits. True if placed.
@@ -154,17 +179,23 @@ class _Cycle:
             )
             return False
         if status.code is Code.UNSCHEDULABLE and self.profile.preempt is not None:
-            status = self._preempt(job, view, status)
+            status, settled = self._preempt(job, view, status)
+        else:
+            settled = True
+        if settled:
+            self.known[job.queue][(job.request, job.gang_size, job.priority)] = status
         self.waiting[job.id] = status
         return False
 
-    def _preempt(self, job: Job, view: JobView | None, blocked_by: Status) -> Status:
+    def _preempt(self, job: Job, view: JobView | None, blocked_by: Status) -> tuple[Status, bool]:
+        """Victims for the job, or why none: the status, and whether it holds for every later job of
+        the same queue, request, gang size and priority in this cycle (no victims were chosen)."""
         assert self.profile.preempt is not None
         # Keyed by what blocked the job too: a cached answer carries its reasons, which must be this job's.
         key = (job.queue, job.request, job.gang_size, job.priority, blocked_by)
         cached = self.no_victims.get(key)
         if cached is not None:
-            return cached
+            return cached, True
         if self.searches[job.queue] >= self.profile.preemption_searches_per_queue:
             # Searches only ever run out within a cycle: the answer holds for every later job like this one.
             deferred = (
@@ -172,21 +203,21 @@ class _Cycle:
             )
             status = Status(blocked_by.code, (*blocked_by.reasons, deferred), blocked_by.plugin, blocked_by.wake_on)
             self.no_victims[key] = status
-            return status
+            return status, True
         self.searches[job.queue] += 1
         if view is None:
             view = _admit(self.profile, job, self.state)[0]
         choice = self.profile.preempt.preempt(view, self.state, blocked_by, self.trial)
         if not choice.victims:
             self.no_victims[key] = choice.status
-            return choice.status
+            return choice.status, True
         for victim, reason in choice.victims:
             self.state.evicting.add(victim)
             self.state.evicting_for[job.id].append(victim)
             self.preemptions.append(Preemption(victim, job.id, reason))
         self._hold_room(job, [victim for victim, _ in choice.victims])
         self._reserve_quota(job)
-        return choice.status
+        return choice.status, False
 
     def _hold_room(self, job: Job, victims: list[JobId]) -> None:
         """Keep for a preemptor, for the rest of the cycle, the free part of the room it counts on
@@ -263,29 +294,35 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
     """
     cycle = _Cycle(state, profile)
     known_queues = set(state.ledger.queues)
+    holdings = state.holdings
+    first_claims = set(nominated)
     by_queue: dict[str, list[Job]] = defaultdict(list)
+    claims: dict[str, list[Job]] = defaultdict(list)
     # Every copy of a duplicated id is refused: deciding one copy would make the result depend on the
     # order of `pending`, and would report the id both placed and in error.
-    copies = Counter(job.id for job in pending)
+    ids = [job.id for job in pending]
+    repeated = {i for i, n in Counter(ids).items() if n > 1} if len(set(ids)) != len(ids) else set()
     for job in pending:
-        if copies[job.id] > 1 or job.id in state.holdings:
-            cycle.waiting[job.id] = Status(
-                Code.ERROR, (f"job {job.id} is pending twice, or pending and running at once",), PLUGIN
+        job_id = job.id
+        if job_id in repeated or job_id in holdings:
+            cycle.waiting[job_id] = Status(
+                Code.ERROR, (f"job {job_id} is pending twice, or pending and running at once",), PLUGIN
             )
             continue
         if known_queues and job.queue not in known_queues:
-            cycle.waiting[job.id] = unresolvable(
+            cycle.waiting[job_id] = unresolvable(
                 PLUGIN,
                 f"queue {job.queue} does not exist (queues: {', '.join(sorted(known_queues))})",
             )
             continue
-        by_queue[job.queue].append(job)
+        (claims if job_id in first_claims else by_queue)[job.queue].append(job)
 
     order = profile.order
+    job_key = order.job_key
     queues: dict[str, list[tuple[SortKey, Job]]] = {}
     for name, jobs in by_queue.items():
-        keyed = [((*order.job_key(j, state), j.submit_seq, j.id), j) for j in jobs]
-        keyed.sort(key=lambda kj: kj[0], reverse=True)
+        keyed = [((*job_key(j, state), j.submit_seq, j.id), j) for j in jobs]
+        keyed.sort(reverse=True)  # keys are unique (they end with the job id): jobs are never compared
         queues[name] = keyed  # a stack: the next job is last
     queue_keys: dict[str, tuple[int, SortKey]] = {}
 
@@ -298,16 +335,9 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
         return (*cached[1], *queues[name][-1][0]), name
 
     # Nominated jobs (they preempted for room in an earlier cycle) go first, in submission order.
-    first_claims = set(nominated)
-    for name in sorted(queues):
-        stack = queues[name]
-        first = [j for _, j in stack if j.id in first_claims]
-        if first:
-            stack[:] = [(k, j) for k, j in stack if j.id not in first_claims]
-            for job in sorted(first, key=lambda j: (j.submit_seq, j.id)):
-                cycle.decide(job)
-        if not stack:
-            del queues[name]
+    for name in sorted(claims):
+        for job in sorted(claims[name], key=lambda j: (j.submit_seq, j.id)):
+            cycle.decide(job)
 
     heap = [rank(name) for name in sorted(queues)]
     heapq.heapify(heap)
@@ -331,7 +361,10 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
                     verdict = verdicts[request_key] = _admit(profile, behind, state)[1]
                 cycle.waiting[behind.id] = verdict if verdict.code is Code.UNRESOLVABLE else behind_head
             stack.clear()
+        elif stack and not profile.strict_fifo:
+            cycle.settle_known(name, stack)
         if stack:
             heapq.heappush(heap, rank(name))
 
-    return CycleResult(tuple(cycle.placements), tuple(cycle.preemptions), dict(sorted(cycle.waiting.items())))
+    waiting = cycle.waiting
+    return CycleResult(tuple(cycle.placements), tuple(cycle.preemptions), {j: waiting[j] for j in sorted(waiting)})

@@ -42,6 +42,9 @@ class QuotaVerdict:
     ever: bool = True  # False: the request exceeds what the queue could ever get
 
 
+FITS = QuotaVerdict(True)
+
+
 class QuotaLedger:
     def __init__(self, queues: Iterable[QueueSpec]) -> None:
         self.queues: dict[str, QueueSpec] = {q.name: q for q in queues}
@@ -56,6 +59,10 @@ class QuotaLedger:
         self.pool_used: dict[tuple[str, str], int] = defaultdict(int)
         self._pool_capacity: dict[tuple[str, str], int] = {}  # queues are fixed for the cycle
         self._quota: dict[tuple[str, str], Quota | None] = {}
+        # Queues with a quota per GPU model (their admission narrows the models a job may use).
+        self.per_model: frozenset[str] = frozenset(
+            q.name for q in self.queues.values() if any(k.startswith(GPU_MODEL_PREFIX) for k in q.quotas)
+        )
         self.version: dict[str, int] = defaultdict(int)  # bumped on every change of a queue's usage
         # The part of `usage` that is quota held for preemptors, not jobs that hold resources.
         self.reserved: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -127,9 +134,10 @@ class QuotaLedger:
     def fits(self, queue: str, key: str, amount: int) -> QuotaVerdict:
         quota = self.quota(queue, key)
         if quota is None or quota.nominal is None or amount == 0:
-            return QuotaVerdict(True)
+            return FITS
         label = resource_label(key)
-        used = self.used(queue, key)
+        row = self.usage.get(queue)
+        used = row[key] if row is not None else 0
         spec = self.queues[queue]
         borrow = quota.borrowing_limit
         if spec.cohort is None:
@@ -156,7 +164,7 @@ class QuotaLedger:
                 f"asks {format_amount(key, amount)} more, may use {allowance})",
             )
         if spec.cohort is None:
-            return QuotaVerdict(True)
+            return FITS
         over_after = self._over_guaranteed(queue, key, used + amount)
         over_before = self._over_guaranteed(queue, key, used)
         pool_used = self.pool_used[(spec.cohort, key)]
@@ -168,7 +176,7 @@ class QuotaLedger:
                 f"({format_amount(key, pool_used)}/{format_amount(key, capacity)} in use; "
                 f"queue {queue} uses {format_amount(key, used)} of its nominal {format_amount(key, quota.nominal)})",
             )
-        return QuotaVerdict(True)
+        return FITS
 
     def within_nominal(self, queue: str, usage: Usage) -> bool:
         """Whether the queue stays within its nominal quota after adding `usage` (reclaim may help)."""

@@ -34,14 +34,16 @@ def run_filters(
 ) -> tuple[BoolArray, BoolArray, list[FilterResult]]:
     """Run every filter on `rows`: the GPUs usable there, the rows that pass, and the checks."""
     table = state.table
-    usable = table.gpu_exists[rows].copy()
+    usable = table.gpu_exists[rows]
+    if isinstance(rows, slice):
+        usable = usable.copy()  # an index array gives a copy already
     passed = np.ones(len(usable), dtype=np.bool_)
     results: list[FilterResult] = []
     for plugin in profile.filters:
         result = plugin.filter(view, state, usable, rows)
         results.append(result)
         for _, mask in result.checks:
-            passed &= mask
+            np.logical_and(passed, mask, out=passed)
     return usable, passed, results
 
 
@@ -50,10 +52,11 @@ def largest_group(state: CycleState, usable: BoolArray, rows: Rows) -> IntArray:
     table = state.table
     if table.nvlink_groups == 1:
         return rows_count(usable)
-    groups = table.gpu_nvlink[rows]
-    best = np.zeros(len(usable), dtype=np.int64)
-    for group in range(table.nvlink_groups):
-        np.maximum(best, rows_count(usable & (groups == group)), out=best)
+    best: IntArray | None = None
+    for mask in table.nvlink_masks:
+        count = rows_count(usable & mask[rows])
+        best = count if best is None else np.maximum(best, count, out=best)
+    assert best is not None
     return best
 
 
@@ -89,14 +92,14 @@ def evaluate(profile: Profile, view: JobView, state: CycleState) -> Evaluation:
 
 
 def choose_node(profile: Profile, view: JobView, state: CycleState, evaluation: Evaluation, gang: GangContext) -> int:
-    candidates = np.flatnonzero(evaluation.passed)
+    candidates: IntArray = evaluation.passed.nonzero()[0]
     if len(candidates) == 1 or not profile.scores:
         return int(candidates[0])
     total = np.zeros(len(candidates), dtype=np.float64)
     for plugin, weight in profile.scores:
         total += weight * plugin.score(view, state, evaluation, candidates, gang)
     # argmax returns the first maximum: the lowest node index, so ties break by node name.
-    return int(candidates[int(np.argmax(total))])
+    return int(candidates[int(total.argmax())])
 
 
 def make_worker(view: JobView, state: CycleState, node: int, gpus: tuple[int, ...]) -> WorkerPlacement:
@@ -105,7 +108,8 @@ def make_worker(view: JobView, state: CycleState, node: int, gpus: tuple[int, ..
     if request.fractional:
         shares = tuple(GpuShare(g, request.gpu_milli, request.gpu_memory) for g in gpus)
     else:
-        shares = tuple(GpuShare(g, 1000, int(table.gpu_mem_total[node, g])) for g in gpus)
+        memory = table.gpu_mem_total_rows[node]
+        shares = tuple(GpuShare(g, 1000, memory[g]) for g in gpus)
     return WorkerPlacement(table.names[node], shares, request.cpu_milli, request.memory)
 
 

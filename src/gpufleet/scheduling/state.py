@@ -23,6 +23,24 @@ from gpufleet.scheduling.table import BoolArray, IntArray, NodeTable
 
 T = TypeVar("T")
 
+# The last node inventory a state was built from, with its pristine table and capacity memo. A control
+# loop's cycles usually see the same inventory (the same tuple of frozen nodes) again and again; building
+# the table from it costs about as much as a small cycle. Keyed by identity: a tuple of frozen nodes that
+# is still alive (this entry holds it) always has the same content.
+_INVENTORY: list[tuple[tuple[object, ...], NodeTable, dict[tuple[object, ...], object]]] = []
+
+
+def _capacity(nodes: object) -> tuple[NodeTable, dict[tuple[object, ...], object]]:
+    """A fresh table (all free) for this inventory and the memo shared by every state built from it."""
+    for cached, table, memo in _INVENTORY:
+        if cached is nodes:
+            return table.copy(), memo
+    fresh = NodeTable(nodes)  # type: ignore[arg-type]
+    memo = {}
+    if type(nodes) is tuple:
+        _INVENTORY[:] = [(nodes, fresh.copy(), memo)]
+    return fresh, memo
+
 
 @dataclass(frozen=True, slots=True)
 class Holding:
@@ -48,6 +66,10 @@ class Evaluation:
     clock: int
 
 
+def _running_id(running: RunningJob) -> JobId:
+    return running.job.id
+
+
 class CycleState:
     """Built from a snapshot for one cycle; or kept up to date by a control loop as a base that is
     `fork`ed for each cycle (then `add_running`, `remove_running` and `set_evicting` keep it equal
@@ -57,7 +79,7 @@ class CycleState:
         self.snapshot = snapshot
         self.now = snapshot.now
         self.seed = snapshot.seed
-        self.table = NodeTable(snapshot.nodes)
+        self.table, self._memo = _capacity(snapshot.nodes)
         self.ledger = QuotaLedger(snapshot.queues)
         self.holdings: dict[JobId, Holding] = {}
         self.removed: set[JobId] = set()
@@ -65,46 +87,52 @@ class CycleState:
         self.evicting: set[JobId] = set()
         # Running, preemptible jobs by (queue, priority): who may be preempted is decided per group.
         self.preemptible_by_group: dict[tuple[str, int], list[JobId]] = defaultdict(list)
-        self._memo: dict[tuple[object, ...], object] = {}
         self.evaluations: dict[tuple[object, ...], Evaluation] = {}
         self.capacity = {
             "gpu": int(self.table.gpu_milli_total.sum()),
             "cpu": int(self.table.cpu_total.sum()),
             "memory": int(self.table.mem_total.sum()),
         }
-        ordered = sorted(snapshot.running, key=lambda r: r.id)
+        ordered = sorted(snapshot.running, key=_running_id)
         self._take_running(ordered)
         per_queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        holdings = self.holdings
+        usage_of = self.usage_of
         for running in ordered:
-            usage = self.usage_of(running.workers)
-            self.holdings[running.id] = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
-            row = per_queue[running.job.queue]
+            job = running.job
+            usage = usage_of(running.workers)
+            holdings[job.id] = Holding(job, running.workers, tuple(sorted(usage.items())), running)
+            row = per_queue[job.queue]
             for key, amount in usage.items():
                 row[key] += amount
-            if running.job.preemptible and running.evicting_for is None:
-                self.preemptible_by_group[(running.job.queue, running.job.priority)].append(running.id)
             if running.evicting_for is not None:
-                self.evicting.add(running.id)
-                self.evicting_for[running.evicting_for].append(running.id)
+                self.evicting.add(job.id)
+                self.evicting_for[running.evicting_for].append(job.id)
+            elif job.preemptible:
+                self.preemptible_by_group[(job.queue, job.priority)].append(job.id)
         for queue in sorted(per_queue):
             self.ledger.add(queue, per_queue[queue])
 
     def _take_running(self, ordered: list[RunningJob]) -> None:
         """Apply what running jobs hold to the table, refusing a snapshot that overcommits a node."""
         table = self.table
+        index = table.index
+        gpu_count = table.gpu_count_list
         for running in ordered:
             for worker in running.workers:
-                node = table.index.get(worker.node)
+                node = index.get(worker.node)
                 if node is None:
                     raise GpufleetError(
                         f"job {running.id!r} runs on node {worker.node!r}, which is not in the snapshot",
                         "include every node that has running jobs, or mark the job lost first",
                     )
-                if any(share.index >= int(table.gpu_count[node]) for share in worker.gpus):
-                    raise GpufleetError(
-                        f"job {running.id!r} holds a GPU index that node {worker.node!r} does not have",
-                        "the store and the node inventory disagree; re-register the node",
-                    )
+                count = gpu_count[node]
+                for share in worker.gpus:
+                    if share.index >= count:
+                        raise GpufleetError(
+                            f"job {running.id!r} holds a GPU index that node {worker.node!r} does not have",
+                            "the store and the node inventory disagree; re-register the node",
+                        )
         table.apply_many([w for r in ordered for w in r.workers], -1)
         if (
             (table.gpu_milli_free < 0).any()
@@ -181,11 +209,25 @@ class CycleState:
         cpu = 0
         mem = 0
         per_model: dict[str, int] = {}
+        table = self.table
+        index = table.index
         for worker in workers:
             cpu += worker.cpu_milli
             mem += worker.memory
-            for share, model in zip(worker.gpus, self.table.share_models(worker), strict=True):
+            node = index[worker.node]
+            uniform = table.node_model[node]
+            if uniform is not None:  # one model on the node: no per-GPU look-up
+                worker_milli = 0
+                for share in worker.gpus:
+                    worker_milli += share.milli
+                milli += worker_milli
+                if worker_milli:
+                    per_model[uniform] = per_model.get(uniform, 0) + worker_milli
+                continue
+            names = table.gpu_model_names[node]
+            for share in worker.gpus:
                 milli += share.milli
+                model = names[share.index]
                 per_model[model] = per_model.get(model, 0) + share.milli
         return job_usage(milli, cpu, mem, per_model)
 

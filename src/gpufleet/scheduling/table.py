@@ -28,12 +28,15 @@ NO_MODEL = -1
 
 def rows_any(mask: BoolArray) -> BoolArray:
     """Per node: whether any GPU slot of the row is set."""
-    return np.asarray(mask.any(axis=1), dtype=np.bool_)
+    # The ufunc directly: `mask.any(axis=1)` costs a few Python calls more, and this runs per placement.
+    result: BoolArray = np.logical_or.reduce(mask, axis=1)
+    return result
 
 
 def rows_count(mask: BoolArray) -> IntArray:
     """Per node: how many GPU slots of the row are set."""
-    return np.asarray(mask.sum(axis=1), dtype=np.int64)
+    result: IntArray = np.add.reduce(mask, axis=1, dtype=np.int64)
+    return result
 
 
 class NodeTable:
@@ -48,6 +51,7 @@ class NodeTable:
         racks = sorted({n.rack for n in ordered})
         zones = sorted({n.zone for n in ordered})
         rack_ids = {r: i for i, r in enumerate(racks)}
+        self.racks = len(racks)
         zone_ids = {z: i for i, z in enumerate(zones)}
 
         n_nodes = len(ordered)
@@ -78,7 +82,17 @@ class NodeTable:
         self.rack = np.array([rack_ids[n.rack] for n in ordered], dtype=np.int64)
         self.zone = np.array([zone_ids[n.zone] for n in ordered], dtype=np.int64)
         self.gpu_count = self.gpu_exists.sum(axis=1).astype(np.int64)
+        self.gpu_count_list: list[int] = self.gpu_count.tolist()
+        # Capacity as Python lists, for per-worker code that reads a few values (numpy scalars are slow).
+        self.gpu_mem_total_rows: list[list[int]] = self.gpu_mem_total.tolist()
+        self.gpu_nvlink_rows: list[list[int]] = self.gpu_nvlink.tolist()
+        # Per node: its GPU model when all its GPUs are of one model (the usual case), else None.
+        self.node_model: list[str | None] = [
+            names[0] if names and all(m == names[0] for m in names) else None for names in self.gpu_model_names
+        ]
         self.nvlink_groups = int(self.gpu_nvlink.max()) + 1 if width else 1
+        # Per NVLink group: the GPU slots in it (for "most usable GPUs inside one group").
+        self.nvlink_masks = [self.gpu_exists & (self.gpu_nvlink == g) for g in range(self.nvlink_groups)]
         # Per node, total milli-GPU capacity: the denominator of packing scores.
         self.gpu_milli_total = self.gpu_count * MILLI_PER_GPU
         self.node_milli_free = self.gpu_milli_total.copy()
@@ -100,9 +114,13 @@ class NodeTable:
 
     def model_lut(self, models: frozenset[str]) -> BoolArray:
         """A lookup table over model ids (plus a last slot for "no GPU") of the allowed models (a copy)."""
+        return self.spec_lut(models).copy()
+
+    def spec_lut(self, models: frozenset[str]) -> BoolArray:
+        """`model_lut` shared, not copied: read it, never write it."""
         cached = self._luts.get(models)
         if cached is not None:
-            return cached.copy()
+            return cached
         lut = np.zeros(len(self.models) + 1, dtype=np.bool_)
         if not models:
             lut[: len(self.models)] = True
@@ -112,7 +130,7 @@ class NodeTable:
                 if idx is not None:
                     lut[idx] = True
         self._luts[models] = lut
-        return lut.copy()
+        return lut
 
     def apply(self, worker: WorkerPlacement, sign: int) -> None:
         """Take (sign=-1) or give back (sign=+1) what a worker holds on its node."""

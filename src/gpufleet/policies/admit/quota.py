@@ -34,18 +34,20 @@ class QuotaAdmission:
             return SUCCESS
         request = job.request
         n = job.gang_size
-        failed = [
-            verdict
-            for key, amount in (
-                (GPU, request.gpu_milli_total * n),
-                (CPU, request.cpu_milli * n),
-                (MEMORY, request.memory * n),
-            )
-            if key in spec.quotas and not (verdict := ledger.fits(job.queue, key, amount)).fits
-        ]
+        quotas = spec.quotas
+        failed: list[QuotaVerdict] = []
+        for key, amount in (
+            (GPU, request.gpu_milli_total * n),
+            (CPU, request.cpu_milli * n),
+            (MEMORY, request.memory * n),
+        ):
+            if key in quotas:
+                verdict = ledger.fits(job.queue, key, amount)
+                if not verdict.fits:
+                    failed.append(verdict)
         if failed:
             return _status(failed)
-        if not request.gpus or (not spec.model_quotas and not any(k.startswith("gpu:") for k in spec.quotas)):
+        if not request.gpus or job.queue not in ledger.per_model:
             return SUCCESS
         demand = request.gpu_milli_total * n
         lut = view.model_lut

@@ -22,10 +22,10 @@ class GpuModel:
         if view.job.request.gpus == 0:
             return FilterResult(())
         table = state.table
-        spec_lut = table.model_lut(view.job.request.models)
+        spec_lut = table.spec_lut(view.job.request.models)
         allowed = view.model_lut[table.gpu_model[rows]]
         np.logical_and(usable, allowed, out=usable)
-        if np.array_equal(spec_lut, view.model_lut):
+        if spec_lut.tobytes() == view.model_lut.tobytes():  # admission left every model of the spec
             return FilterResult(((REASON_WRONG_MODEL, rows_any(usable)),))
         spec_ok = rows_any(spec_lut[table.gpu_model[rows]] & table.gpu_exists[rows])
         return FilterResult(((REASON_WRONG_MODEL, spec_ok), (REASON_MODEL_OVER_QUOTA, rows_any(usable))))

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import numpy as np
-
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.scheduling.plugins import JobView
@@ -24,20 +22,20 @@ class PackGpus:
 
     def select(self, view: JobView, table: NodeTable, node: int, usable: BoolArray) -> tuple[int, ...]:
         request = view.job.request
-        indices = [int(i) for i in np.flatnonzero(usable)]
-        groups = table.gpu_nvlink[node]
+        indices: list[int] = usable.nonzero()[0].tolist()
+        groups = table.gpu_nvlink_rows[node]
         if request.fractional:
-            free = table.gpu_milli_free[node]
+            free: list[int] = table.gpu_milli_free[node].tolist()
             shared = [i for i in indices if free[i] < MILLI_PER_GPU]
             if shared:
-                return (min(shared, key=lambda i: (int(free[i]), i)),)
+                return (min(shared, key=lambda i: (free[i], i)),)
             whole_free_per_group: dict[int, int] = {}
             for i in indices:
-                whole_free_per_group[int(groups[i])] = whole_free_per_group.get(int(groups[i]), 0) + 1
-            return (min(indices, key=lambda i: (whole_free_per_group[int(groups[i])], i)),)
+                whole_free_per_group[groups[i]] = whole_free_per_group.get(groups[i], 0) + 1
+            return (min(indices, key=lambda i: (whole_free_per_group[groups[i]], i)),)
         by_group: dict[int, list[int]] = {}
         for i in indices:
-            by_group.setdefault(int(groups[i]), []).append(i)
+            by_group.setdefault(groups[i], []).append(i)
         fitting = [g for g, members in by_group.items() if len(members) >= request.gpus]
         if fitting:
             best = min(fitting, key=lambda g: (len(by_group[g]), g))
