@@ -1,6 +1,7 @@
 """Prometheus exposition of GPU telemetry (dcgm-exporter names) and scheduler metrics (`gpufleet_*`)."""
 
 from gpufleet.adapters.metrics.exposition import (
+    CONTENT_TYPE,
     GPU_LABELS,
     GPU_METRICS,
     OWN_GPU_LABELS,
@@ -21,6 +22,7 @@ from gpufleet.adapters.metrics.view import (
 )
 
 __all__ = [
+    "CONTENT_TYPE",
     "GPU_LABELS",
     "GPU_METRICS",
     "OWN_GPU_LABELS",

@@ -1,8 +1,11 @@
 """Prometheus exposition: a custom collector that reads GPU samples and scheduler state on each scrape.
 
 GPU metrics carry NVIDIA dcgm-exporter's names, units and labels (`gpu`, `UUID`, `device`, `modelName`,
-`Hostname`), so DCGM Grafana dashboards work unchanged, plus ours: `job`, `queue` (who holds the GPU, empty
+`Hostname`), so DCGM Grafana dashboards work unchanged, plus ours: `job_id`, `queue` (who holds the GPU, empty
 if nobody) and `probe` (`nvml`, `recorded` or `emulated`: emulated readings are never unlabelled).
+
+The job label is `job_id`, not `job`: Prometheus gives every scraped series its scrape job's name as `job`,
+and renames a scraped `job` label to `exported_job`, so a `job` label of ours would never arrive as `job`.
 
 Units of the DCGM_ names follow dcgm-exporter, not base units: framebuffer in MiB, power in W, temperature
 in C, clocks in MHz, utilisation in percent. Our own `gpufleet_*` metrics use base units (bytes, seconds,
@@ -23,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.core import (
     CollectorRegistry,
     CounterMetricFamily,
@@ -32,6 +35,7 @@ from prometheus_client.core import (
     Metric,
     SummaryMetricFamily,
 )
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from gpufleet.adapters.metrics.view import SampleSource, SchedulerState, SchedulerView
@@ -40,11 +44,14 @@ from gpufleet.ports.telemetry import GpuOwner, GpuSample
 log = logging.getLogger("gpufleet.metrics")
 
 MIB = 1024**2
+# Text format 0.0.4: every name we export is a classic Prometheus name, and Prometheus 2.x servers (Debian
+# 12 ships 2.42) negotiate 0.0.4, which prometheus_client's own HTTP handler also answers with.
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 # dcgm-exporter's label names on the DCGM_ metrics (camelCase and all: dashboards select on them), and the
 # same labels in Prometheus' snake_case on our own gpufleet_gpu_* metrics. `promtool check metrics` flags the
 # camelCase names as a style problem; that is the one lint finding we accept, for DCGM_ metrics only.
-GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "job", "queue", "probe")
-OWN_GPU_LABELS = ("gpu", "uuid", "device", "model_name", "hostname", "job", "queue", "probe")
+GPU_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "job_id", "queue", "probe")
+OWN_GPU_LABELS = ("gpu", "uuid", "device", "model_name", "hostname", "job_id", "queue", "probe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,10 +259,10 @@ def _method(source: object, name: str) -> object:
 
 
 def render(registry: CollectorRegistry) -> bytes:
-    """The Prometheus text exposition (format 0.0.4) of `registry`."""
+    """The Prometheus text exposition (format 0.0.4, `CONTENT_TYPE`) of `registry`."""
     return generate_latest(registry)
 
 
 def metrics_endpoint(registry: CollectorRegistry) -> Callable[[], tuple[bytes, str]]:
     """For the HTTP API's `/metrics`: a callable returning (body, content type)."""
-    return lambda: (render(registry), CONTENT_TYPE_LATEST)
+    return lambda: (render(registry), CONTENT_TYPE)
