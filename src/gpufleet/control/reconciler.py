@@ -68,11 +68,16 @@ class StepReport:
 class _Changes:
     records: list[JobRecord] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
+    latest: dict[JobId, JobRecord] = field(default_factory=dict)
+
+    def add(self, record: JobRecord) -> None:
+        self.records.append(record)
+        self.latest[record.id] = record
 
     def move(self, record: JobRecord, target: JobState, reason: str, at: float, **changes: object) -> JobRecord:
         self.transitions.append(transition(record.id, record.state, target, reason, at))
         new = record.evolve(state=target, reason=reason, **changes)
-        self.records.append(new)
+        self.add(new)
         return new
 
 
@@ -103,6 +108,7 @@ class Reconciler:
         self._cluster_version = -1
         self._last_retry_all = clock.now()
         self._deadlines: list[tuple[float, JobId, int]] = []  # (max runtime end, job, attempt), a heap
+        self._known: dict[JobId, JobRecord] = {}  # every active job's record as last read or written
         self.base = self._rebuild()
         self.backend.adopt([Launch(r.job, r.attempt, r.workers) for r in self.store.active() if r.holds_resources])
 
@@ -183,6 +189,7 @@ class Reconciler:
         snapshot = ClusterSnapshot(self.store.nodes(), running, self.store.queues(), now=self.clock.now())
         base = CycleState(snapshot)
         self._deadlines = []
+        self._known = {record.id: record for record in records}
         for record in records:
             if record.state is S.PENDING and record.id not in self.pending:
                 self.pending.add(record.as_pending(), self._key(record.as_pending(), base))
@@ -201,6 +208,7 @@ class Reconciler:
     def _intake(self) -> None:
         submitted, self._cursor = self.store.take_submissions(self._cursor)
         for record in submitted:
+            self._known.setdefault(record.id, record)
             if record.state is S.PENDING and record.id not in self.pending:
                 job = record.as_pending()
                 self.pending.add(job, self._key(job, self.base))
@@ -245,7 +253,7 @@ class Reconciler:
             stops.append(self._stop(record, StopCause.CANCELLED, reason, now, changes))
         elif record.state is S.EVICTING and record.stop_cause is not StopCause.CANCELLED:
             # Already stopping (preempted): once stopped it ends cancelled instead of going back.
-            changes.records.append(record.evolve(stop_cause=StopCause.CANCELLED, reason=reason))
+            changes.add(record.evolve(stop_cause=StopCause.CANCELLED, reason=reason))
 
     def _timeouts(self, now: float, report: StepReport) -> None:
         if not self._deadlines or self._deadlines[0][0] > now:
@@ -435,7 +443,7 @@ class Reconciler:
         launches: list[Launch] = []
         stops: list[tuple[JobRecord, str]] = []
         for placement in result.placements:
-            record = self.store.get(placement.job)
+            record = self._latest(placement.job, changes)
             if record is None or record.state is not S.PENDING:
                 continue
             admitted = changes.move(record, S.ADMITTED, "placed by the scheduler", now, workers=placement.workers)
@@ -478,7 +486,7 @@ class Reconciler:
                 continue
             reason = status.message()
             if record.waiting_code != status.code.value or record.waiting_reason != reason:
-                changes.records.append(record.evolve(waiting_code=status.code.value, waiting_reason=reason))
+                changes.add(record.evolve(waiting_code=status.code.value, waiting_reason=reason))
         self._write(changes)
         for launch in launches:
             self.backend.launch(launch)
@@ -486,15 +494,22 @@ class Reconciler:
             self.backend.stop(record.id, record.attempt, self._grace(record), reason)
 
     def _latest(self, job_id: JobId, changes: _Changes) -> JobRecord | None:
-        for record in reversed(changes.records):
-            if record.id == job_id:
-                return record
-        return self.store.get(job_id)
+        record = changes.latest.get(job_id)
+        if record is not None:
+            return record
+        # The loop is the only writer of job records once submitted: what it last wrote is current.
+        record = self._known.get(job_id)
+        return record if record is not None else self.store.get(job_id)
 
     def _write(self, changes: _Changes) -> None:
         if not changes.records:
             return
         self.store.write(_collapse(changes.records), changes.transitions)
+        for record in changes.latest.values():
+            if record.state.terminal:
+                self._known.pop(record.id, None)
+            else:
+                self._known[record.id] = record
         if self.events is not None:
             for t in changes.transitions:
                 self.events.emit(t)
