@@ -153,7 +153,10 @@ def test_exit_codes_propagate(harness: Harness) -> None:
     backend.launch(harness.launch("shell", RunSpec(("echo $GPUFLEET_JOB_ID; exit 4",), shell=True)))
     backend.launch(harness.launch("missing", RunSpec(("/no/such/program",))))
     backend.launch(harness.launch("killed", RunSpec(("sh", "-c", "kill -9 $$"))))
-    jobs = ("seven", "zero", "shell", "missing", "killed")
+    backend.launch(harness.launch("nowhere", RunSpec(("true",), workdir="/no/such/folder")))
+    # The job's environment is the command's, not the shim's: a PYTHONHOME that breaks Python breaks only it.
+    backend.launch(harness.launch("pyhome", RunSpec(("echo", "ok"), env=(("PYTHONHOME", "/nope"),))))
+    jobs = ("seven", "zero", "shell", "missing", "killed", "nowhere", "pyhome")
     seen = wait_for(backend, lambda seen: all(ended(j)(seen) for j in jobs))
     assert only(seen, "seven", K.EXITED).exit_code == 7
     assert only(seen, "seven", K.EXITED).detail == "worker 0 exited 7"
@@ -168,10 +171,16 @@ def test_exit_codes_propagate(harness: Harness) -> None:
     assert killed.exit_code == 137
     assert "SIGKILL" in killed.detail
     # STARTED before the end, once, for the ones that started.
+    nowhere = only(seen, "nowhere", K.EXITED)
+    assert nowhere.exit_code == 127
+    assert "cannot use the working folder '/no/such/folder'" in nowhere.detail
+    assert only(seen, "pyhome", K.EXITED).exit_code == 0
+    assert backend.log_paths("pyhome")[0].read_text() == "ok\n"
     for job in ("seven", "zero", "shell", "killed"):
         kinds = [o.kind for o in seen if o.job_id == job]
         assert kinds == [K.STARTED, K.EXITED]
     assert [o.kind for o in seen if o.job_id == "missing"] == [K.EXITED]
+    assert "gpufleet: cannot start" in backend.log_paths("missing")[0].read_text()  # said in its log too
     assert backend.poll() == []
 
 

@@ -1,20 +1,19 @@
 """The local executor: jobs run as real processes on this machine (`LocalBackend`).
 
 Importing this package stays cheap (the worker shim is a module of it and starts on every launch), so
-`LocalBackend` is loaded on first use.
+`LocalBackend` is loaded on first use and `typing` is not imported at run time.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpufleet.adapters.local.backend import LocalBackend
 
 __all__ = ["LocalBackend"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[LocalBackend]:
     if name == "LocalBackend":
         from gpufleet.adapters.local.backend import LocalBackend
 
