@@ -22,6 +22,7 @@ value a probe could not read is left out (no series) rather than exported as 0.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -155,16 +156,58 @@ class TelemetryCollector(Collector):
                 )
             return None
 
-    def collect(self) -> Iterator[Metric]:
+    def _sources(self) -> tuple[Sequence[GpuSample], SchedulerState | None]:
         read_state = self._read("scheduler state", self._scheduler) if self._scheduler else None
         state = read_state if isinstance(read_state, SchedulerState) else None
         samples = self._read("GPU samples", self._samples) if self._samples else None
-        yield from self._gpu_families(samples if isinstance(samples, Sequence) else (), state)
-        if state is not None:
-            yield from self._scheduler_families(state)
+        return (samples if isinstance(samples, Sequence) else ()), state
+
+    def _errors_family(self) -> Metric:
         errors = CounterMetricFamily("gpufleet_telemetry_collect_errors", SCHEDULER_METRICS[-1][2])
         errors.add_metric([], float(self.errors))
-        yield errors
+        return errors
+
+    def collect(self) -> Iterator[Metric]:
+        samples, state = self._sources()
+        yield from self._gpu_families(samples, state)
+        if state is not None:
+            yield from self._scheduler_families(state)
+        yield self._errors_family()
+
+    def exposition(self) -> bytes:
+        """The same text as `generate_latest` over `collect()`, written directly: prometheus_client's writer
+        spends ~15 µs a series (name checks, escaping, float formatting), too slow for 64 GPUs x 20 metrics
+        in the 10 ms a scrape may take. GPU label sets are escaped once per GPU, not once per series."""
+        samples, state = self._sources()
+        owners = state.owners if state is not None else {}
+        rows = []
+        for sample in samples:
+            owner = owners.get((sample.node, sample.index), _NOBODY)
+            index = str(sample.index)
+            values = (
+                index,
+                sample.uuid,
+                "nvidia" + index,
+                sample.model_name or sample.model,
+                sample.node,
+                owner.job,
+                owner.queue,
+                sample.probe,
+            )
+            rows.append((_labels_text(GPU_LABELS, values), _labels_text(OWN_GPU_LABELS, values), sample))
+        out = []
+        for metric in GPU_METRICS:
+            name, read = metric.name, metric.read
+            out.append(f"# HELP {name} {_escape_help(metric.help)}\n# TYPE {name} gauge\n")
+            dcgm = name.startswith("DCGM_")
+            for dcgm_labels, own_labels, sample in rows:
+                value = read(sample)
+                if value is not None:
+                    out.append(f"{name}{dcgm_labels if dcgm else own_labels} {_number(value)}\n")
+        families = [*self._scheduler_families(state)] if state is not None else []
+        families.append(self._errors_family())
+        out.extend(_family_text(family) for family in families)
+        return "".join(out).encode()
 
     def _gpu_families(self, samples: Sequence[GpuSample], state: SchedulerState | None) -> Iterator[Metric]:
         families = [
@@ -240,7 +283,7 @@ class TelemetryCollector(Collector):
 def make_registry(
     samples: SampleSource | Callable[[], Sequence[GpuSample]] | None = None,
     scheduler: SchedulerView | Callable[[], SchedulerState] | None = None,
-) -> CollectorRegistry:
+) -> TelemetryRegistry:
     """A fresh registry (no process or platform collectors) holding one `TelemetryCollector`.
 
     `samples`: an object with `latest_samples()` (a `Sampler`) or a callable returning samples.
@@ -248,9 +291,49 @@ def make_registry(
     node exporter, whose GPU series then have empty `job` and `queue` labels."""
     read_samples = cast("Callable[[], Sequence[GpuSample]] | None", _method(samples, "latest_samples"))
     read_state = cast("Callable[[], SchedulerState] | None", _method(scheduler, "scheduler_state"))
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(TelemetryCollector(read_samples, read_state))
-    return registry
+    return TelemetryRegistry(TelemetryCollector(read_samples, read_state))
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _labels_text(names: Sequence[str], values: Sequence[str]) -> str:
+    if not names:
+        return ""
+    return "{" + ",".join(f'{n}="{_escape_label(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+
+
+def _number(value: float) -> str:
+    value = float(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def _family_text(family: Metric) -> str:
+    """A family in text format 0.0.4, as prometheus_client writes it (counters get their `_total` name)."""
+    name = family.name + "_total" if family.type == "counter" else family.name
+    lines = [f"# HELP {name} {_escape_help(family.documentation)}\n# TYPE {name} {family.type}\n"]
+    for s in family.samples:
+        labels = _labels_text(list(s.labels), list(s.labels.values()))
+        lines.append(f"{s.name}{labels} {_number(s.value)}\n")
+    return "".join(lines)
+
+
+class TelemetryRegistry(CollectorRegistry):
+    """A registry holding one `TelemetryCollector`, which `render` writes through its fast path."""
+
+    def __init__(self, collector: TelemetryCollector) -> None:
+        super().__init__(auto_describe=False)
+        self.telemetry = collector
+        self.register(collector)
 
 
 def _method(source: object, name: str) -> object:
@@ -259,7 +342,10 @@ def _method(source: object, name: str) -> object:
 
 
 def render(registry: CollectorRegistry) -> bytes:
-    """The Prometheus text exposition (format 0.0.4, `CONTENT_TYPE`) of `registry`."""
+    """The Prometheus text exposition (format 0.0.4, `CONTENT_TYPE`) of `registry`: the fast writer for a
+    registry from `make_registry`, prometheus_client's own for any other."""
+    if isinstance(registry, TelemetryRegistry):
+        return registry.telemetry.exposition()
     return generate_latest(registry)
 
 
