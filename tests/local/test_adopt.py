@@ -101,6 +101,11 @@ def test_workers_not_in_live_are_killed(harness: Harness) -> None:
     wait_until(lambda: not any(pid_alive(pid) for pid in victims), what="the orphans to be killed")
     assert pid_alive(kept)
     assert {o.job_id for o in second.poll()} == {"keep"}  # only what it adopted is reported
+    # Should a later start be told it runs after all, it is reported lost, not stopped or exited.
+    third = harness.backend()
+    third.adopt([orphan, keep_retry])
+    seen = wait_for(third, ended("orphan"))
+    assert "killed at a restart" in only(seen, "orphan", K.LOST).detail
 
 
 def test_a_stop_asked_before_the_restart_still_holds(harness: Harness) -> None:

@@ -283,8 +283,10 @@ def test_launch_is_idempotent_per_attempt(harness: Harness) -> None:
     backend.launch(launch)
     wait_for(backend, has("once", K.STARTED))
     backend.launch(launch)
-    # Even a new backend on the same state folder does not start it again.
-    harness.backend().launch(launch)
+    # Even a new backend on the same state folder does not start it again: it watches the running one.
+    other = harness.backend()
+    other.launch(launch)
+    wait_for(other, has("once", K.STARTED))
     time.sleep(0.3)  # a second start would take well under this to write its line
     assert starts.read_text() == "started\n"
     backend.stop("once", 1, grace_s=0.0, reason="done")

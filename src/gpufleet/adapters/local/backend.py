@@ -32,6 +32,7 @@ from gpufleet.ports import BackendCapabilities, Clock, Launch, Observation, Obse
 
 SHIM_MODULE = "gpufleet.adapters.local.shim"
 SHUTDOWN_REASON = "the control plane shut down"
+ORPHAN_DETAIL = "killed at a restart: the store did not list it as running"
 Key = tuple[JobId, int]
 
 # The shim resets these to their defaults (the control plane may ignore some), then installs its handlers.
@@ -127,8 +128,13 @@ class LocalBackend:
         job = launch.job
         key = (job.id, launch.attempt)
         attempt_dir = self.layout.attempt_dir(job.id, launch.attempt)
-        if key in self._live or key in self._finished or attempt_dir.exists():
-            return  # idempotent: this attempt was launched already (by this object or before a restart)
+        if key in self._live or key in self._finished:
+            return  # idempotent: this attempt was launched already
+        if attempt_dir.exists():
+            # Launched before a restart and not adopted: watch it (report how it runs or ended), never start
+            # it twice.
+            self._adopt(launch)
+            return
         run = job.run
         if run is None:
             self._lose(key, "the job has no run spec (no command), so the local executor has nothing to run")
@@ -356,7 +362,7 @@ class LocalBackend:
         """SIGKILL every worker still running (a lost job is abandoned): its command's group, or the shim
         itself before it started one."""
         with contextlib.suppress(OSError):
-            write_json(job.dir / "stop.json", {"reason": job.stop_reason or "killed", "signal": int(signal.SIGKILL)})
+            write_json(job.dir / "stop.json", {"lost": job.lost or "killed", "signal": int(signal.SIGKILL)})
         for worker in job.workers:
             if worker.done and "vanished" not in (worker.exit or {}):
                 continue
@@ -425,7 +431,9 @@ class LocalBackend:
                         else "never started (control plane stopped during launch)"
                     )
         stop = read_json(attempt_dir / "stop.json")
-        if stop is not None:
+        if stop is not None and stop.get("lost"):
+            job.lost = job.lost or str(stop["lost"])  # given up on before: it stays lost
+        elif stop is not None:
             # A stop asked for (with its reason), or a gang stopping after a failed member (no reason: the
             # failure is found again from the exit records).
             job.stop_reason = str(stop["reason"]) if stop.get("reason") else None
@@ -446,7 +454,7 @@ class LocalBackend:
                 if (worker_dir / "exit.json").exists():
                     continue
                 with contextlib.suppress(OSError):
-                    write_json(attempt_dir / "stop.json", {"reason": "orphan", "signal": int(signal.SIGKILL)})
+                    write_json(attempt_dir / "stop.json", {"lost": ORPHAN_DETAIL, "signal": int(signal.SIGKILL)})
                 shim = read_json(worker_dir / "shim.pid") or {}
                 _kill_worker(read_json(worker_dir / "child.pid"), shim.get("pid"), shim.get("ticks"))
 
