@@ -9,7 +9,6 @@ from gpufleet.adapters.local.backend import LocalBackend
 from gpufleet.adapters.storage.memory import InMemoryStore
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings
 from gpufleet.domain import Job, JobState, WorkerRequest
-from gpufleet.domain.jobs import RunSpec
 from gpufleet.policies.catalog import profile
 from gpufleet.ports import RequestKind
 from tests.local.conftest import TIMEOUT_S, Harness, WallClock
