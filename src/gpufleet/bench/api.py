@@ -43,12 +43,23 @@ def free_port() -> int:
 class LocalServer:
     """`gpufleet up` in a child process on a free loopback port; the admin token read from its banner."""
 
-    def __init__(self, data_dir: Path, emulate: str = "8xA100-80GB", extra: tuple[str, ...] = ()) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        data_dir: Path,
+        emulate: str = "8xA100-80GB",
+        extra: tuple[str, ...] = (),
+        token: str | None = None,
+        port: int | None = None,
+    ) -> None:
+        """`token`: the admin token of an earlier start on the same data directory (a restart prints none)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
         env = {**os.environ, "GPUFLEET_CLIENT_CONFIG": str(data_dir / "client.toml"), "COLUMNS": "200"}
-        self.log = open(data_dir / "server.log", "w")  # noqa: SIM115 - closed in stop()
+        self.log_path = data_dir / "server.log"
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.log = open(self.log_path, "a")  # noqa: SIM115 - closed in stop()
+        self._known_token = token
         command = [sys.executable, "-m", "gpufleet", "up", "--data-dir", str(data_dir), "--port", str(self.port)]
         self.process = subprocess.Popen(
             [*command, "--emulate", emulate, *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env
@@ -59,22 +70,37 @@ class LocalServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.log.close()
                 raise GpufleetError(
                     f"gpufleet up exited with {self.process.returncode}: {self.output()[-2000:]}",
                     "see the server output above",
                 )
-            match = TOKEN.search(self.output())
-            if match and "Ctrl-C" in self.output():
-                return match.group(1)
+            output = self.output()
+            if "Ctrl-C" in output:
+                match = TOKEN.search(output)
+                if self._known_token is not None:
+                    return self._known_token
+                if match:
+                    return match.group(1)
+                raise GpufleetError("gpufleet up printed no admin token", "give the token of the earlier start")
             time.sleep(0.05)
         self.stop()
         raise GpufleetError("gpufleet up did not become ready in 30 s", "see its output in server.log")
 
     def output(self) -> str:
-        return (self.data_dir / "server.log").read_text(errors="replace")
+        """What this start of the server printed."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode(errors="replace")
 
     def client(self, timeout_s: float = 30.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout_s)
+
+    def kill(self) -> None:
+        """kill -9: no shutdown of any kind."""
+        self.process.kill()
+        self.process.wait()
+        self.log.close()
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
         if self.process.poll() is None:

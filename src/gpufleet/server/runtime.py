@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -113,7 +114,7 @@ class LoopThread(threading.Thread):
         self.busy_tick_s = busy_tick_s
         self.idle_tick_s = idle_tick_s
         self._wake = threading.Event()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.steps = 0
         self.errors = 0
         self._busy_until = 0.0
@@ -122,11 +123,11 @@ class LoopThread(threading.Thread):
         self._wake.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self._wake.set()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self._wake.clear()
             try:
                 report = self.reconciler.step()
@@ -134,7 +135,7 @@ class LoopThread(threading.Thread):
                 # A failing step must not kill the control plane: log it and retry after a pause.
                 self.errors += 1
                 log.exception("control loop step failed; retrying in 1 s")
-                self._stop.wait(1.0)
+                self._halt.wait(1.0)
                 continue
             self.steps += 1
             now = time.monotonic()
@@ -187,6 +188,11 @@ class ControlPlane:
         app = create_app(self.context)
         config = uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
         server = uvicorn.Server(config)
+        # Uvicorn re-raises the signal that stopped it once it is done; with the default handlers that
+        # would kill the process before the executor is shut down. Ours only note it.
+        stopped_by: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signo, _frame: stopped_by.append(signo))
         self.loop.start()
         try:
             if on_ready is not None:

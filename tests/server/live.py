@@ -1,0 +1,147 @@
+"""A real `gpufleet up` in a child process, real jobs (a small Python program written by the tests), and
+a ledger the jobs append to, so that tests check what actually ran, where and when."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpufleet.bench.api import LocalServer
+
+JOB_PROGRAM = r"""
+import json, os, signal, sys, time
+ledger, mode, arg = sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else ""
+env = {k: v for k, v in os.environ.items() if k.startswith(("CUDA", "NVIDIA", "MASTER", "RANK", "WORLD",
+       "LOCAL", "NODE_RANK", "GPUFLEET", "XLA", "TF_"))}
+
+def note(event, **more):
+    line = json.dumps({"event": event, "job": env.get("GPUFLEET_JOB_ID"),
+                       "attempt": int(env.get("GPUFLEET_ATTEMPT", 0)), "rank": int(env.get("RANK", 0)),
+                       "pid": os.getpid(), "t": time.time(), **more})
+    with open(ledger, "a") as f:
+        f.write(line + "\n")
+
+note("start", env=env)
+
+def on_term(signo, frame):
+    note("end", how="signal")
+    sys.exit(0)
+
+if mode == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(0.05)
+signal.signal(signal.SIGTERM, on_term)
+if mode == "sleep":
+    time.sleep(float(arg))
+elif mode == "wait-file":
+    while not os.path.exists(arg):
+        time.sleep(0.02)
+elif mode == "exit":
+    note("end", how="exit")
+    sys.exit(int(arg))
+note("end", how="done")
+"""
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@dataclass
+class Live:
+    server: LocalServer
+    root: Path
+    program: Path
+    ledger: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def http(self) -> httpx.Client:
+        return self.server.client()
+
+    def command(self, mode: str, arg: str = "") -> list[str]:
+        return [sys.executable, str(self.program), str(self.ledger), mode, *([arg] if arg else [])]
+
+    def submit(self, client: httpx.Client, mode: str, arg: str = "", **spec: Any) -> str:
+        body = {"queue": "default", "command": self.command(mode, arg), **spec}
+        response = client.post("/v1/jobs", json=body)
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+    def job(self, client: httpx.Client, job_id: str) -> dict[str, Any]:
+        response = client.get(f"/v1/jobs/{job_id}")
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def wait(
+        self, client: httpx.Client, job_id: str, done: Callable[[dict[str, Any]], bool], timeout_s: float = 20.0
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.job(client, job_id)
+            if done(job):
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} still {job['state']} after {timeout_s} s: {job}")
+            time.sleep(0.05)
+
+    def wait_state(self, client: httpx.Client, job_id: str, *states: str, timeout_s: float = 20.0) -> dict[str, Any]:
+        return self.wait(client, job_id, lambda j: j["state"] in states, timeout_s)
+
+    def events(self, kind: str | None = None, job: str | None = None) -> list[dict[str, Any]]:
+        if not self.ledger.exists():
+            return []
+        lines = [json.loads(line) for line in self.ledger.read_text().splitlines() if line.strip()]
+        return [e for e in lines if (kind is None or e["event"] == kind) and (job is None or e["job"] == job)]
+
+    def wait_events(self, kind: str, job: str, count: int = 1, timeout_s: float = 20.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout_s
+        while len(found := self.events(kind, job)) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job}: {len(found)} {kind!r} events after {timeout_s} s, wanted {count}")
+            time.sleep(0.02)
+        return found
+
+    def restart(self, *extra: str) -> None:
+        self.server = LocalServer(self.root / "data", extra=extra, token=self.server.token)
+
+
+def start(root: Path, *extra: str, emulate: str = "8xA100-80GB") -> Live:
+    data = root / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    program = root / "job.py"
+    program.write_text(JOB_PROGRAM)
+    return Live(LocalServer(data, emulate=emulate, extra=extra), root, program, root / "ledger.jsonl")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def intervals(events: list[dict[str, Any]], now: float) -> Iterator[tuple[str, int, float, float, frozenset[str]]]:
+    """(job, attempt, start, end, GPUs) per started worker; a worker with no end line runs until `now`."""
+    ends = {(e["job"], e["attempt"], e["rank"]): e["t"] for e in events if e["event"] == "end"}
+    for e in events:
+        if e["event"] == "start":
+            gpus = frozenset(g for g in e["env"].get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
+            yield e["job"], e["attempt"], e["t"], ends.get((e["job"], e["attempt"], e["rank"]), now), gpus
