@@ -29,7 +29,8 @@ def write_fixture_config(path: Path) -> Path:
         if i < 4:
             gpu |= {"util_gpu": [93, 97, 88, 99, 95, 91], "util_mem": [48, 52, 40, 55, 50, 47],
                     "memory_used": 71 * GiB, "power_mw": 352_000, "temperature": 66, "sm_clock": 1410,
-                    "pcie_tx_kb": 1_200_000, "pcie_rx_kb": 900_000, "procs": [(30100 + i, 71 * GiB)]}  # fmt: skip
+                    "pcie_tx_kb": 1_200_000, "pcie_rx_kb": 900_000, "procs": [(30100 + i, 71 * GiB)],
+                    "nvlink_tx_kib": 2_000_000, "nvlink_rx_kib": 2_000_000}  # fmt: skip
         elif i == 4:
             gpu |= {"util_gpu": [0, 0, 1, 0, 0, 0], "util_mem": [0], "memory_used": 38 * GiB, "power_mw": 61_000,
                     "temperature": 34, "sm_clock": 1410, "procs": [(30200, 38 * GiB)]}  # fmt: skip

@@ -61,6 +61,8 @@ A100 = {
     "ecc_dbe": 1,
     "pcie_tx_kb": 100,
     "pcie_rx_kb": 200,
+    "nvlink_tx_kib": 500,
+    "nvlink_rx_kib": 250,
 }
 
 
@@ -122,17 +124,26 @@ def test_probe_returns_the_configured_values_in_base_units(four_gpus: dict) -> N
     assert four_gpus["first"][2]["power_limit_w"] == 70.0
 
 
+def test_nvlink_throughput_is_a_rate_between_two_samples(four_gpus: dict) -> None:
+    # NVML's NVLink counters are cumulative KiB: the first sample has no rate yet, the second has
+    # (counter delta) x 1024 / (5 s between the samples).
+    first, second = four_gpus["first"][0], four_gpus["second"][0]
+    assert first["nvlink_tx"] is None
+    assert first["nvlink_rx"] is None
+    assert second["nvlink_tx"] == 500 * 1024 / 5.0
+    assert second["nvlink_rx"] == 250 * 1024 / 5.0
+
+
 def test_functions_the_library_lacks_give_none_and_one_hint_each(four_gpus: dict) -> None:
-    # The fake has no XID event API and no field-value API (NVLink throughput): those fields are None
-    # on every GPU and every sample, and each missing function is hinted exactly once.
+    # The fake has no XID event API: xid is None on every GPU and every sample, and the missing function
+    # is hinted exactly once.
     for sample in four_gpus["first"] + four_gpus["second"]:
         assert sample["xid"] is None
-        assert sample["nvlink_tx"] is None
-        assert sample["nvlink_rx"] is None
     hints = four_gpus["hints"]
-    assert len(hints) == 2, hints
-    assert any("nvmlEventSetCreate" in h and "Function Not Found" in h and "xid" in h for h in hints)
-    assert any("nvmlDeviceGetFieldValues" in h and "nvlink_tx" in h for h in hints)
+    assert len(hints) == 1, hints
+    assert "nvmlEventSetCreate" in hints[0]
+    assert "Function Not Found" in hints[0]
+    assert "xid left empty" in hints[0]
     assert four_gpus["logged"] == hints
 
 

@@ -18,11 +18,12 @@
  *   util_gpu|util_mem <percent> [<percent> ...]   up to 16 values, one per call, cycling (idle, busy, ...)
  *   power_mw|power_limit_mw <milliwatts>   temperature <C>   sm_clock <MHz>
  *   ecc_sbe|ecc_dbe <count>   pcie_tx_kb|pcie_rx_kb <KB/s>
+ *   nvlink_tx_kib|nvlink_rx_kib <KiB>  NVLink data counters (fields 138/139) grow by this at every read
  *   link <peer GPU index> | link switch   an active NVLink to that GPU, or to an NVSwitch
  *   proc <pid> <bytes>                a compute process and its GPU memory
  *
  * Without GPUFLEET_FAKE_NVML_CONFIG nvmlInit answers NVML_ERROR_DRIVER_NOT_LOADED. Functions not here
- * (XID events, field values, ...) are simply absent: nvidia-ml-py then raises "Function Not Found", which
+ * (XID events, ...) are simply absent: nvidia-ml-py then raises "Function Not Found", which
  * the adapter must tolerate.
  */
 #include <stdio.h>
@@ -67,12 +68,24 @@ typedef struct {
 } nvmlPciInfo_t;
 
 typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType, nvmlReturn;
+    unsigned long long value; /* the union's ullVal */
+} nvmlFieldValue_t;
+
+#define FI_NVLINK_THROUGHPUT_DATA_TX 138
+#define FI_NVLINK_THROUGHPUT_DATA_RX 139
+#define VALUE_TYPE_UNSIGNED_LONG_LONG 3
+
+typedef struct {
     char name[96], uuid[96], bus_id[32];
     unsigned long long memory_total, memory_used, memory_reserved;
     unsigned int util_gpu[MAX_STEPS], util_mem[MAX_STEPS];
     int n_util_gpu, n_util_mem, util_calls;
     unsigned int power_mw, power_limit_mw, temperature, sm_clock, pcie_tx_kb, pcie_rx_kb;
     unsigned long long ecc_sbe, ecc_dbe;
+    unsigned long long nvlink_tx_step, nvlink_rx_step, nvlink_tx, nvlink_rx;
     int links[MAX_LINKS];
     int n_links;
     nvmlProcessInfo_v2_t procs[MAX_PROCS];
@@ -166,6 +179,8 @@ static int load_config(const char *path) {
         else if (strcmp(key, "sm_clock") == 0) g->sm_clock = (unsigned)v;
         else if (strcmp(key, "ecc_sbe") == 0) g->ecc_sbe = v;
         else if (strcmp(key, "ecc_dbe") == 0) g->ecc_dbe = v;
+        else if (strcmp(key, "nvlink_tx_kib") == 0) g->nvlink_tx_step = v;
+        else if (strcmp(key, "nvlink_rx_kib") == 0) g->nvlink_rx_step = v;
         else if (strcmp(key, "pcie_tx_kb") == 0) g->pcie_tx_kb = (unsigned)v;
         else if (strcmp(key, "pcie_rx_kb") == 0) g->pcie_rx_kb = (unsigned)v;
         else if (strcmp(key, "link") == 0 && g->n_links < MAX_LINKS) {
@@ -381,5 +396,22 @@ int nvmlDeviceGetNvLinkRemotePciInfo_v2(void *device, unsigned int link, nvmlPci
     if (peer == LINK_TO_SWITCH) fill_pci(pci, "00000000:C0:00.0");
     else if (peer >= 0 && peer < n_gpus) fill_pci(pci, gpus[peer].bus_id);
     else return NVML_ERROR_NOT_FOUND;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetFieldValues(void *device, int count, nvmlFieldValue_t *values) {
+    DEVICE_OR_FAIL("nvmlDeviceGetFieldValues");
+    if (values == NULL || count < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    /* The cumulative NVLink data counters advance once per read, as if traffic flowed between reads. */
+    g->nvlink_tx += g->nvlink_tx_step;
+    g->nvlink_rx += g->nvlink_rx_step;
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->valueType = VALUE_TYPE_UNSIGNED_LONG_LONG;
+        v->nvmlReturn = NVML_SUCCESS;
+        if (v->fieldId == FI_NVLINK_THROUGHPUT_DATA_TX) v->value = g->nvlink_tx;
+        else if (v->fieldId == FI_NVLINK_THROUGHPUT_DATA_RX) v->value = g->nvlink_rx;
+        else v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    }
     return NVML_SUCCESS;
 }
