@@ -66,29 +66,33 @@ class _View:
 
     def scheduler_state(self) -> SchedulerState:
         util = self.util()
-        per_queue: dict[str, dict[str, list]] = {}
+        pending: dict[str, int] = {}
+        running: dict[str, list[_Job]] = {}
+        waits: dict[str, list[float]] = {}
         owners = {}
         for job in self.jobs:
-            q = per_queue.setdefault(job.queue, {"pending": [], "running": [], "waits": []})
+            pending.setdefault(job.queue, 0)
+            running.setdefault(job.queue, [])
+            waits.setdefault(job.queue, [])
             if job.running:
-                q["running"].append(job)
+                running[job.queue].append(job)
                 for key in job.gpus:
                     owners[key] = GpuOwner(job.id, job.queue)
             elif job.started is None:
-                q["pending"].append(job)
+                pending[job.queue] += 1
             if job.started is not None:
-                q["waits"].append(job.started - job.submitted)
+                waits[job.queue].append(job.started - job.submitted)
         queues = []
-        for name, q in sorted(per_queue.items()):
-            held = [key for job in q["running"] for key in job.gpus]
+        for name in sorted(pending):
+            held = [key for job in running[name] for key in job.gpus]
             used = sum(util.get(key, 0.0) for key in held) / 100.0
             idle = sum(1 for key in held if util.get(key, 100.0) < 5.0)
             queues.append(
                 QueueMetrics(
                     name,
-                    len(q["pending"]),
-                    len(q["running"]),
-                    wait_histogram(q["waits"]),
+                    pending[name],
+                    len(running[name]),
+                    wait_histogram(waits[name]),
                     float(len(held)),
                     used,
                     float(idle),
