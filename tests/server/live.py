@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ env = {k: v for k, v in os.environ.items() if k.startswith(("CUDA", "NVIDIA", "M
 def note(event, **more):
     line = json.dumps({"event": event, "job": env.get("GPUFLEET_JOB_ID"),
                        "attempt": int(env.get("GPUFLEET_ATTEMPT", 0)), "rank": int(env.get("RANK", 0)),
-                       "pid": os.getpid(), "t": time.time(), **more})
+                       "pid": os.getpid(), "ppid": os.getppid(), "t": time.time(), **more})
     with open(ledger, "a") as f:
         f.write(line + "\n")
 
@@ -126,11 +127,36 @@ def start(root: Path, *extra: str, emulate: str = "8xA100-80GB") -> Live:
 
 
 def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, dead but not yet reaped, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class DeathWatch(threading.Thread):
+    """Notes, independently of the control plane, when each job process the ledger names stops running
+    (within ~10 ms): a process killed with SIGKILL writes no end line."""
+
+    def __init__(self, live: Live) -> None:
+        super().__init__(daemon=True)
+        self.live = live
+        self.died: dict[int, float] = {}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            for event in self.live.events("start"):
+                pid = event["pid"]
+                if pid not in self.died and not alive(pid):
+                    self.died[pid] = time.time()
+            self._halt.wait(0.01)
+
+    def stop(self) -> dict[int, float]:
+        self._halt.set()
+        self.join()
+        return self.died
 
 
 def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -138,10 +164,14 @@ def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
         os.kill(pid, sig)
 
 
-def intervals(events: list[dict[str, Any]], now: float) -> Iterator[tuple[str, int, float, float, frozenset[str]]]:
-    """(job, attempt, start, end, GPUs) per started worker; a worker with no end line runs until `now`."""
+def intervals(
+    events: list[dict[str, Any]], died: dict[int, float], now: float
+) -> Iterator[tuple[str, int, float, float, frozenset[str]]]:
+    """(job, attempt, start, end, GPUs) per started worker: it ends at its end line, or when it was seen
+    dead, or runs until `now`."""
     ends = {(e["job"], e["attempt"], e["rank"]): e["t"] for e in events if e["event"] == "end"}
     for e in events:
         if e["event"] == "start":
             gpus = frozenset(g for g in e["env"].get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
-            yield e["job"], e["attempt"], e["t"], ends.get((e["job"], e["attempt"], e["rank"]), now), gpus
+            end = min(ends.get((e["job"], e["attempt"], e["rank"]), now), died.get(e["pid"], now))
+            yield e["job"], e["attempt"], e["t"], end, gpus

@@ -411,7 +411,7 @@ class LocalBackend:
         job = _Job(launch.job.id, launch.attempt, attempt_dir, signum, int(port) if port is not None else None)
         for rank in range(len(launch.workers)):
             worker_dir = attempt_dir / f"worker-{rank}"
-            shim = read_json(worker_dir / "shim.pid") or {}
+            shim = _shim_record(worker_dir)
             worker = _Worker(
                 rank,
                 worker_dir,
@@ -457,6 +457,17 @@ class LocalBackend:
                     write_json(attempt_dir / "stop.json", {"lost": ORPHAN_DETAIL, "signal": int(signal.SIGKILL)})
                 shim = read_json(worker_dir / "shim.pid") or {}
                 _kill_worker(read_json(worker_dir / "child.pid"), shim.get("pid"), shim.get("ticks"))
+
+
+def _shim_record(worker_dir: Path, wait_s: float = 1.0) -> dict[str, Any]:
+    """The worker's shim (pid, start ticks). A shim spawned just before the control plane died has not
+    written its record yet: give it a moment rather than declare a live worker dead."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        shim = read_json(worker_dir / "shim.pid")
+        if shim is not None or not (worker_dir / "spec.json").exists() or time.monotonic() > deadline:
+            return shim or {}
+        time.sleep(0.01)
 
 
 def _kill_worker(child: dict[str, Any] | None, shim_pid: int | None, shim_ticks: int | None) -> None:

@@ -40,6 +40,9 @@ def main(argv: list[str]) -> int:
     for sig in _SURVIVE:
         signal.signal(sig, _ignore)
     worker = argv[1]
+    # Written by the shim itself too: the control plane may die between spawning it and recording it.
+    me = os.getpid()
+    write_json(os.path.join(worker, "shim.pid"), {"pid": me, "ticks": start_ticks(me)})
     spec = read_json(os.path.join(worker, "spec.json"))
     if spec is None:
         return _failed(worker, 127, f"no readable spec.json in {worker}")
