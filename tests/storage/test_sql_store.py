@@ -3,9 +3,11 @@ the checks a shared store makes (unknown queue, unknown job)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
-from gpufleet.domain import JobState, QueueSpec, SpecError, UnknownNameError, WorkerRequest, make_node
+from gpufleet.domain import GpufleetError, JobState, QueueSpec, SpecError, UnknownNameError, WorkerRequest, make_node
 from gpufleet.domain import JobState as S
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.jobs import Job, RunSpec
@@ -106,3 +108,13 @@ def test_duplicate_job_id_across_queues_is_a_spec_error(sql: Harness) -> None:
     sql.store.submit(job("a"), at=1.0)
     with pytest.raises(SpecError, match="id: is taken"):
         sql.store.submit(job("a", "team-a"), at=1.0)
+
+
+def test_nul_characters_are_refused_with_a_clear_error(sql: Harness) -> None:
+    with pytest.raises(SpecError, match="id: contains a NUL character"):
+        sql.store.submit(job("a\x00b"), at=1.0)
+    record = sql.store.submit(job("a", name="ok"), at=1.0)
+    # Elsewhere SQLite keeps a NUL; PostgreSQL's text cannot, which must be an error, not a stack trace.
+    with pytest.raises(GpufleetError, match="refused a value") if sql.kind == "postgres" else contextlib.nullcontext():
+        sql.store.request("a", RequestKind.CANCEL, "why\x00", 2.0)
+    assert sql.store.get("a") == record

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -49,7 +49,7 @@ from gpufleet.domain.lifecycle import TERMINAL, JobState, Transition
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import Request, RequestKind, StaleWriteError
-from gpufleet.ports.admin import JobQuery, Role, Token
+from gpufleet.ports.admin import AdminStore, JobQuery, Role, Token
 
 ACTIVE_STATES = tuple(s.value for s in JobState if s not in TERMINAL)
 _CHUNK = 500  # ids per IN (...) list, well under SQLite's limit on bound parameters
@@ -166,6 +166,11 @@ class SqlStore:
                 f"the database {self.url} did not answer: {_first_line(error)}",
                 "check that it runs and is reachable (SQLite: that no other program holds it locked), then retry",
             ) from None
+        except sa.exc.DataError as error:
+            # A value the database cannot hold (e.g. a NUL character in PostgreSQL text); nothing was written.
+            raise GpufleetError(
+                f"the database refused a value: {_first_line(error)}", "remove control characters from names and texts"
+            ) from None
 
     @staticmethod
     def _next(connection: sa.Connection, counter: str) -> int:
@@ -202,6 +207,11 @@ class SqlStore:
 
     def submit(self, job: Job, at: float) -> JobRecord:
         """Store a new pending job; its `submit_seq` is replaced with the store's next number."""
+        bad = [f for f, value in (("id", job.id), ("queue", job.queue), ("name", job.name)) if "\x00" in value]
+        if bad:
+            raise SpecError(
+                f"job {job.id!r}", tuple(FieldProblem(f, "contains a NUL character", "remove it") for f in bad)
+            )
         try:
             with self._tx(write=True) as c:
                 if c.execute(_QUEUE_IN_USE, {"name": job.queue}).first() is None:
@@ -539,6 +549,12 @@ def _token(row: sa.Row[Any]) -> Token:
 def _first_line(error: BaseException) -> str:
     cause = getattr(error, "orig", None) or error
     return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_ports(store: SqlStore) -> AdminStore:  # mypy checks SqlStore against both Protocols
+        return store
 
 
 __all__ = ["SqlStore", "StoreUnavailableError", "default_sqlite_url"]
