@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from gpufleet.adapters.storage.engine import head_revision
+from gpufleet.adapters.storage.engine import alembic_config, head_revision
 from gpufleet.adapters.storage.schema import metadata
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
 from gpufleet.domain import GpufleetError, QueueSpec
@@ -41,6 +42,12 @@ def test_a_fresh_database_is_at_head_and_matches_the_schema(url: str) -> None:
     revision, diff = revision_and_diff(url)
     assert revision == head_revision()
     assert diff == []
+
+
+def test_alembic_sees_no_change_to_migrate(url: str) -> None:
+    """`alembic check` through the developers' configuration: the models need no new migration."""
+    SqlStore.open(url).close()
+    command.check(alembic_config(url))
 
 
 def test_opening_again_keeps_everything(url: str) -> None:

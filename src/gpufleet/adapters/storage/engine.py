@@ -120,10 +120,23 @@ def _sqlite_engine(url: URL) -> Engine:
     return engine
 
 
-def migrate(engine: Engine) -> None:
-    """Bring the database to the newest schema (`alembic upgrade head`); a no-op when it is there."""
+def alembic_config(url: str | None = None) -> Config:
+    """Alembic's configuration for our migrations, built in code (no alembic.ini). With a `url`, alembic's
+    commands open that database themselves; this is how to write a new migration:
+
+        from alembic import command
+        command.revision(alembic_config("sqlite:///dev.db"), message="what changed", autogenerate=True)
+    """
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", parse_url(url).render_as_string(hide_password=False))
+    return config
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the database to the newest schema (`alembic upgrade head`); a no-op when it is there."""
+    config = alembic_config()
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
@@ -142,8 +155,6 @@ def head_revision() -> str:
     """The newest migration this code ships."""
     from alembic.script import ScriptDirectory
 
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    head = ScriptDirectory.from_config(config).get_current_head()
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head

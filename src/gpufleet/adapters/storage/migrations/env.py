@@ -2,12 +2,9 @@
 
 `SqlStore.open` runs the migrations programmatically on a connection it passes in
 `config.attributes["connection"]`, inside a transaction it holds (and, on PostgreSQL, under an advisory
-lock, so that two processes opening the same database migrate it once). For developers, the alembic
-command line works too with `-x url=…` or `sqlalchemy.url` set, e.g. to autogenerate a revision:
-
-    alembic -c /dev/null -x url=sqlite:///dev.db revision --autogenerate -m "what changed"
-
-(run from this directory, with `script_location` pointing here).
+lock, so that two processes opening the same database migrate it once). Alembic's own commands, given
+`engine.alembic_config(url)`, open the database from `sqlalchemy.url` instead; see that function for how
+to write a new migration.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
+from gpufleet.adapters.storage.engine import make_engine, parse_url
 from gpufleet.adapters.storage.schema import metadata
 
 config = context.config
@@ -37,10 +35,10 @@ def _main() -> None:
     if given is not None:
         _migrate(given)
         return
-    url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
+    url = config.get_main_option("sqlalchemy.url")
     if not url:
-        raise SystemExit("no database: pass -x url=sqlite:///path/state.db (or postgresql+psycopg://…)")
-    engine = sa.create_engine(url)
+        raise SystemExit("no database: build the configuration with engine.alembic_config(url)")
+    engine = make_engine(parse_url(url))
     try:
         with engine.connect() as connection:
             _migrate(connection)
