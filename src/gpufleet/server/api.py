@@ -50,12 +50,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def service(request: Request) -> Service:
+async def service(request: Request) -> Service:  # async: cheap, no worker-thread hop per request
     svc: Service = request.app.state.service
     return svc
 
 
-def principal(
+async def principal(  # async: tokens are cached; a miss is one indexed read
     request: Request,
     svc: Annotated[Service, Depends(service)],
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],

@@ -47,6 +47,7 @@ class UpSettings:
     exit_grace_s: float = 10.0
     busy_tick_s: float = 0.02  # loop period while jobs are starting or stopping
     idle_tick_s: float = 0.2  # loop period otherwise (API calls wake it at once)
+    min_step_s: float = 0.01  # under a burst of API calls, one step per this long decides them together
 
     @property
     def url(self) -> str:
@@ -108,11 +109,14 @@ class LoopThread(threading.Thread):
     """Runs `Reconciler.step()` until stopped: fast while jobs start or stop, slower when idle, and at
     once when woken (a submit, a cancel, a quota change)."""
 
-    def __init__(self, reconciler: Reconciler, busy_tick_s: float, idle_tick_s: float) -> None:
+    def __init__(
+        self, reconciler: Reconciler, busy_tick_s: float, idle_tick_s: float, min_step_s: float = 0.01
+    ) -> None:
         super().__init__(name="gpufleet-loop", daemon=True)
         self.reconciler = reconciler
         self.busy_tick_s = busy_tick_s
         self.idle_tick_s = idle_tick_s
+        self.min_step_s = min_step_s
         self._wake = threading.Event()
         self._halt = threading.Event()
         self.steps = 0
@@ -127,7 +131,12 @@ class LoopThread(threading.Thread):
         self._wake.set()
 
     def run(self) -> None:
+        last = 0.0
         while not self._halt.is_set():
+            since = time.monotonic() - last
+            if since < self.min_step_s:
+                self._halt.wait(self.min_step_s - since)
+            last = time.monotonic()
             self._wake.clear()
             try:
                 report = self.reconciler.step()
@@ -166,7 +175,7 @@ class ControlPlane:
                 settings.data_dir / "jobs", self.inventory.nodes, self.clock, emulated=self.inventory.emulated
             )
             self.reconciler = Reconciler(self.store, self.backend, self.clock, profile(settings.policy))
-            self.loop = LoopThread(self.reconciler, settings.busy_tick_s, settings.idle_tick_s)
+            self.loop = LoopThread(self.reconciler, settings.busy_tick_s, settings.idle_tick_s, settings.min_step_s)
             self.context = ApiContext(
                 store=self.store,
                 clock=self.clock,
