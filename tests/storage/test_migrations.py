@@ -99,6 +99,7 @@ def test_a_database_from_a_newer_gpufleet_is_refused(url: str) -> None:
     ("bad", "said"),
     [
         ("not a url", "cannot be read"),
+        ("postgresql://u@h:port/db", "cannot be read"),
         ("mysql://u@h/db", "'mysql' is not supported"),
         ("postgresql+asyncpg://u@h/db", "'postgresql+asyncpg' is not supported"),
         ("sqlite+aiosqlite:///x.db", "'sqlite+aiosqlite' is not supported"),
@@ -139,3 +140,9 @@ def test_default_sqlite_url_is_absolute_and_open_creates_the_folder(
     with SqlStore.open(url) as store:
         assert store.queues() == ()
     assert (tmp_path / "data" / "sub" / "state.db").is_file()
+
+
+def test_a_folder_that_cannot_be_made_is_a_clear_error() -> None:
+    with pytest.raises(GpufleetError, match="cannot create the folder /proc/nope") as caught:
+        SqlStore.open("sqlite:////proc/nope/state.db")
+    assert "folder you can write to" in caught.value.fix

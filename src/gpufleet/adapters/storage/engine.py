@@ -49,7 +49,8 @@ def parse_url(url: str) -> URL:
     """The URL as SQLAlchemy reads it, checked: SQLite with a file, or PostgreSQL through psycopg."""
     try:
         parsed = make_url(url)
-    except sa.exc.ArgumentError:
+        parsed.port  # noqa: B018 - a port that is not a number raises here, not at the first connection
+    except (sa.exc.ArgumentError, ValueError):
         raise GpufleetError(f"database URL {url!r} cannot be read", URL_FIX) from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
@@ -91,7 +92,14 @@ def make_engine(url: URL) -> Engine:
 
 def _sqlite_engine(url: URL) -> Engine:
     assert url.database is not None
-    Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(url.database).expanduser().parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise GpufleetError(
+            f"cannot create the folder {folder} for the database: {error.strerror}",
+            "give a database path in a folder you can write to",
+        ) from None
     engine = sa.create_engine(
         url,
         # Threads of the API and the loop share the pool; connections move between threads.
