@@ -117,6 +117,23 @@ def bench_api(
     print_result(result, as_json)
 
 
+@bench_app.command("store")
+def bench_store(
+    jobs: int = typer.Option(2000, min=1, help="Jobs submitted and written."),
+    db: str | None = typer.Option(None, help="A PostgreSQL URL to measure instead of a fresh SQLite file."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """The SQL store alone: submits/s, single-job writes/s, batched records/s, active() time."""
+    from gpufleet.bench import store
+
+    try:
+        result = store.run(jobs, db)
+    except GpufleetError as error:
+        fail(error)
+        return
+    print_result(result, as_json)
+
+
 def main() -> None:  # pragma: no cover - console entry
     try:
         app()

@@ -184,6 +184,9 @@ class Reconciler:
     def _rebuild(self) -> CycleState:
         """The base state from the store (at start, and when nodes or queues change)."""
         self._cluster_version = self.store.cluster_version()
+        if self._cursor == 0:
+            # First build: every pending job is in `active()`; later submissions come through the cursor.
+            self._cursor = self.store.submission_cursor()
         records = self.store.active()
         running = tuple(r.as_running() for r in records if r.holds_resources)
         snapshot = ClusterSnapshot(self.store.nodes(), running, self.store.queues(), now=self.clock.now())

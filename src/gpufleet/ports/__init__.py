@@ -120,6 +120,11 @@ class StateStore(Protocol):
         """Jobs submitted after `cursor`, and the cursor to pass next time."""
         ...
 
+    def submission_cursor(self) -> int:
+        """The cursor after the last submission so far: a loop that has read `active()` starts from it
+        instead of reading every job ever submitted."""
+        ...
+
     def get(self, job_id: JobId) -> JobRecord | None: ...
 
     def active(self) -> Sequence[JobRecord]:

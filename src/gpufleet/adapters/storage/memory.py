@@ -54,6 +54,9 @@ class InMemoryStore:
         ids = self._submissions[cursor:]
         return [self._records[j] for j in ids], len(self._submissions)
 
+    def submission_cursor(self) -> int:
+        return len(self._submissions)
+
     def get(self, job_id: JobId) -> JobRecord | None:
         return self._records.get(job_id)
 

@@ -60,6 +60,7 @@ _LISTED = 20  # names listed in an error message at most
 # than SQLite takes to run it (about 65 µs against 15 µs for a look-up by key).
 _J = t.jobs.c
 _CLUSTER_VERSION = sa.select(t.meta.c.value).where(t.meta.c.key == t.CLUSTER_VERSION)
+_SUBMIT_HEAD = sa.select(t.meta.c.value).where(t.meta.c.key == t.SUBMIT_SEQ)
 _BUMP_CLUSTER_VERSION = sa.update(t.meta).where(t.meta.c.key == t.CLUSTER_VERSION).values(value=t.meta.c.value + 1)
 _NEXT = (
     sa.update(t.meta)
@@ -235,6 +236,10 @@ class SqlStore:
         if not rows:
             return [], cursor
         return [decode_record(r.record) for r in rows], int(rows[-1].seq)
+
+    def submission_cursor(self) -> int:
+        with self._tx(write=False) as c:
+            return int(c.execute(_SUBMIT_HEAD).scalar_one())
 
     def get(self, job_id: JobId) -> JobRecord | None:
         with self._tx(write=False) as c:
