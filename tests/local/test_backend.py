@@ -293,14 +293,16 @@ def test_launch_is_idempotent_per_attempt(harness: Harness) -> None:
     wait_for(backend, ended("once"))
 
 
-def test_a_job_without_run_spec_or_on_an_unknown_node_is_lost(harness: Harness) -> None:
+def test_a_job_without_run_spec_fails_for_good_and_one_on_an_unknown_node_is_lost(harness: Harness) -> None:
     backend = harness.backend()
     backend.launch(harness.launch("norun", None))
     stray = harness.launch("stray", harness.run("exit", "0"))
     stray = Launch(stray.job, 1, (WorkerPlacement("elsewhere", (GpuShare(0),)),))
     backend.launch(stray)
     seen = wait_for(backend, lambda seen: ended("norun")(seen) and ended("stray")(seen))
-    assert "no run spec" in only(seen, "norun", K.LOST).detail
+    norun = only(seen, "norun", K.EXITED)
+    assert norun.exit_code == 127
+    assert "no command" in norun.detail
     lost = only(seen, "stray", K.LOST)
     assert "'elsewhere'" in lost.detail
     assert "to fix" in lost.detail

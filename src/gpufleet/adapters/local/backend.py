@@ -137,7 +137,9 @@ class LocalBackend:
             return
         run = job.run
         if run is None:
-            self._lose(key, "the job has no run spec (no command), so the local executor has nothing to run")
+            # Not something a retry can fix: it ends failed (127, as a shell says of a missing command).
+            self._finished.add(key)
+            self._emit(key, ObservationKind.EXITED, exit_code=127, detail="the job has no command to run")
             return
         port: int | None = None
         try:
