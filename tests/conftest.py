@@ -1,12 +1,15 @@
-"""Session fixtures shared by every test folder: a private PostgreSQL server (see tests/kit/postgres.py)."""
+"""Session fixtures shared by every test folder: a private PostgreSQL server (see tests/kit/postgres.py) and
+our fake NVML library (tests/telemetry/fakenvml)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.kit.postgres import OPT_OUT, PostgresServer, PostgresUnavailableError, opted_out
+from tests.telemetry.fakenvml import build_library
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +35,12 @@ def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
     url = postgres_server.create_database()
     yield url
     postgres_server.drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding our fake libnvidia-ml.so.1 (emulation, built with gcc once per test session)."""
+    try:
+        return build_library(tmp_path_factory.mktemp("fakenvml"))
+    except RuntimeError as exc:
+        pytest.fail(str(exc))

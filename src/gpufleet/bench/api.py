@@ -46,23 +46,27 @@ class LocalServer:
     def __init__(
         self,
         data_dir: Path,
-        emulate: str = "8xA100-80GB",
+        emulate: str | None = "8xA100-80GB",
         extra: tuple[str, ...] = (),
         token: str | None = None,
         port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """`token`: the admin token of an earlier start on the same data directory (a restart prints none)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
-        env = {**os.environ, "GPUFLEET_CLIENT_CONFIG": str(data_dir / "client.toml"), "COLUMNS": "200"}
+        env = {**os.environ, "GPUFLEET_CLIENT_CONFIG": str(data_dir / "client.toml"), "COLUMNS": "200", **(env or {})}
         self.log_path = data_dir / "server.log"
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.log = open(self.log_path, "a")  # noqa: SIM115 - closed in stop()
         self._known_token = token
         command = [sys.executable, "-m", "gpufleet", "up", "--data-dir", str(data_dir), "--port", str(self.port)]
         self.process = subprocess.Popen(
-            [*command, "--emulate", emulate, *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env
+            [*command, *(["--emulate", emulate] if emulate else []), *extra],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         self.token = self._wait_ready()
 
