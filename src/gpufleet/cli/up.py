@@ -57,6 +57,15 @@ def up(
             "adopted by the next start.",
         ),
     ] = False,
+    sample_interval: Annotated[
+        float, typer.Option(min=0.01, help="Seconds between two samples of every GPU (telemetry).")
+    ] = 5.0,
+    idle_threshold: Annotated[
+        float, typer.Option(min=0.01, max=100, help="A held GPU under this utilisation (%) is idle ...")
+    ] = 5.0,
+    idle_window: Annotated[
+        float, typer.Option(min=0.01, help="... and flagged reserved-but-idle after this many seconds.")
+    ] = 1800.0,
 ) -> None:
     """Start the control plane: HTTP API, scheduling loop and local executor, on embedded defaults."""
     from gpufleet.server.runtime import ControlPlane, UpSettings
@@ -73,6 +82,9 @@ def up(
         inventory_file=inventory,
         policy=policy,
         stop_jobs_on_exit=stop_jobs,
+        sample_interval_s=sample_interval,
+        idle_threshold_pct=idle_threshold,
+        idle_window_s=idle_window,
     )
     try:
         plane = ControlPlane(settings)

@@ -93,7 +93,7 @@ def _known_fields(request: Request) -> tuple[str, ...]:
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
-    from gpufleet.server import routes_admin, routes_jobs
+    from gpufleet.server import routes_admin, routes_jobs, routes_telemetry
 
     app = FastAPI(
         title="gpufleet",
@@ -165,4 +165,5 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     app.include_router(routes_jobs.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_admin.router, prefix="/v1", responses=ERRORS)
+    app.include_router(routes_telemetry.router, prefix="/v1", responses=ERRORS)
     return app

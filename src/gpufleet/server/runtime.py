@@ -17,17 +17,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from gpufleet.adapters.clock import WallClock
 from gpufleet.adapters.local.backend import LocalBackend
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
-from gpufleet.control.reconciler import Reconciler
+from gpufleet.control.reconciler import Reconciler, StepReport
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.quotas import DEFAULT_QUEUE, QueueSpec
 from gpufleet.policies.catalog import profile
 from gpufleet.server.context import ApiContext
+
+if TYPE_CHECKING:
+    from gpufleet.server.telemetry import Telemetry
 
 log = logging.getLogger("gpufleet.up")
 
@@ -47,6 +50,10 @@ class UpSettings:
     exit_grace_s: float = 10.0
     busy_tick_s: float = 0.02  # loop period while jobs are starting or stopping
     idle_tick_s: float = 0.2  # loop period otherwise (API calls wake it at once)
+    sample_interval_s: float = 5.0  # GPU telemetry: how often every GPU is sampled
+    idle_threshold_pct: float = 5.0  # a held GPU under this utilisation ...
+    idle_window_s: float = 1800.0  # ... for this long is flagged reserved-but-idle
+    usage_flush_s: float = 60.0  # how often measured GPU usage is added to the store
     min_step_s: float = 0.01  # under a burst of API calls, one step per this long decides them together
 
     @property
@@ -64,7 +71,7 @@ class Inventory:
 
 def discover_inventory(settings: UpSettings) -> Inventory:
     """The GPUs this control plane schedules: NVML's, or an emulated inventory the user asked for."""
-    hostname = socket.gethostname().split(".")[0] or "localhost"
+    hostname = _hostname()
     if settings.emulate and settings.inventory_file:
         raise GpufleetError("both --emulate and --inventory were given", "give one of them")
     if settings.emulate:
@@ -79,6 +86,22 @@ def discover_inventory(settings: UpSettings) -> Inventory:
     from gpufleet.adapters.nvml.discovery import discover_nodes
 
     return Inventory(discover_nodes(hostname), False, "nvml")
+
+
+def _hostname() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def _telemetry(settings: UpSettings, store: SqlStore, inventory: Inventory, hostname: str) -> Telemetry:
+    from gpufleet.server.telemetry import Telemetry, TelemetrySettings
+
+    options = TelemetrySettings(
+        interval_s=settings.sample_interval_s,
+        idle_threshold_pct=settings.idle_threshold_pct,
+        idle_window_s=settings.idle_window_s,
+        flush_interval_s=settings.usage_flush_s,
+    )
+    return Telemetry(store, inventory.nodes, emulated=inventory.emulated, hostname=hostname, settings=options)
 
 
 class DataDirLock:
@@ -110,9 +133,15 @@ class LoopThread(threading.Thread):
     once when woken (a submit, a cancel, a quota change)."""
 
     def __init__(
-        self, reconciler: Reconciler, busy_tick_s: float, idle_tick_s: float, min_step_s: float = 0.01
+        self,
+        reconciler: Reconciler,
+        busy_tick_s: float,
+        idle_tick_s: float,
+        min_step_s: float = 0.01,
+        observer: Callable[[Reconciler, StepReport, float], None] | None = None,
     ) -> None:
         super().__init__(name="gpufleet-loop", daemon=True)
+        self.observer = observer  # told after every step, in this thread (telemetry reads the loop's state)
         self.reconciler = reconciler
         self.busy_tick_s = busy_tick_s
         self.idle_tick_s = idle_tick_s
@@ -147,6 +176,11 @@ class LoopThread(threading.Thread):
                 self._halt.wait(1.0)
                 continue
             self.steps += 1
+            if self.observer is not None:
+                try:
+                    self.observer(self.reconciler, report, self.reconciler.clock.now())
+                except Exception:
+                    log.exception("loop observer failed; the loop carries on")
             now = time.monotonic()
             if report.placed or report.preempted or report.stopped or report.observed:
                 # Started/exited observations follow launches and stops within moments: look often.
@@ -175,7 +209,15 @@ class ControlPlane:
                 settings.data_dir / "jobs", self.inventory.nodes, self.clock, emulated=self.inventory.emulated
             )
             self.reconciler = Reconciler(self.store, self.backend, self.clock, profile(settings.policy))
-            self.loop = LoopThread(self.reconciler, settings.busy_tick_s, settings.idle_tick_s, settings.min_step_s)
+            self.telemetry = _telemetry(settings, self.store, self.inventory, hostname=_hostname())
+            self.loop = LoopThread(
+                self.reconciler,
+                settings.busy_tick_s,
+                settings.idle_tick_s,
+                settings.min_step_s,
+                observer=self.telemetry.observer.after_step,
+            )
+            self.telemetry.wake = self.loop.wake
             self.context = ApiContext(
                 store=self.store,
                 clock=self.clock,
@@ -184,6 +226,8 @@ class ControlPlane:
                 emulated=self.inventory.emulated,
                 inventory_source=self.inventory.source,
                 policy=settings.policy,
+                metrics=self.telemetry.metrics,
+                extra={"telemetry": self.telemetry},
             )
         except BaseException:
             self.lock.release()
@@ -203,6 +247,7 @@ class ControlPlane:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signo, _frame: stopped_by.append(signo))
         self.loop.start()
+        self.telemetry.start()
         try:
             if on_ready is not None:
                 _call_when_started(server, on_ready)
@@ -221,6 +266,7 @@ class ControlPlane:
         self.loop.stop()
         if self.loop.is_alive():
             self.loop.join(timeout=10)
+        self.telemetry.stop()
         try:
             if self.settings.stop_jobs_on_exit:
                 self._stop_jobs()

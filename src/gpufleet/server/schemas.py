@@ -287,3 +287,128 @@ class TokenCreatedOut(TokenOut):
 
 class TokensOut(BaseModel):
     tokens: list[TokenOut]
+
+
+# --------------------------------------------------------------------------------------- telemetry
+
+
+class IdlePolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy: Literal["notify", "reclaim", "none"] = Field(
+        description="What a reserved-but-idle job of the queue gets: notify (flag it), reclaim (requeue it if "
+        "preemptible), none."
+    )
+
+
+class IdlePolicyOut(BaseModel):
+    queue: str
+    policy: str
+
+
+class GpuNowOut(BaseModel):
+    """One GPU's last sample and who holds it. `low_for_s`: how long it has read under the idle threshold."""
+
+    node: str
+    index: int
+    uuid: str
+    model: str
+    model_name: str
+    probe: str
+    at: float
+    util: float | None
+    mem_util: float | None
+    memory_used: int | None
+    memory_total: int | None
+    power_w: float | None
+    temperature_c: float | None
+    job_id: str
+    queue: str
+    jobs: list[str]
+    low_for_s: float | None
+    idle: bool
+
+
+class QueueNowOut(BaseModel):
+    """One queue now: waiting jobs and how long the oldest has waited, GPUs held, used and held idle."""
+
+    queue: str
+    pending: int
+    running: int
+    oldest_wait_s: float | None
+    median_wait_s: float | None
+    allocated_gpus: float
+    used_gpus: float
+    reserved_idle_gpus: float
+    idle_policy: str
+
+
+class TelemetryOut(BaseModel):
+    probe: str
+    emulated: bool
+    inventory_source: str
+    interval_s: float
+    idle_threshold_pct: float
+    idle_window_s: float
+    now: float
+    sampled_at: float | None
+    gpus: list[GpuNowOut]
+    queues: list[QueueNowOut]
+
+
+class JobGpuOut(BaseModel):
+    node: str
+    index: int
+    fraction: float
+    util: float | None
+    low_since: float | None
+    flagged: bool
+
+
+class IdleFlagOut(BaseModel):
+    flagged_at: float
+    idle_since: float
+    policy: str
+    action: str
+    reason: str
+
+
+class JobUsageOut(BaseModel):
+    """A job's measured GPU use: GPU-seconds held with a reading (sampled), utilisation-weighted (used) and held
+    while flagged idle; whether it is reserved-but-idle now, and its last flag (kept after it ends)."""
+
+    job_id: str
+    queue: str
+    state: str
+    probe: str
+    emulated: bool
+    idle_threshold_pct: float
+    idle_window_s: float
+    idle_policy: str
+    reserved_idle: bool
+    idle_since: float | None
+    gpus: list[JobGpuOut]
+    sampled_gpu_seconds: float
+    used_gpu_seconds: float
+    reserved_idle_gpu_seconds: float
+    last_flag: IdleFlagOut | None
+
+
+class UsageQueueOut(BaseModel):
+    queue: str
+    jobs: int
+    allocated_gpu_hours: float
+    sampled_gpu_hours: float
+    used_gpu_hours: float
+    reserved_idle_gpu_hours: float
+    utilisation: float | None = Field(description="used / sampled GPU-hours, 0..1; None without samples")
+
+
+class UsageOut(BaseModel):
+    since: float
+    until: float
+    probe: str | None
+    emulated: bool
+    queues: list[UsageQueueOut]
+    total: UsageQueueOut
+    notes: list[str]
