@@ -8,10 +8,12 @@ No I/O, no clock, no randomness: the same input gives a byte-identical result (`
 from __future__ import annotations
 
 import dataclasses
+import gc
 import heapq
 import json
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
@@ -116,27 +118,46 @@ class _Cycle:
         self.no_victims: dict[tuple[object, ...], Status] = {}
         self.searches: dict[str, int] = defaultdict(int)
         self.failed: dict[tuple[object, ...], Status] = {}
-        # Per queue: (request, gang size, priority) -> the status every such job gets for the rest of
-        # the cycle, once one of them failed without side effects (see `settle_known`).
-        self.known: dict[str, dict[tuple[object, ...], Status]] = defaultdict(dict)
+        # Jobs of one queue with equal requests, gang size and priority form a class (numbered here).
+        # Once one of them failed without side effects, every later one gets the same status for the
+        # rest of the cycle (see `settle_known`): class number -> that status.
+        self.classes: dict[tuple[object, ...], int] = {}
+        self.known: dict[int, Status] = {}
         # Jobs that may have victims stopping for them: they always take the full path.
         self.claimants = {j for j, victims in state.evicting_for.items() if victims}
 
-    def settle_known(self, queue: str, stack: list[tuple[SortKey, Job]]) -> None:
+    def class_of(self, job: Job) -> int:
+        # The request's fields rather than the request: equal tuples of ints compare in C, while
+        # equal-but-distinct requests would run the dataclass's Python `__eq__` on every look-up.
+        r = job.request
+        key = (
+            job.queue,
+            r.gpus,
+            r.gpu_milli,
+            r.gpu_memory,
+            r.cpu_milli,
+            r.memory,
+            r.models,
+            job.min_workers or job.workers,
+            job.priority,
+        )
+        return self.classes.setdefault(key, len(self.classes))
+
+    def settle_known(self, stack: list[tuple[SortKey, int, Job]]) -> None:
         """Give the next jobs of a queue whose outcome is already known their status, without a turn.
 
         Caches only grow within a cycle, so a job whose (request, gang, priority) already failed in its
         queue, with no victims found or tried for it, fails again the same way; deciding it changes
         nothing. Taking such jobs off the stack now, before jobs of other queues that rank between them,
         gives the same result as deciding them in their turn."""
-        known = self.known.get(queue)
+        known = self.known
         if not known:
             return
         waiting = self.waiting
         claimants = self.claimants
         while stack:
-            job = stack[-1][1]
-            status = known.get((job.request, job.min_workers or job.workers, job.priority))
+            _, job_class, job = stack[-1]
+            status = known.get(job_class)
             if status is None or job.id in claimants:
                 return
             stack.pop()
@@ -183,7 +204,7 @@ class _Cycle:
         else:
             settled = True
         if settled:
-            self.known[job.queue][(job.request, job.gang_size, job.priority)] = status
+            self.known[self.class_of(job)] = status
         self.waiting[job.id] = status
         return False
 
@@ -282,9 +303,29 @@ class _Cycle:
             state.extend(job.id, outcome)
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for one cycle.
+
+    A cycle allocates many short-lived objects (sort keys, statuses, placements); each time enough
+    pile up, the collector walks the long-lived ones too (snapshot, jobs, holdings), which cost about
+    a tenth of a large cycle. Reference counting still frees everything at once; only reference
+    cycles wait until the collector runs again after the cycle. Nested or concurrent calls are safe:
+    only the call that paused it turns it back on."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def run_cycle(snapshot: ClusterSnapshot, pending: Sequence[Job], profile: Profile) -> CycleResult:
     """Decide one scheduling cycle. Pure: reads its inputs only, returns decisions as data."""
-    return decide(CycleState(snapshot), pending, profile, snapshot.nominated)
+    with _collector_paused():
+        return decide(CycleState(snapshot), pending, profile, snapshot.nominated)
 
 
 def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominated: Sequence[JobId] = ()) -> CycleResult:
@@ -292,6 +333,11 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
 
     The state is consumed: it holds the cycle's decisions afterwards.
     """
+    with _collector_paused():
+        return _decide(state, pending, profile, nominated)
+
+
+def _decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominated: Sequence[JobId]) -> CycleResult:
     cycle = _Cycle(state, profile)
     known_queues = set(state.ledger.queues)
     holdings = state.holdings
@@ -319,10 +365,11 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
 
     order = profile.order
     job_key = order.job_key
-    queues: dict[str, list[tuple[SortKey, Job]]] = {}
+    class_of = cycle.class_of
+    queues: dict[str, list[tuple[SortKey, int, Job]]] = {}
     for name, jobs in by_queue.items():
-        keyed = [((*job_key(j, state), j.submit_seq, j.id), j) for j in jobs]
-        keyed.sort(reverse=True)  # keys are unique (they end with the job id): jobs are never compared
+        keyed = [((*job_key(j, state), j.submit_seq, j.id), class_of(j), j) for j in jobs]
+        keyed.sort(reverse=True)  # keys are unique (they end with the job id): nothing else is compared
         queues[name] = keyed  # a stack: the next job is last
     queue_keys: dict[str, tuple[int, SortKey]] = {}
 
@@ -344,7 +391,7 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
     while heap:
         _, name = heapq.heappop(heap)
         stack = queues[name]
-        _, job = stack.pop()
+        _, _, job = stack.pop()
         placed = cycle.decide(job)
         head_status = cycle.waiting.get(job.id)
         if not placed and profile.strict_fifo and head_status is not None and head_status.code is not Code.UNRESOLVABLE:
@@ -353,7 +400,7 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
                 Code.WAIT, (f"behind job {job.id} in queue {name} (strict FIFO)",), PLUGIN, head_status.wake
             )
             verdicts: dict[tuple[object, ...], Status] = {}
-            for _, behind in stack:
+            for _, _, behind in stack:
                 # A job that can never run says so now, rather than waiting its turn to find out.
                 request_key = (behind.request, behind.gang_size)
                 verdict = verdicts.get(request_key)
@@ -362,7 +409,7 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
                 cycle.waiting[behind.id] = verdict if verdict.code is Code.UNRESOLVABLE else behind_head
             stack.clear()
         elif stack and not profile.strict_fifo:
-            cycle.settle_known(name, stack)
+            cycle.settle_known(stack)
         if stack:
             heapq.heappush(heap, rank(name))
 

@@ -120,13 +120,18 @@ class QuotaLedger:
     def add(self, queue: str, usage: Usage, sign: int = 1) -> None:
         self.version[queue] += 1
         spec = self.queues.get(queue)
+        cohort = spec.cohort if spec is not None else None
         row = self.usage[queue]
         for key, amount in usage.items():
             before = row[key]
-            row[key] = before + sign * amount
-            if spec is not None and spec.cohort is not None:
-                delta = self._over_guaranteed(queue, key, row[key]) - self._over_guaranteed(queue, key, before)
-                self.pool_used[(spec.cohort, key)] += delta
+            after = before + sign * amount
+            row[key] = after
+            if cohort is not None:
+                quota = self.quota(queue, key)
+                if quota is None or quota.nominal is None:
+                    continue  # an unlimited quota does not draw on the cohort's pool
+                guaranteed = quota.guaranteed
+                self.pool_used[(cohort, key)] += max(0, after - guaranteed) - max(0, before - guaranteed)
 
     def used(self, queue: str, key: str) -> int:
         return self.usage[queue][key] if queue in self.usage else 0

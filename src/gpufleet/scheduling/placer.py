@@ -52,6 +52,12 @@ def largest_group(state: CycleState, usable: BoolArray, rows: Rows) -> IntArray:
     table = state.table
     if table.nvlink_groups == 1:
         return rows_count(usable)
+    if table.nvlink_block:
+        per_group = np.add.reduce(
+            usable.reshape(len(usable), table.nvlink_groups, table.nvlink_block), axis=2, dtype=np.int64
+        )
+        result: IntArray = np.maximum.reduce(per_group, axis=1)
+        return result
     best: IntArray | None = None
     for mask in table.nvlink_masks:
         count = rows_count(usable & mask[rows])
@@ -81,7 +87,7 @@ def evaluate(profile: Profile, view: JobView, state: CycleState) -> Evaluation:
         state.evaluations[key] = entry
         return entry
     if entry.clock != table.clock:
-        dirty = np.flatnonzero(table.version > entry.clock)
+        dirty = (table.version > entry.clock).nonzero()[0]
         if len(dirty):
             usable, passed, _ = run_filters(profile, view, state, dirty)
             entry.usable[dirty] = usable

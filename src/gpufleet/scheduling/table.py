@@ -93,6 +93,15 @@ class NodeTable:
         self.nvlink_groups = int(self.gpu_nvlink.max()) + 1 if width else 1
         # Per NVLink group: the GPU slots in it (for "most usable GPUs inside one group").
         self.nvlink_masks = [self.gpu_exists & (self.gpu_nvlink == g) for g in range(self.nvlink_groups)]
+        # The usual layout: group g is the g-th block of equal size in every node's slots; then the
+        # per-group counts are one reshape away. 0 when nodes differ.
+        block = width // self.nvlink_groups if width and width % self.nvlink_groups == 0 else 0
+        if block and not np.array_equal(
+            self.gpu_nvlink[self.gpu_exists],
+            (np.arange(width)[None, :] // block).repeat(n_nodes, axis=0)[self.gpu_exists],
+        ):
+            block = 0
+        self.nvlink_block = block
         # Per node, total milli-GPU capacity: the denominator of packing scores.
         self.gpu_milli_total = self.gpu_count * MILLI_PER_GPU
         self.node_milli_free = self.gpu_milli_total.copy()
@@ -144,10 +153,19 @@ class NodeTable:
         self.version[i] = self.clock
         self.cpu_free[i] += sign * worker.cpu_milli
         self.mem_free[i] += sign * worker.memory
-        for share in worker.gpus:
-            self.node_milli_free[i] += sign * share.milli
-            self.gpu_milli_free[i, share.index] += sign * share.milli
-            self.gpu_mem_free[i, share.index] += sign * share.memory
+        shares = worker.gpus
+        if len(shares) <= 2 or len({share.index for share in shares}) < len(shares):
+            for share in shares:
+                self.node_milli_free[i] += sign * share.milli
+                self.gpu_milli_free[i, share.index] += sign * share.milli
+                self.gpu_mem_free[i, share.index] += sign * share.memory
+            return
+        # Several distinct GPUs: one vectorised update per array.
+        gpus = [share.index for share in shares]
+        milli = [sign * share.milli for share in shares]
+        self.node_milli_free[i] += sum(milli)
+        self.gpu_milli_free[i, gpus] += milli
+        self.gpu_mem_free[i, gpus] += [sign * share.memory for share in shares]
 
     def apply_many(self, workers: Sequence[WorkerPlacement], sign: int) -> None:
         """`apply` for many workers at once, with a few vectorised updates instead of one per share."""
@@ -155,29 +173,22 @@ class NodeTable:
             for worker in workers:
                 self.apply(worker, sign)
             return
-        index = self.index
-        nodes = [index[w.node] for w in workers]
-        share_nodes: list[int] = []
-        share_gpus: list[int] = []
-        share_milli: list[int] = []
-        share_mem: list[int] = []
-        for node, worker in zip(nodes, workers, strict=True):
-            for share in worker.gpus:
-                share_nodes.append(node)
-                share_gpus.append(share.index)
-                share_milli.append(share.milli)
-                share_mem.append(share.memory)
-        node_array = np.asarray(nodes, dtype=np.int64)
-        np.add.at(self.cpu_free, node_array, sign * np.asarray([w.cpu_milli for w in workers], dtype=np.int64))
-        np.add.at(self.mem_free, node_array, sign * np.asarray([w.memory for w in workers], dtype=np.int64))
-        if share_nodes:
-            at = (np.asarray(share_nodes, dtype=np.int64), np.asarray(share_gpus, dtype=np.int64))
-            milli = sign * np.asarray(share_milli, dtype=np.int64)
+        self.apply_flat(WorkerArrays.of(self, workers), sign)
+
+    def apply_flat(self, flat: WorkerArrays, sign: int) -> None:
+        """`apply_many` for workers already laid out as arrays."""
+        if not len(flat.node):
+            return
+        np.add.at(self.cpu_free, flat.node, sign * flat.cpu)
+        np.add.at(self.mem_free, flat.node, sign * flat.memory)
+        if len(flat.share_node):
+            at = (flat.share_node, flat.share_gpu)
+            milli = sign * flat.share_milli
             np.add.at(self.gpu_milli_free, at, milli)
-            np.add.at(self.gpu_mem_free, at, sign * np.asarray(share_mem, dtype=np.int64))
-            np.add.at(self.node_milli_free, at[0], milli)
+            np.add.at(self.gpu_mem_free, at, sign * flat.share_memory)
+            np.add.at(self.node_milli_free, flat.share_node, milli)
         self.clock += 1
-        self.version[node_array] = self.clock
+        self.version[flat.node] = self.clock
 
     def worker_fits_capacity(self, worker: WorkerPlacement) -> bool:
         """Whether the node still has room for this worker's exact shares (used to check a snapshot)."""
@@ -197,3 +208,91 @@ class NodeTable:
 
     def make_shares(self, node: int, indices: Iterable[int], milli: int, memory: int) -> tuple[GpuShare, ...]:
         return tuple(GpuShare(int(g), milli, memory) for g in indices)
+
+
+class WorkerArrays:
+    """Workers and their GPU shares as flat arrays (struct of arrays), each row tagged with its owner
+    (an integer the caller chooses, e.g. a job's position), so what many jobs hold is added or taken
+    with a few vectorised updates, and a subset of owners is picked with a mask."""
+
+    def __init__(
+        self,
+        owner: IntArray,
+        node: IntArray,
+        cpu: IntArray,
+        memory: IntArray,
+        share_owner: IntArray,
+        share_node: IntArray,
+        share_gpu: IntArray,
+        share_milli: IntArray,
+        share_memory: IntArray,
+    ) -> None:
+        self.owner = owner
+        self.node = node
+        self.cpu = cpu
+        self.memory = memory
+        self.share_owner = share_owner
+        self.share_node = share_node
+        self.share_gpu = share_gpu
+        self.share_milli = share_milli
+        self.share_memory = share_memory
+
+    @classmethod
+    def of(
+        cls, table: NodeTable, workers: Sequence[WorkerPlacement], owners: Sequence[int] | None = None
+    ) -> WorkerArrays:
+        """Lay out `workers` (owner k for `owners[k]`, or 0 for all)."""
+        index = table.index
+        owner: list[int] = []
+        nodes: list[int] = []
+        cpus: list[int] = []
+        mems: list[int] = []
+        share_owner: list[int] = []
+        share_nodes: list[int] = []
+        share_gpus: list[int] = []
+        share_milli: list[int] = []
+        share_mem: list[int] = []
+        for k, worker in enumerate(workers):
+            who = owners[k] if owners is not None else 0
+            node = index[worker.node]
+            owner.append(who)
+            nodes.append(node)
+            cpus.append(worker.cpu_milli)
+            mems.append(worker.memory)
+            for share in worker.gpus:
+                share_owner.append(who)
+                share_nodes.append(node)
+                share_gpus.append(share.index)
+                share_milli.append(share.milli)
+                share_mem.append(share.memory)
+
+        def array(values: list[int]) -> IntArray:
+            return np.asarray(values, dtype=np.int64)
+
+        return cls(
+            array(owner),
+            array(nodes),
+            array(cpus),
+            array(mems),
+            array(share_owner),
+            array(share_nodes),
+            array(share_gpus),
+            array(share_milli),
+            array(share_mem),
+        )
+
+    def subset(self, owners: BoolArray) -> WorkerArrays:
+        """The rows of the owners set in `owners` (a mask over owner numbers)."""
+        rows = owners[self.owner]
+        shares = owners[self.share_owner]
+        return WorkerArrays(
+            self.owner[rows],
+            self.node[rows],
+            self.cpu[rows],
+            self.memory[rows],
+            self.share_owner[shares],
+            self.share_node[shares],
+            self.share_gpu[shares],
+            self.share_milli[shares],
+            self.share_memory[shares],
+        )

@@ -15,7 +15,7 @@ from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.scheduling.plugins import JobView
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.status import SUCCESS, Status, unresolvable, unschedulable
-from gpufleet.scheduling.table import BoolArray, IntArray
+from gpufleet.scheduling.table import BoolArray, IntArray, rows_count
 
 NAME = "gang"
 
@@ -48,7 +48,9 @@ class GangAdmission:
         ever = state.memo(("gang.ever", job.request, job.gang_size), lambda: self._ever(view, state))
         if not ever.ok or job.gang_size == 1:
             return ever
-        return self._now(view, state)
+        return state.current(
+            ("gang.now", job.request, job.gang_size, view.model_lut.tobytes()), lambda: self._now(view, state)
+        )
 
     def _ever(self, view: JobView, state: CycleState) -> Status:
         """Whether the request could fit in the whole cluster at all: depends on capacity only."""
@@ -96,12 +98,16 @@ class GangAdmission:
         request = job.request
         table = state.table
         if request.gpus:
-            free = _capable_gpus(view.model_lut, request.gpu_memory, state) & table.schedulable[:, None]
+            lut = view.model_lut
+            capable = state.memo(
+                ("gang.capable_schedulable", lut.tobytes(), request.gpu_memory),
+                lambda: _capable_gpus(lut, request.gpu_memory, state) & table.schedulable[:, None],
+            )
             if request.fractional:
-                free = free & (table.gpu_milli_free >= request.gpu_milli)
+                free = capable & (table.gpu_milli_free >= request.gpu_milli)
             else:
-                free = free & (table.gpu_milli_free == MILLI_PER_GPU)
-            now = int(_workers_per_node(view, state, free.sum(axis=1)).sum())
+                free = capable & (table.gpu_milli_free == MILLI_PER_GPU)
+            now = int(np.add.reduce(_workers_per_node(view, state, rows_count(free))))
         else:
             now = int(_workers_per_node(view, state, np.zeros(len(table), dtype=np.int64))[table.schedulable].sum())
         if now < job.gang_size:

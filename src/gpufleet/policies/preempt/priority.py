@@ -27,7 +27,7 @@ from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.scheduling.plugins import JobView, Trial, VictimChoice
 from gpufleet.scheduling.state import CycleState, Holding
 from gpufleet.scheduling.status import Code, Status, unschedulable, wait
-from gpufleet.scheduling.table import BoolArray, IntArray, rows_count
+from gpufleet.scheduling.table import BoolArray, IntArray, WorkerArrays, rows_count
 
 NAME = "priority"
 NODES_TRIED = 32
@@ -88,29 +88,35 @@ def _potential_workers(job: Job, state: CycleState, candidates: list[Holding]) -
     gpu_mem = table.gpu_mem_free.copy()
     cpu = table.cpu_free.copy()
     mem = table.mem_free.copy()
-    index = table.index
-    for holding in candidates:
-        for worker in holding.workers:
-            node = index[worker.node]
-            cpu[node] += worker.cpu_milli
-            mem[node] += worker.memory
-            for share in worker.gpus:
-                milli[node, share.index] += share.milli
-                gpu_mem[node, share.index] += share.memory
+    held = state.arrays_of([h.job.id for h in candidates])
+    if held is None:
+        held = WorkerArrays.of(table, [w for h in candidates for w in h.workers])
+    # Integer sums: adding all at once gives exactly what adding one by one does.
+    np.add.at(cpu, held.node, held.cpu)
+    np.add.at(mem, held.node, held.memory)
+    at = (held.share_node, held.share_gpu)
+    np.add.at(milli, at, held.share_milli)
+    np.add.at(gpu_mem, at, held.share_memory)
     workers = np.where(_capable_nodes(job, state), 1 << 20, 0).astype(np.int64)
     if request.cpu_milli:
         workers = np.minimum(workers, cpu // request.cpu_milli)
     if request.memory:
         workers = np.minimum(workers, mem // request.memory)
     if request.gpus:
-        lut = table.model_lut(request.models)
-        usable = lut[table.gpu_model] & table.gpu_exists & (table.gpu_mem_total >= request.gpu_memory)
+        usable = state.memo(
+            ("preempt.capable_gpus", request.models, request.gpu_memory),
+            lambda: (
+                table.spec_lut(request.models)[table.gpu_model]
+                & table.gpu_exists
+                & (table.gpu_mem_total >= request.gpu_memory)
+            ),
+        )
         if request.fractional:
-            usable &= (milli >= request.gpu_milli) & (gpu_mem >= request.gpu_memory)
-            workers = np.minimum(workers, rows_count(usable))
+            free = usable & (milli >= request.gpu_milli) & (gpu_mem >= request.gpu_memory)
+            workers = np.minimum(workers, rows_count(free))
         else:
-            usable &= milli == MILLI_PER_GPU
-            workers = np.minimum(workers, rows_count(usable) // request.gpus)
+            free = usable & (milli == MILLI_PER_GPU)
+            workers = np.minimum(workers, rows_count(free) // request.gpus)
     return np.asarray(workers, dtype=np.int64)
 
 
@@ -175,13 +181,21 @@ class PriorityPreemption:
         candidates, reasons = self.candidates(job, state, demand, quota_ok)
         if not candidates:
             return _refusal(blocked_by, "no job that may be preempted for it holds what it needs")
-        candidates.sort(key=lambda h: (*self.cost(h, state), h.job.id))
+        # A victim's cost depends on the victim and the time only, not on the view: once per cycle.
+        known: dict[str, tuple[float, ...]] = state.per_cycle(("preempt.costs", self), dict)
+        costs: dict[str, tuple[float, ...]] = {}
+        for h in candidates:
+            cost = known.get(h.job.id)
+            if cost is None:
+                cost = known[h.job.id] = self.cost(h, state)
+            costs[h.job.id] = cost
+        candidates.sort(key=lambda h: (*costs[h.job.id], h.job.id))
         chosen: list[str] | None = None
         potential = _potential_workers(job, state, candidates)
         if int(np.minimum(potential, job.gang_size).sum()) < job.gang_size:
             return _refusal(blocked_by, f"preempting all {len(candidates)} eligible jobs would not make room")
         if job.gang_size == 1 and quota_ok:
-            chosen = self._on_one_node(job, state, trial, candidates, potential > 0)
+            chosen = self._on_one_node(job, state, trial, candidates, potential > 0, costs)
         if chosen is None:
             ids = [h.job.id for h in candidates]
             with state.without(ids):
@@ -219,7 +233,13 @@ class PriorityPreemption:
         return kept
 
     def _on_one_node(
-        self, job: Job, state: CycleState, trial: Trial, candidates: list[Holding], potential: BoolArray
+        self,
+        job: Job,
+        state: CycleState,
+        trial: Trial,
+        candidates: list[Holding],
+        potential: BoolArray,
+        costs: dict[str, tuple[float, ...]],
     ) -> list[str] | None:
         """The cheapest victim set that makes room on a single node, among the nodes that could host it."""
         index = state.table.index
@@ -231,8 +251,8 @@ class PriorityPreemption:
         ranked = sorted(
             per_node,
             key=lambda n: (
-                max(self.cost(h, state)[0] for h in per_node[n]),
-                sum(self.cost(h, state)[1] for h in per_node[n]),
+                max(costs[h.job.id][0] for h in per_node[n]),
+                sum(costs[h.job.id][1] for h in per_node[n]),
                 n,
             ),
         )
@@ -251,8 +271,13 @@ class PriorityPreemption:
             kept = self._reprieve(job, state, trial, removed)
             if not kept:
                 continue  # it would fit with nobody stopped here: not a victim set
-            costs = [self.cost(state.holdings[v], state) for v in kept]
-            key = (max(c[0] for c in costs), float(np.sum([c[1] for c in costs])), float(len(kept)), float(node))
+            kept_costs = [costs[v] for v in kept]
+            key = (
+                max(c[0] for c in kept_costs),
+                float(np.sum([c[1] for c in kept_costs])),
+                float(len(kept)),
+                float(node),
+            )
             if best is None or key < best[0]:
                 best = (key, kept)
         return best[1] if best else None
