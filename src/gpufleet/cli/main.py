@@ -10,9 +10,13 @@ from typing import Annotated
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli.commands_client import register_client_commands
+from gpufleet.cli.commands_client import quota_app, register_client_commands
+from gpufleet.cli.exporter import exporter as exporter_command
+from gpufleet.cli.report import idle_policy as idle_policy_command
+from gpufleet.cli.report import report_app
 from gpufleet.cli.sim import TRACES_ENV, traces_root
 from gpufleet.cli.sim import sim as sim_command
+from gpufleet.cli.top import top as top_command
 from gpufleet.cli.up import up as up_command
 from gpufleet.domain.errors import GpufleetError, WorkloadError
 
@@ -27,6 +31,10 @@ app.add_typer(bench_app, name="bench")
 app.command("sim")(sim_command)
 register_client_commands(app)
 app.command("up")(up_command)
+app.command("top")(top_command)
+app.command("exporter")(exporter_command)
+app.add_typer(report_app, name="report")
+quota_app.command("idle-policy")(idle_policy_command)
 
 
 def print_result(result: dict[str, object], as_json: bool) -> None:
@@ -132,6 +140,17 @@ def bench_store(
         fail(error)
         return
     print_result(result, as_json)
+
+
+@bench_app.command("telemetry")
+def bench_telemetry(
+    repeats: int = typer.Option(200, min=5, help="Repeats per timed operation (medians are reported)."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """Cost of one sample of 8 GPUs, of one /metrics scrape (8x8 GPUs, 1,000 jobs), CPU share at 5 s."""
+    from gpufleet.bench.telemetry import run_telemetry_bench
+
+    print_result(run_telemetry_bench(repeats), as_json)
 
 
 def main() -> None:  # pragma: no cover - console entry
