@@ -25,23 +25,37 @@ from gpufleet.scheduling.table import BoolArray, IntArray, NodeTable, WorkerArra
 
 T = TypeVar("T")
 
-# The last node inventory a state was built from, with its pristine table and capacity memo. A control
-# loop's cycles usually see the same inventory (the same tuple of frozen nodes) again and again; building
-# the table from it costs about as much as a small cycle. Keyed by identity: a tuple of frozen nodes that
-# is still alive (this entry holds it) always has the same content.
-_INVENTORY: list[tuple[tuple[object, ...], NodeTable, dict[tuple[object, ...], object]]] = []
+
+class _Inventory:
+    """The last node inventory a state was built from: its pristine table, the capacity memo, and what
+    was derived from each running job of the last snapshot.
+
+    A control loop's cycles usually see the same inventory (the same tuple of frozen nodes) and mostly
+    the same running jobs (the same frozen objects) again and again; deriving the table and the
+    holdings anew costs about as much as a small cycle. Keyed by identity: an object that is still
+    alive (this entry holds it) always has the same content, so a hit gives exactly what deriving
+    again would."""
+
+    def __init__(self, nodes: tuple[object, ...], table: NodeTable) -> None:
+        self.nodes = nodes
+        self.table = table
+        self.memo: dict[tuple[object, ...], object] = {}
+        self.running: dict[int, _RunningFacts] = {}
 
 
-def _capacity(nodes: object) -> tuple[NodeTable, dict[tuple[object, ...], object]]:
-    """A fresh table (all free) for this inventory and the memo shared by every state built from it."""
-    for cached, table, memo in _INVENTORY:
-        if cached is nodes:
-            return table.copy(), memo
+_INVENTORY: list[_Inventory] = []
+
+
+def _inventory(nodes: object) -> tuple[NodeTable, _Inventory]:
+    """A fresh table (all free) for this inventory, and its cache entry."""
+    for entry in _INVENTORY:
+        if entry.nodes is nodes:
+            return entry.table.copy(), entry
     fresh = NodeTable(nodes)  # type: ignore[arg-type]
-    memo = {}
+    entry = _Inventory(nodes, fresh.copy())  # type: ignore[arg-type]
     if type(nodes) is tuple:
-        _INVENTORY[:] = [(nodes, fresh.copy(), memo)]
-    return fresh, memo
+        _INVENTORY[:] = [entry]
+    return fresh, entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +86,21 @@ class Evaluation:
 SHIFT_ARRAYS_FROM = 16
 
 
+@dataclass(frozen=True, slots=True)
+class _RunningFacts:
+    """What a running job holds, derived once: its holding, and its workers laid out for `WorkerArrays`."""
+
+    running: RunningJob
+    holding: Holding
+    nodes: list[int]
+    cpus: list[int]
+    mems: list[int]
+    share_nodes: list[int]
+    share_gpus: list[int]
+    share_milli: list[int]
+    share_mems: list[int]
+
+
 def _running_id(running: RunningJob) -> JobId:
     return running.job.id
 
@@ -85,7 +114,8 @@ class CycleState:
         self.snapshot = snapshot
         self.now = snapshot.now
         self.seed = snapshot.seed
-        self.table, self._memo = _capacity(snapshot.nodes)
+        self.table, inventory = _inventory(snapshot.nodes)
+        self._memo = inventory.memo
         self.ledger = QuotaLedger(snapshot.queues)
         self.holdings: dict[JobId, Holding] = {}
         self.removed: set[JobId] = set()
@@ -105,16 +135,16 @@ class CycleState:
             "memory": int(self.table.mem_total.sum()),
         }
         ordered = sorted(snapshot.running, key=_running_id)
-        self._take_running(ordered)
+        facts = self._take_running(ordered, inventory)
         per_queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         holdings = self.holdings
-        usage_of = self.usage_of
-        for running in ordered:
+        for fact in facts:
+            running = fact.running
             job = running.job
-            usage = usage_of(running.workers)
-            holdings[job.id] = Holding(job, running.workers, tuple(sorted(usage.items())), running)
+            holding = fact.holding
+            holdings[job.id] = holding
             row = per_queue[job.queue]
-            for key, amount in usage.items():
+            for key, amount in holding.usage:
                 row[key] += amount
             if running.evicting_for is not None:
                 self.evicting.add(job.id)
@@ -124,33 +154,88 @@ class CycleState:
         for queue in sorted(per_queue):
             self.ledger.add(queue, per_queue[queue])
 
-    def _take_running(self, ordered: list[RunningJob]) -> None:
-        """Apply what running jobs hold to the table, refusing a snapshot that overcommits a node."""
-        table = self.table
-        index = table.index
-        gpu_count = table.gpu_count_list
-        for running in ordered:
-            for worker in running.workers:
-                node = index.get(worker.node)
-                if node is None:
+    def _facts(self, running: RunningJob) -> _RunningFacts:
+        """Check that a running job's workers exist in the inventory and derive what it holds."""
+        index = self.table.index
+        gpu_count = self.table.gpu_count_list
+        nodes: list[int] = []
+        cpus: list[int] = []
+        mems: list[int] = []
+        share_nodes: list[int] = []
+        share_gpus: list[int] = []
+        share_milli: list[int] = []
+        share_mems: list[int] = []
+        for worker in running.workers:
+            node = index.get(worker.node)
+            if node is None:
+                raise GpufleetError(
+                    f"job {running.id!r} runs on node {worker.node!r}, which is not in the snapshot",
+                    "include every node that has running jobs, or mark the job lost first",
+                )
+            count = gpu_count[node]
+            nodes.append(node)
+            cpus.append(worker.cpu_milli)
+            mems.append(worker.memory)
+            for share in worker.gpus:
+                if share.index >= count:
                     raise GpufleetError(
-                        f"job {running.id!r} runs on node {worker.node!r}, which is not in the snapshot",
-                        "include every node that has running jobs, or mark the job lost first",
+                        f"job {running.id!r} holds a GPU index that node {worker.node!r} does not have",
+                        "the store and the node inventory disagree; re-register the node",
                     )
-                count = gpu_count[node]
-                for share in worker.gpus:
-                    if share.index >= count:
-                        raise GpufleetError(
-                            f"job {running.id!r} holds a GPU index that node {worker.node!r} does not have",
-                            "the store and the node inventory disagree; re-register the node",
-                        )
-        workers: list[WorkerPlacement] = []
-        owners: list[int] = []
-        for k, running in enumerate(ordered):
-            for worker in running.workers:
-                workers.append(worker)
-                owners.append(k)
-        arrays = WorkerArrays.of(table, workers, owners)
+                share_nodes.append(node)
+                share_gpus.append(share.index)
+                share_milli.append(share.milli)
+                share_mems.append(share.memory)
+        usage = self.usage_of(running.workers)
+        holding = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
+        return _RunningFacts(running, holding, nodes, cpus, mems, share_nodes, share_gpus, share_milli, share_mems)
+
+    def _take_running(self, ordered: list[RunningJob], inventory: _Inventory) -> list[_RunningFacts]:
+        """Apply what running jobs hold to the table, refusing a snapshot that overcommits a node.
+        Nothing is applied before every job is checked."""
+        table = self.table
+        known = inventory.running
+        facts: list[_RunningFacts] = []
+        for running in ordered:
+            fact = known.get(id(running))
+            if fact is None or fact.running is not running:
+                fact = self._facts(running)
+            facts.append(fact)
+        inventory.running = {id(f.running): f for f in facts}
+        owner: list[int] = []
+        nodes: list[int] = []
+        cpus: list[int] = []
+        mems: list[int] = []
+        share_owner: list[int] = []
+        share_nodes: list[int] = []
+        share_gpus: list[int] = []
+        share_milli: list[int] = []
+        share_mems: list[int] = []
+        for k, fact in enumerate(facts):
+            owner.extend([k] * len(fact.nodes))
+            nodes.extend(fact.nodes)
+            cpus.extend(fact.cpus)
+            mems.extend(fact.mems)
+            share_owner.extend([k] * len(fact.share_nodes))
+            share_nodes.extend(fact.share_nodes)
+            share_gpus.extend(fact.share_gpus)
+            share_milli.extend(fact.share_milli)
+            share_mems.extend(fact.share_mems)
+
+        def array(values: list[int]) -> IntArray:
+            return np.asarray(values, dtype=np.int64)
+
+        arrays = WorkerArrays(
+            array(owner),
+            array(nodes),
+            array(cpus),
+            array(mems),
+            array(share_owner),
+            array(share_nodes),
+            array(share_gpus),
+            array(share_milli),
+            array(share_mems),
+        )
         table.apply_flat(arrays, -1)
         # Kept for victim searches and what-ifs: `ordered` is the order of the holdings built next.
         self._running_arrays = ({r.job.id: k for k, r in enumerate(ordered)}, arrays)
@@ -169,6 +254,7 @@ class CycleState:
                             "the store holds overlapping allocations; repair them before scheduling",
                         )
                     check.apply(worker, -1)
+        return facts
 
     def fork(self, now: float) -> CycleState:
         """An independent working copy for one cycle at time `now`."""
@@ -379,11 +465,12 @@ class CycleState:
             # Many running jobs (a what-if over every candidate victim): vectorised, table and ledger.
             self.table.apply_flat(self.running_arrays()[1].subset(picked), sign)
             keys, usage, queues, queue_of = self._running_usage()
-            sums = np.zeros((len(queues), len(keys)), dtype=np.int64)
-            np.add.at(sums, queue_of[picked], usage[picked])
-            for q in np.unique(queue_of[picked]).tolist():  # queue names are sorted: so are their numbers
-                row = {key: amount for key, amount in zip(keys, sums[q].tolist(), strict=True) if amount}
-                self.ledger.add(queues[q], row, sign=-sign)
+            for q, queue in enumerate(queues):  # queue names are sorted
+                mine = picked & (queue_of == q)
+                if not mine.any():
+                    continue
+                sums: list[int] = np.add.reduce(usage[mine], axis=0, dtype=np.int64).tolist()
+                self.ledger.add(queue, {key: amount for key, amount in zip(keys, sums, strict=True) if amount}, -sign)
             return
         per_queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         workers: list[WorkerPlacement] = []

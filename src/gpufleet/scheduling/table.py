@@ -153,19 +153,17 @@ class NodeTable:
         self.version[i] = self.clock
         self.cpu_free[i] += sign * worker.cpu_milli
         self.mem_free[i] += sign * worker.memory
-        shares = worker.gpus
-        if len(shares) <= 2 or len({share.index for share in shares}) < len(shares):
-            for share in shares:
-                self.node_milli_free[i] += sign * share.milli
-                self.gpu_milli_free[i, share.index] += sign * share.milli
-                self.gpu_mem_free[i, share.index] += sign * share.memory
-            return
-        # Several distinct GPUs: one vectorised update per array.
-        gpus = [share.index for share in shares]
-        milli = [sign * share.milli for share in shares]
-        self.node_milli_free[i] += sum(milli)
-        self.gpu_milli_free[i, gpus] += milli
-        self.gpu_mem_free[i, gpus] += [sign * share.memory for share in shares]
+        if worker.gpus:
+            # Row views and one node total: scalar updates on 1-D views are the cheapest numpy offers.
+            milli_row = self.gpu_milli_free[i]
+            memory_row = self.gpu_mem_free[i]
+            total = 0
+            for share in worker.gpus:
+                milli = sign * share.milli
+                total += milli
+                milli_row[share.index] += milli
+                memory_row[share.index] += sign * share.memory
+            self.node_milli_free[i] += total
 
     def apply_many(self, workers: Sequence[WorkerPlacement], sign: int) -> None:
         """`apply` for many workers at once, with a few vectorised updates instead of one per share."""

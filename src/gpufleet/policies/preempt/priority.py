@@ -16,6 +16,7 @@ is not needed) and checked once more on the view.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import ClassVar
 
@@ -258,6 +259,8 @@ class PriorityPreemption:
         )
         best: tuple[tuple[float, ...], list[str]] | None = None
         for node in ranked[:NODES_TRIED]:
+            if best is not None and _lower_bound(node, per_node[node], costs) >= best[0]:
+                continue  # no victim set on this node can beat the best one: same choice, no search
             removed: list[str] = []
             for holding in per_node[node]:
                 state.remove(holding.job.id)
@@ -281,6 +284,18 @@ class PriorityPreemption:
             if best is None or key < best[0]:
                 best = (key, kept)
         return best[1] if best else None
+
+
+def _lower_bound(
+    node: int, holdings: list[Holding], costs: dict[str, tuple[float, ...]]
+) -> tuple[float, float, float, float]:
+    """No victim set on `node` (a non-empty subset of `holdings`) has a smaller choice key than this:
+    its highest first cost is at least the lowest there; when no second cost is negative, its sum
+    is at least the smallest one (floating-point sums of non-negative numbers never shrink)."""
+    firsts = [costs[h.job.id][0] for h in holdings]
+    seconds = [costs[h.job.id][1] for h in holdings]
+    least = min(seconds)
+    return (min(firsts), least if least >= 0 else -math.inf, 1.0, float(node))
 
 
 def _cohort(spec: QueueSpec | None) -> str | None:
