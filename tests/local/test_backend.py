@@ -193,9 +193,13 @@ def test_gang_member_failure_stops_the_others(harness: Harness) -> None:
     assert exited.exit_code == 3
     assert exited.detail == "worker 1 exited 3"
     for rank in (0, 2):
-        assert not pid_alive(harness.child_pid(launch, rank))
         code = harness.worker_file(launch, rank, "exit.json")
         assert code is not None
+        if harness.worker_file(launch, rank, "child.pid") is None:
+            # The stop came before this worker's command started (on a busy machine): it never ran.
+            assert code.get("not_started") is True
+            continue
+        assert not pid_alive(harness.child_pid(launch, rank))
         assert code["code"] == 128 + 15  # stopped by our SIGTERM
 
 
