@@ -151,3 +151,24 @@ def test_without_gpus_or_emulation_up_refuses_with_a_fix(tmp_path: Path) -> None
     assert result.returncode == 2
     assert "--emulate" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_stop_jobs_on_exit_stops_them_with_their_signal_and_puts_them_back_in_their_queue(tmp_path: Path) -> None:
+    live = start(tmp_path, "--stop-jobs")
+    try:
+        with live.http() as client:
+            job = live.submit(client, "wait-file", str(tmp_path / "never"), name="long", gpus=1, grace_period="5s")
+            live.wait_state(client, job, "running")
+        pid = live.wait_events("start", job)[0]["pid"]
+        assert live.server.stop() == 0
+        assert [e["how"] for e in live.events("end", job)] == ["signal"]
+        assert not alive(pid)
+        live.restart("--stop-jobs")
+        with live.http() as client:
+            events = client.get(f"/v1/jobs/{job}/events").json()["events"]
+            assert events[3]["target"] == "evicting"
+            assert "stopped with --stop-jobs" in events[3]["reason"]
+            assert events[4]["target"] == "pending"
+            live.wait_events("start", job, count=2)  # and it runs again after the restart
+    finally:
+        live.server.stop()
