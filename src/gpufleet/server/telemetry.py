@@ -263,7 +263,6 @@ class Telemetry:
         self.detector = IdleDetector(s.idle_threshold_pct, s.idle_window_s, max_gap_s=3 * s.interval_s)
         self.book = UsageBook(store)
         self.state = TickState()
-        self.actions: dict[str, str] = {}  # job -> what the idle policy did, for the job's usage view
         self.registry = make_registry(self.sampler, self)
         self.metrics = metrics_endpoint(self.registry)
         self.tick_seconds = 0.0
@@ -404,7 +403,6 @@ class Telemetry:
             action = "not reclaimed: the job is not preemptible"
         else:
             action = "notified" if policy is IdlePolicy.NOTIFY else "no action (policy none)"
-        self.actions[flag.job] = action
         if policy is not IdlePolicy.NONE:
             log.warning("job %s (queue %s) %s; policy %s: %s", flag.job, flag.queue, what, policy.value, action)
         record = {
