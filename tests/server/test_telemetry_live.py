@@ -228,10 +228,12 @@ def test_report_usage_matches_the_jobs_history_and_their_measured_use(live: Live
     row = next(q for q in report["queues"] if q["queue"] == "acct")
     assert row["jobs"] == 2
     assert row["allocated_gpu_hours"] * 3600 == pytest.approx(2 * held[busy] + held[idle], abs=1e-3)
-    # Measured use covers the sampled part of the same holds (a sample every 0.2 s).
+    # Measured use covers the sampled part of the same holds (a sample every 0.2 s). A job's last sample may
+    # land after its exit was observed and before the loop recorded it: up to one interval per GPU more.
     sampled = row["sampled_gpu_hours"] * 3600
     assert sampled == pytest.approx(sum(j["sampled_gpu_seconds"] for j in jobs.values()), rel=1e-6)
-    assert 0.7 * (2 * held[busy] + held[idle]) <= sampled <= 2 * held[busy] + held[idle] + 1e-6
+    allocated = 2 * held[busy] + held[idle]
+    assert 0.7 * allocated <= sampled <= allocated + 0.2 * 3
     assert row["used_gpu_hours"] * 3600 == pytest.approx(sum(j["used_gpu_seconds"] for j in jobs.values()), rel=1e-6)
     busy_use, idle_use = jobs[busy], jobs[idle]
     assert 0.85 <= busy_use["used_gpu_seconds"] / busy_use["sampled_gpu_seconds"] <= 0.99
