@@ -171,6 +171,19 @@ def test_prefers_the_lowest_priority_victim_over_less_lost_work() -> None:
     assert victims(decide(snap, HIGH8)) == {"y": "high"}
 
 
+def test_the_cheapest_victim_set_wins_even_on_a_node_ranked_later() -> None:
+    """Nodes are searched in order of what all their candidates would lose (node 1 first: 500 s,
+    against 1001 s on node 0), but the choice is the cheapest set that makes room: x alone on
+    node 0, losing 1 s. A node whose cheapest candidate cannot beat the best set is skipped; this
+    one can, so it is searched."""
+    snap = snapshot(
+        on(low("x", gpus=4), [(0, range(4))], last_checkpoint_at=999.0),
+        on(low("z", gpus=4), [(0, range(4, 8))]),
+        on(low("y"), [(1, range(8))], last_checkpoint_at=500.0),
+    )
+    assert victims(decide(snap, HIGH4)) == {"x": "high"}
+
+
 def test_a_gang_preempts_the_cheapest_set_on_several_nodes() -> None:
     snap = snapshot(
         on(low("x", 8, priority=2), [(0, range(8))]),

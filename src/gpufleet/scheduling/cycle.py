@@ -106,6 +106,23 @@ def _class_key(view: JobView) -> tuple[object, ...]:
     return (job.request, job.gang_size, view.model_lut.tobytes())
 
 
+def _request_key(job: Job) -> tuple[object, ...]:
+    """Queue, request and gang size of a job, as a key of per-cycle caches. The request's fields rather
+    than the request: equal tuples of ints compare in C, while equal-but-distinct requests would run
+    the dataclass's Python `__eq__` on every look-up."""
+    r = job.request
+    return (
+        job.queue,
+        r.gpus,
+        r.gpu_milli,
+        r.gpu_memory,
+        r.cpu_milli,
+        r.memory,
+        r.models,
+        job.min_workers or job.workers,
+    )
+
+
 class _Cycle:
     def __init__(self, state: CycleState, profile: Profile) -> None:
         self.profile = profile
@@ -115,7 +132,7 @@ class _Cycle:
         self.preemptions: list[Preemption] = []
         self.waiting: dict[JobId, Status] = {}
         self.unfit: dict[tuple[object, ...], Status] = {}
-        self.no_victims: dict[tuple[object, ...], Status] = {}
+        self.no_victims: dict[int, Status] = {}
         self.searches: dict[str, int] = defaultdict(int)
         self.failed: dict[tuple[object, ...], Status] = {}
         # Jobs of one queue with equal requests, gang size and priority form a class (numbered here).
@@ -127,8 +144,8 @@ class _Cycle:
         self.claimants = {j for j, victims in state.evicting_for.items() if victims}
 
     def class_of(self, job: Job) -> int:
-        # The request's fields rather than the request: equal tuples of ints compare in C, while
-        # equal-but-distinct requests would run the dataclass's Python `__eq__` on every look-up.
+        """The job's class number: its queue, request, gang size and priority (one flat tuple: this
+        runs for every pending job)."""
         r = job.request
         key = (
             job.queue,
@@ -171,7 +188,8 @@ class _Cycle:
         the same queue fails again: its status is reused instead of recomputed.
         """
         state = self.state
-        failed_key = (job.queue, job.request, job.gang_size)
+        failed_key = _request_key(job)
+        job_class = self.class_of(job)
         status = self.failed.get(failed_key)
         view: JobView | None = None
         if status is None:
@@ -200,20 +218,21 @@ class _Cycle:
             )
             return False
         if status.code is Code.UNSCHEDULABLE and self.profile.preempt is not None:
-            status, settled = self._preempt(job, view, status)
+            status, settled = self._preempt(job, view, status, job_class)
         else:
             settled = True
         if settled:
-            self.known[self.class_of(job)] = status
+            self.known[job_class] = status
         self.waiting[job.id] = status
         return False
 
-    def _preempt(self, job: Job, view: JobView | None, blocked_by: Status) -> tuple[Status, bool]:
+    def _preempt(self, job: Job, view: JobView | None, blocked_by: Status, key: int) -> tuple[Status, bool]:
         """Victims for the job, or why none: the status, and whether it holds for every later job of
-        the same queue, request, gang size and priority in this cycle (no victims were chosen)."""
+        the same queue, request, gang size and priority in this cycle (no victims were chosen).
+
+        Cached by the job's class (`key`): what blocked it is the class's one cached failure, so a
+        cached answer carries this job's reasons."""
         assert self.profile.preempt is not None
-        # Keyed by what blocked the job too: a cached answer carries its reasons, which must be this job's.
-        key = (job.queue, job.request, job.gang_size, job.priority, blocked_by)
         cached = self.no_victims.get(key)
         if cached is not None:
             return cached, True
@@ -365,10 +384,32 @@ def _decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominat
 
     order = profile.order
     job_key = order.job_key
-    class_of = cycle.class_of
+    classes = cycle.classes
+    number = classes.setdefault
     queues: dict[str, list[tuple[SortKey, int, Job]]] = {}
     for name, jobs in by_queue.items():
-        keyed = [((*job_key(j, state), j.submit_seq, j.id), class_of(j), j) for j in jobs]
+        # `class_of`, inlined: this runs for every pending job in every cycle.
+        keyed = [
+            (
+                (*job_key(j, state), j.submit_seq, j.id),
+                number(
+                    (
+                        j.queue,
+                        j.request.gpus,
+                        j.request.gpu_milli,
+                        j.request.gpu_memory,
+                        j.request.cpu_milli,
+                        j.request.memory,
+                        j.request.models,
+                        j.min_workers or j.workers,
+                        j.priority,
+                    ),
+                    len(classes),
+                ),
+                j,
+            )
+            for j in jobs
+        ]
         keyed.sort(reverse=True)  # keys are unique (they end with the job id): nothing else is compared
         queues[name] = keyed  # a stack: the next job is last
     queue_keys: dict[str, tuple[int, SortKey]] = {}
