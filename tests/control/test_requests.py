@@ -176,3 +176,21 @@ def test_the_loop_tells_the_backend_at_start_what_the_store_believes_is_running(
     fresh = ScriptedBackend()
     Reconciler(store, fresh, clock, profile("default"))
     assert [(launch.job.id, launch.attempt) for launch in fresh.adopted] == [("a", 1)]
+
+
+def test_a_reclaim_stops_an_idle_job_and_requeues_it_as_reclaimed_not_preempted() -> None:
+    store, backend, clock, loop = setup()
+    run_job(store, backend, loop, make_job("idle").gpus(8).build())
+    store.submit(make_job("waits").gpus(8).build(), at=1.0)
+    store.request("idle", RequestKind.RECLAIM, "reserved but idle: 8 GPU(s) under 5 % for 30 min", at=1.0)
+    clock.t = 1.0
+    loop.step()
+    assert store.get("idle").stop_cause is StopCause.RECLAIMED
+    backend.observe("idle", ObservationKind.STOPPED, 2.0)
+    clock.t = 2.0
+    loop.step()
+    reasons = [t.reason for t in store.history("idle")]
+    assert reasons[-2].startswith("reclaimed: reserved but idle")
+    assert "at the back of queue default" in reasons[-1]
+    assert store.get("idle").state is S.PENDING
+    assert store.get("waits").state is S.LAUNCHING

@@ -144,6 +144,9 @@ def test_metrics_label_each_gpu_with_its_job_and_prometheus_reads_them_back(live
         assert usage["reserved_idle_gpu_seconds"] >= WINDOW_S - 0.5
         assert client.get(f"/v1/jobs/{busy}/usage").json()["reserved_idle"] is False
         assert live.job(client, idle)["state"] == "running"
+        assert "reserved but idle" in client.get(f"/v1/jobs/{idle}/explain").json()["idle"]
+        assert client.get(f"/v1/jobs/{busy}/explain").json()["idle"] is None
+        assert "reserved but idle" in cli(live, "explain", idle).stdout
 
         frame = cli(live, "top", "--once").stdout
         assert "EMULATED" in frame

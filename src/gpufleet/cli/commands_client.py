@@ -226,6 +226,8 @@ def explain(
         if quota["unit"] == "bytes" and quota["nominal"] is not None:
             nominal = _size(quota["nominal"])
         console.print(f"quota {quota['resource']}: {used} used of {nominal} nominal ({quota['unit']})")
+    if why.get("idle"):
+        console.print(f"[bold yellow]{why['idle']}[/]")
     for event in why["events"][-5:]:
         console.print(f"  {event['source']} -> {event['target']}: {event['reason']}")
 

@@ -13,6 +13,7 @@ clock and backend, in-memory store): only the ports passed in differ.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import time
@@ -232,6 +233,8 @@ class Reconciler:
                 self._cancel(record, request, now, changes, stops)
             elif request.kind is RequestKind.REQUEUE and self._requeue_applies(record, request):
                 stops.append(self._stop(record, StopCause.PREEMPTED, f"requeued: {request.reason}", now, changes))
+            elif request.kind is RequestKind.RECLAIM and self._requeue_applies(record, request):
+                stops.append(self._stop(record, StopCause.RECLAIMED, f"reclaimed: {request.reason}", now, changes))
         self._write(changes)
         self._send_stops(stops, report)
 
@@ -420,11 +423,19 @@ class Reconciler:
             if record.evicting_for
             else (record.reason or f"{(record.stop_cause or StopCause.PREEMPTED).value}")
         )
+        job = record.job
+        where = f"back in queue {job.queue}"
+        if record.stop_cause is StopCause.RECLAIMED:
+            # It held GPUs it did not use: it queues again behind the jobs already waiting, so the GPUs
+            # go to them rather than straight back to it.
+            job = dataclasses.replace(job, submitted_at=at, submit_seq=self.store.submission_cursor())
+            where = f"at the back of queue {job.queue}"
         return changes.move(
             record,
             S.PENDING,
-            f"{why}; back in queue {record.job.queue}",
+            f"{why}; {where}",
             at,
+            job=job,
             workers=(),
             started_at=None,
             attained_gpu_seconds=attained,

@@ -83,6 +83,7 @@ class ExecutionBackend(Protocol):
 class RequestKind(enum.StrEnum):
     CANCEL = "cancel"  # stop it for good (cancelled)
     REQUEUE = "requeue"  # stop it and put it back in its queue (drain of its node)
+    RECLAIM = "reclaim"  # reserved but idle: stop it and put it back in its queue
 
 
 @dataclass(frozen=True, slots=True)

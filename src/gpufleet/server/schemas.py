@@ -147,6 +147,8 @@ class ExplainOut(BaseModel):
     placement: list[WorkerOut]
     exit_code: int | None
     events: list[EventOut]
+    # Set when the job holds GPUs it does not use (reserved but idle), or was flagged so before.
+    idle: str | None = None
 
 
 class CancelOut(BaseModel):

@@ -10,7 +10,9 @@ import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from gpufleet import __version__
 from gpufleet.domain.cluster import Node
@@ -219,7 +221,31 @@ class Service:
             placement=workers_out(record.workers, nodes),
             exit_code=record.exit_code,
             events=events,
+            idle=self._idle(job_id),
         )
+
+    def _idle(self, job_id: JobId) -> str | None:
+        """The reserved-but-idle flag in words, from the telemetry service when it runs."""
+        telemetry: Any = self.ctx.extra.get("telemetry")
+        if telemetry is None:
+            return None
+        flag = telemetry.detector.flagged_jobs().get(job_id)
+        if flag is not None:
+            minutes = max(0.0, self.ctx.clock.now() - flag.idle_since) / 60
+            return (
+                f"reserved but idle: its {flag.gpu_milli / 1000:g} GPU(s) have been under "
+                f"{telemetry.settings.idle_threshold_pct:g} % utilisation for {minutes:.0f} min"
+            )
+        last = telemetry.last_flag(job_id)
+        if last is not None:
+            at = last.get("flagged_at")
+            when = (
+                datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="seconds")
+                if isinstance(at, int | float)
+                else "an unknown time"
+            )
+            return f"was flagged reserved but idle at {when}"
+        return None
 
     @staticmethod
     def _quota_use(spec: QueueSpec | None, use: dict[str, int], record: JobRecord) -> list[QuotaUseOut]:

@@ -396,7 +396,7 @@ class Telemetry:
             f"utilisation for {idle_for:.0f} s (window {self.settings.idle_window_s:g} s)"
         )
         if policy is IdlePolicy.RECLAIM and flag.preemptible:
-            self.store.request(flag.job, RequestKind.REQUEUE, what, now)
+            self.store.request(flag.job, RequestKind.RECLAIM, what, now)
             action = "reclaim requested: requeued with its checkpoint signal"
             self.wake()
         elif policy is IdlePolicy.RECLAIM:
