@@ -201,3 +201,11 @@ def test_yaml_errors_say_where(tmp_path: Path) -> None:
     typo.write_text("command: [x]\ngpu: 2\n")
     with pytest.raises(SpecError, match=r"typo.yaml.*gpu: is not a known field; to fix: did you mean 'gpus'"):
         load_spec_file(typo)
+
+
+def test_an_emulated_activity_that_is_not_one_of_the_known_ones_is_refused() -> None:
+    job = parse_spec({"command": ["true"], "env": {"EMULATED_GPU_ACTIVITY": "idle"}}).to_job("j-1", "team-a")
+    assert job.run is not None
+    assert ("EMULATED_GPU_ACTIVITY", "idle") in job.run.env
+    found = problems({"command": ["true"], "env": {"EMULATED_GPU_ACTIVITY": "sleepy"}})
+    assert "use one of idle, light, busy" in found["env"]

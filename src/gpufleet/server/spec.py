@@ -59,6 +59,9 @@ RESERVED_ENV: dict[str, str] = {
     "LOCAL_RANK": "gpufleet sets it per worker; read LOCAL_RANK from the environment instead",
 }
 RESERVED_ENV_PREFIX = "GPUFLEET_"
+# On an emulated inventory, what a job says it does with its GPUs (drives the emulated utilisation).
+EMULATED_ACTIVITY_ENV = "EMULATED_GPU_ACTIVITY"
+EMULATED_ACTIVITIES = ("idle", "light", "busy")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -203,6 +206,10 @@ class JobSpec(BaseModel):
             if isinstance(item, bool) or not isinstance(item, (str, int, float)):
                 problems.append(f"{key}={item!r} is not a string or number")
                 fixes.append(f"quote the value of {key}")
+                continue
+            if key == EMULATED_ACTIVITY_ENV and str(item) not in EMULATED_ACTIVITIES:
+                problems.append(f"{key}={item!r} is not an activity")
+                fixes.append(f"use one of {', '.join(EMULATED_ACTIVITIES)} (it only matters on emulated GPUs)")
                 continue
             cleaned[key] = str(item)
         if problems:

@@ -51,11 +51,12 @@ from gpufleet.scheduling.fragmentation import GENERIC_TARGET, cluster_fragmentat
 from gpufleet.scheduling.state import Holding
 from gpufleet.scheduling.table import NodeTable
 from gpufleet.server.idle import DEFAULT_THRESHOLD_PCT, DEFAULT_WINDOW_S, GpuKey, Holder, IdleDetector, IdleFlag
+from gpufleet.server.spec import EMULATED_ACTIVITY_ENV
 from gpufleet.server.usage import UsageBook
 
 log = logging.getLogger("gpufleet.telemetry")
 
-ACTIVITY_ENV = "EMULATED_GPU_ACTIVITY"
+ACTIVITY_ENV = EMULATED_ACTIVITY_ENV
 POLICY_KEY = "idle_policy:{queue}"
 FLAG_KEY = "idle:{job}"
 
