@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -487,9 +488,34 @@ def token_revoke(
     typer.echo(f"token {token_id} revoked")
 
 
+# ------------------------------------------------------------------------------------------ snapshot
+
+
+def snapshot(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the snapshot (JSON).")],
+    since: Annotated[str, typer.Option(help="Jobs submitted in the last 7d, 12h, 30m …")] = "7d",
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Save the cluster (nodes, queues, recent jobs) for the simulator: `gpufleet sim --workload FILE`."""
+    from gpufleet.server.spec import parse_duration
+
+    with _client(url, token) as client:
+        try:
+            window = parse_duration(since)
+        except ValueError:
+            raise GpufleetError(f"--since {since!r} is not a duration", "e.g. 7d, 12h or 30m") from None
+        data = client.get("/v1/snapshot", since_s=window)
+        try:
+            out.write_text(json.dumps(data))
+        except OSError as error:
+            raise GpufleetError(f"cannot write {out}: {error.strerror}", "give a writable path") from None
+    typer.echo(f"saved {len(data['jobs'])} jobs on {len(data['nodes'])} node(s) to {out}")
+
+
 def register_client_commands(app: typer.Typer) -> None:
     """Add the client commands to the `gpufleet` app."""
-    for command in (login, submit, jobs, show, explain, cancel, logs, queues, nodes, cordon, uncordon, drain):
+    for command in (login, submit, jobs, show, explain, cancel, logs, queues, nodes, cordon, uncordon, drain, snapshot):
         app.command()(command)
     app.add_typer(quota_app, name="quota")
     app.add_typer(token_app, name="token")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
 
 from gpufleet.ports.admin import Role
 from gpufleet.server.api import principal, service
@@ -23,6 +23,7 @@ from gpufleet.server.schemas import (
     TokensOut,
 )
 from gpufleet.server.service import Service
+from gpufleet.server.snapshot import take_snapshot
 
 router = APIRouter()
 
@@ -98,3 +99,17 @@ def tokens(who: Who, svc: Svc) -> TokensOut:
 def revoke_token(token_id: TokenId, who: Who, svc: Svc) -> TokenOut:
     """Revoke a token (admin); it stops working at once."""
     return svc.revoke_token(who, token_id)
+
+
+@router.get("/snapshot", tags=["info"])
+def snapshot(
+    who: Who,
+    svc: Svc,
+    since_s: Annotated[float, Query(ge=0, description="Window: jobs submitted in the last this many seconds")] = 7
+    * 86400,
+) -> dict[str, Any]:
+    """The cluster for the simulator (admin): nodes, queues, every active job and every job submitted in the
+    window, as stored. Replay it with `gpufleet sim --workload snapshot.json`."""
+    who.require_admin("taking a snapshot")
+    now = svc.ctx.clock.now()
+    return take_snapshot(svc.store, now, now - since_s, svc.ctx.inventory_source, svc.ctx.emulated)

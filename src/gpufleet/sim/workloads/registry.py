@@ -11,6 +11,7 @@ from typing import Any
 from gpufleet.sim.workload import Workload, WorkloadError
 from gpufleet.sim.workloads import gavel, openb, openb_fgd, philly, pollux, synthetic, tiresias
 from gpufleet.sim.workloads._csv import read_header
+from gpufleet.sim.workloads.snapshot import is_snapshot, load_snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,10 @@ def load_workload(spec: str | Path, *, traces_root: str | Path | None = None, **
             )
         return _call(source, folder, options)
     path = Path(text).expanduser()
+    if is_snapshot(path):
+        if options:
+            raise WorkloadError(f"a snapshot takes no option {sorted(options)[0]!r}", "drop the option", path=path)
+        return load_snapshot(path)
     if path.exists():
         return _call(SOURCES[detect_format(path)], path, options)
     if path.suffix or len(path.parts) > 1:
