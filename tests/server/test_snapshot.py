@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.sim.workload import WorkloadError
 from gpufleet.sim.workloads.registry import load_workload
 from gpufleet.sim.workloads.snapshot import load_snapshot
-from gpufleet.sim.workload import WorkloadError
 from tests.server.live import start
 
 pytestmark = pytest.mark.slow
