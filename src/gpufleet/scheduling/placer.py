@@ -8,7 +8,7 @@ from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.scheduling.plugins import FilterResult, GangContext, JobView, Profile
 from gpufleet.scheduling.state import CycleState, Evaluation
 from gpufleet.scheduling.status import Code, Status, unschedulable
-from gpufleet.scheduling.table import ALL_ROWS, BoolArray, IntArray, Rows, rows_count
+from gpufleet.scheduling.table import ALL_ROWS, BoolArray, FloatArray, IntArray, Rows, rows_count
 
 PLUGIN = "placement"
 
@@ -101,9 +101,12 @@ def choose_node(profile: Profile, view: JobView, state: CycleState, evaluation: 
     candidates: IntArray = evaluation.passed.nonzero()[0]
     if len(candidates) == 1 or not profile.scores:
         return int(candidates[0])
-    total = np.zeros(len(candidates), dtype=np.float64)
+    total: FloatArray | None = None
     for plugin, weight in profile.scores:
-        total += weight * plugin.score(view, state, evaluation, candidates, gang)
+        weighted = weight * plugin.score(view, state, evaluation, candidates, gang)
+        # The first term as is: 0.0 + x is x (or +0.0 for -0.0, which compares equal), same argmax.
+        total = weighted if total is None else np.add(total, weighted, out=total)
+    assert total is not None
     # argmax returns the first maximum: the lowest node index, so ties break by node name.
     return int(candidates[int(total.argmax())])
 

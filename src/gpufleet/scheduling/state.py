@@ -445,10 +445,13 @@ class CycleState:
             queues = sorted({h.job.queue for h in holdings})
             column = {key: i for i, key in enumerate(keys)}
             queue_number = {queue: i for i, queue in enumerate(queues)}
-            usage = np.zeros((len(holdings), len(keys)), dtype=np.int64)
-            for k, holding in enumerate(holdings):
+            rows: list[list[int]] = []
+            for holding in holdings:
+                row = [0] * len(keys)
                 for key, amount in holding.usage:
-                    usage[k, column[key]] = amount
+                    row[column[key]] = amount
+                rows.append(row)
+            usage = np.asarray(rows, dtype=np.int64).reshape(len(holdings), len(keys))
             queue_of = np.asarray([queue_number[h.job.queue] for h in holdings], dtype=np.int64)
             self._usage_arrays = (keys, usage, queues, queue_of)
         return self._usage_arrays

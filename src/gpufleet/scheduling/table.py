@@ -105,6 +105,9 @@ class NodeTable:
         # Per node, total milli-GPU capacity: the denominator of packing scores.
         self.gpu_milli_total = self.gpu_count * MILLI_PER_GPU
         self.node_milli_free = self.gpu_milli_total.copy()
+        # Capacities as divisors of packing scores (at least 1, so empty nodes divide safely).
+        self.gpu_milli_divisor = np.maximum(self.gpu_milli_total, 1)
+        self.cpu_divisor = np.maximum(self.cpu_total, 1)
         # A logical clock of changes: `version[i]` is the clock of node i's last change, so cached
         # per-class filter results are recomputed for changed nodes only.
         self.clock = 0

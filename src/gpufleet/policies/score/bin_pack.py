@@ -20,12 +20,13 @@ def free_fraction_after(view: JobView, state: CycleState, candidates: IntArray) 
     request = view.job.request
     if request.gpus:
         free = table.node_milli_free[candidates] - request.gpu_milli_total
-        total = table.gpu_milli_total[candidates]
+        total = table.gpu_milli_divisor[candidates]
     else:
         free = table.cpu_free[candidates] - request.cpu_milli
-        total = table.cpu_total[candidates]
+        total = table.cpu_divisor[candidates]
     # minimum(maximum(.)) is np.clip without its Python wrapper (this runs per placement).
-    return np.asarray(np.minimum(np.maximum(free / np.maximum(total, 1), 0.0), 1.0), dtype=np.float64)
+    fraction = free / total
+    return np.asarray(np.minimum(np.maximum(fraction, 0.0, out=fraction), 1.0, out=fraction), dtype=np.float64)
 
 
 class BinPack:
