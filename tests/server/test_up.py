@@ -172,3 +172,27 @@ def test_stop_jobs_on_exit_stops_them_with_their_signal_and_puts_them_back_in_th
             live.wait_events("start", job, count=2)  # and it runs again after the restart
     finally:
         live.server.stop()
+
+
+def test_a_port_in_use_or_a_bad_host_is_refused_in_words(tmp_path: Path) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        for args, words in (
+            (["--port", str(port)], "Address already in use; to fix: pick a free port"),
+            (["--host", "no-such-host.invalid"], "cannot listen on 'no-such-host.invalid'"),
+        ):
+            result = subprocess.run(
+                [sys.executable, "-m", "gpufleet", "up", "--data-dir", str(tmp_path), "--emulate", "1xT4", *args],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert result.returncode == 2, result.stderr
+            assert words in result.stderr
+            assert "Traceback" not in result.stderr
+    finally:
+        taken.close()

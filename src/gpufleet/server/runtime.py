@@ -104,6 +104,26 @@ def _telemetry(settings: UpSettings, store: SqlStore, inventory: Inventory, host
     return Telemetry(store, inventory.nodes, emulated=inventory.emulated, hostname=hostname, settings=options)
 
 
+def check_listen(host: str, port: int) -> None:
+    """Refuse early, in words, an address this process cannot listen on (uvicorn would only log and exit)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise GpufleetError(
+            f"cannot listen on {host!r}: {error.strerror}", "give an IP address such as 127.0.0.1"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise GpufleetError(
+                f"cannot listen on {host}:{port}: {error.strerror}",
+                "pick a free port with --port (ports below 1024 need root)",
+            ) from None
+
+
 class DataDirLock:
     """One control plane per data directory: a second `gpufleet up` on it is refused, not run twice."""
 
@@ -238,6 +258,7 @@ class ControlPlane:
 
         from gpufleet.server.api import create_app
 
+        check_listen(self.settings.host, self.settings.port)
         app = create_app(self.context)
         config = uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
         server = uvicorn.Server(config)
