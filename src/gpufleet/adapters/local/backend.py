@@ -16,13 +16,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpufleet.adapters.local.env import allocator_env
 from gpufleet.adapters.local.layout import Layout
+from gpufleet.adapters.local.owners import KnownWorker, ProcessOwners, WorkerKey
 from gpufleet.adapters.local.ports import PortAllocator
 from gpufleet.adapters.local.proc import is_running, read_json, start_ticks, write_json
 from gpufleet.domain.cluster import Node
@@ -121,6 +122,7 @@ class LocalBackend:
         self._live: dict[Key, _Job] = {}
         self._finished: set[Key] = set()
         self._inbox: list[Observation] = []
+        self._owners = ProcessOwners()
 
     # --- the port -------------------------------------------------------------------------------------
 
@@ -202,6 +204,36 @@ class LocalBackend:
     def log_paths(self, job_id: JobId) -> list[Path]:
         """The job's log files, one per attempt and worker, oldest attempt first."""
         return self.layout.log_paths(job_id)
+
+    def owner_of(self, pids: Iterable[int]) -> dict[int, WorkerKey]:
+        """The worker each of `pids` belongs to, as (job id, attempt, rank), through its session or parent
+        chain (`owners.py`); pids of no running worker are left out. Reads /proc only for the pids given
+        (results cached per pid and start time). Safe to call from another thread than the loop's."""
+        return self._owners.resolve(pids, self._known_workers())
+
+    def running_commands(self) -> dict[WorkerKey, int]:
+        """The pid of each running worker's command, by (job id, attempt, rank): what an emulated GPU
+        reports as its processes. Safe to call from another thread than the loop's."""
+        return {w.key: w.child_pid for w in self._known_workers() if w.child_pid is not None}
+
+    def _known_workers(self) -> list[KnownWorker]:
+        known = []
+        # Copies: the loop thread may add or drop jobs meanwhile (a copy of a dict is one step under the GIL).
+        for job in list(self._live.values()):
+            for worker in list(job.workers):
+                child = worker.child
+                if worker.done or (worker.shim_pid is None and child is None):
+                    continue
+                known.append(
+                    KnownWorker(
+                        (job.job_id, job.attempt, worker.rank),
+                        worker.shim_pid,
+                        worker.shim_ticks,
+                        int(child["pid"]) if child else None,
+                        child.get("ticks") if child else None,
+                    )
+                )
+        return known
 
     def shutdown(self, stop_jobs: bool, grace_s: float) -> None:
         """With `stop_jobs`, stop every job (checkpoint signal, `grace_s`, then SIGKILL) and wait for them;
