@@ -5,6 +5,8 @@ gpufleet sim -w philly -p fifo,sjf --traces DIR     a public trace (DIR holds ph
 gpufleet sim -w openb -p best-fit,fgd --traces DIR  the FGD protocol on openb (pods never leave)
 gpufleet sim -w PATH                                a trace folder or CSV, format detected
 gpufleet sim --reproduce fgd --traces DIR           our figures beside the published ones
+gpufleet sim --add-nodes 8xH100@4 --quota team-a:gpu=64   what if the cluster had 4 more nodes, team-a more quota
+gpufleet sim --node-mtbf-hours 500 --repair-hours 4 --event 3600:down:syn-0003   … with node failures
 … --out DIR (results.json, results.csv, plots, report.md)   … --json (one JSON object on stdout)
 """
 
@@ -25,11 +27,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpufleet.domain.errors import GpufleetError
+from gpufleet.sim.backend import BackendSettings
+from gpufleet.sim.engine import SimSettings
+from gpufleet.sim.events import FailureModel
 from gpufleet.sim.experiment import Comparison, Experiment, run_experiment, scale_load
 from gpufleet.sim.experiment import Progress as ProgressFn
 from gpufleet.sim.prices import PriceTable, load_price_table, parse_price, prices_from
-from gpufleet.sim.report import FGD_REPORT_STEPS, fmt, write_report
+from gpufleet.sim.report import FGD_REPORT_STEPS, fmt, has_cluster_events, write_report
 from gpufleet.sim.reproduce import REPRODUCTIONS, pollux_with_durations
+from gpufleet.sim.whatif import apply_what_if
 from gpufleet.sim.workload import Workload, WorkloadError
 from gpufleet.sim.workloads import load_workload
 from gpufleet.sim.workloads.registry import SOURCES
@@ -42,6 +48,7 @@ DEFAULT_POLICIES = "fifo,las,default"
 WORKLOAD_ALIASES = {"openb": "fgd"}
 DEFAULT_SEEDS = {"fgd": 42}
 GAVEL_DEFAULT_RATE = 2.0
+DEFAULT_REPAIR_HOURS = 4.0
 
 
 def _parse_value(text: str) -> Any:
@@ -160,7 +167,7 @@ def experiment_table(experiment: Experiment) -> Table:
         caption=f"Source: {w.citation} License: {w.license}",
         caption_justify="left",
     )
-    columns = (
+    columns: tuple[tuple[str, str], ...] = (
         ("policy", "left"),
         ("done", "right"),
         ("avg JCT s", "right"),
@@ -175,10 +182,14 @@ def experiment_table(experiment: Experiment) -> Table:
         ("Jain", "right"),
         ("avg rho", "right"),
     )
+    events = has_cluster_events(experiment)
+    if events:
+        columns += (("node fail", "right"), ("jobs lost", "right"), ("GPU-h lost", "right"))
     for name, justify in columns:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in experiment.results:
         m = r.metrics
+        failures = (fmt(m.node_failures), fmt(m.jobs_lost_to_failures), fmt(m.failure_lost_gpu_hours))
         table.add_row(
             r.policy,
             f"{m.jobs_finished:,}/{m.jobs:,}",
@@ -193,6 +204,7 @@ def experiment_table(experiment: Experiment) -> Table:
             fmt(m.cost_usd),
             fmt(m.jain_slowdown),
             fmt(m.ftf_rho.avg),
+            *(failures if events else ()),
         )
     return table
 
@@ -238,6 +250,8 @@ def print_experiment(console: Console, experiment: Experiment) -> None:
     console.print(experiment_table(experiment))
     if experiment.fgd_protocol:
         console.print(fgd_table(experiment))
+    for change in experiment.what_if:
+        console.print(f"what-if: {change}", highlight=False)
     for note in experiment.notes:
         console.print(f"note: {note}")
 
@@ -299,6 +313,38 @@ def sim(
         bool | None,
         typer.Option("--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
     ] = None,
+    add_nodes: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--add-nodes",
+            help="What if: add nodes from the start, COUNTxMODEL[-MEMGB][@NODES], e.g. 8xH100@4 (repeatable).",
+        ),
+    ] = None,
+    quota: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="What if: set a queue's quota from the start, QUEUE:gpu=N[,gpu:MODEL=N,borrowing=N,lending=N,"
+            "weight=W] in GPUs (repeatable)."
+        ),
+    ] = None,
+    node_mtbf_hours: Annotated[
+        float | None, typer.Option(help="Random node failures: mean time between failures per node, in hours.")
+    ] = None,
+    repair_hours: Annotated[
+        float | None,
+        typer.Option(help=f"Random node failures: mean repair time in hours (default {DEFAULT_REPAIR_HOURS:g})."),
+    ] = None,
+    event: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A timed cluster event TIME:KIND:WHAT: 3600:down:NODE, 7200:up:NODE, 7200:quota:QUEUE:gpu=32, "
+            "1h:add:8xH100@2 (repeatable; times on the workload's clock)."
+        ),
+    ] = None,
+    checkpoint_every_s: Annotated[
+        float | None,
+        typer.Option(help="Jobs checkpoint every S seconds of run time (a node failure loses work since then)."),
+    ] = None,
 ) -> None:
     """Simulate a workload under several policies and compare them (or reproduce a published experiment)."""
     try:
@@ -308,19 +354,47 @@ def sim(
         bar = show_progress if show_progress is not None else sys.stderr.isatty()
         if not math.isfinite(load_scale) or load_scale <= 0:
             raise WorkloadError(f"--load-scale is {load_scale}", "give a factor > 0, e.g. 4")
+        failures = failure_model(node_mtbf_hours, repair_hours, seed)
+        settings = sim_settings(failures, checkpoint_every_s)
+        what_if_flags = {
+            "--add-nodes": add_nodes,
+            "--quota": quota,
+            "--event": event,
+            "--node-mtbf-hours": node_mtbf_hours,
+            "--repair-hours": repair_hours,
+            "--checkpoint-every-s": checkpoint_every_s,
+        }
         if reproduce is not None:
+            given = [flag for flag, value in what_if_flags.items() if value]
+            if given:
+                raise WorkloadError(
+                    f"{', '.join(given)} change the cluster, and --reproduce runs a published setup as published",
+                    f"drop {', '.join(given)}, or run --workload with them instead of --reproduce",
+                )
             _reproduce(
                 reproduce, root, names, policies != DEFAULT_POLICIES, load_scale, table, seeds, rates, bar, out, as_json
             )
             return
         loaded = load_named(workload, root, seed, parse_options(options or []))
         loaded = scale_load(loaded, load_scale)
+        changed = apply_what_if(loaded, add_nodes=add_nodes or (), quotas=quota or (), events=event or ())
+        loaded = changed.workload
+        what_if = list(changed.changes)
+        if failures is not None:
+            what_if.append(f"--node-mtbf-hours {failures.mtbf_hours:g}: {failures.describe()}")
+        if checkpoint_every_s is not None:
+            what_if.append(
+                f"--checkpoint-every-s {checkpoint_every_s:g}: jobs keep their work up to their last periodic "
+                "checkpoint when their node fails"
+            )
         notes = []
         if oracle and any(tj.duration is not None for tj in loaded.jobs):
             loaded = loaded.with_expected_durations()
             notes.append("Jobs carry their trace run time as expected_duration (read only by sjf and srtf).")
         with progress_bar(bar) as progress:
-            experiment = run_experiment(loaded, names, prices=table, progress=progress, notes=notes)
+            experiment = run_experiment(
+                loaded, names, prices=table, progress=progress, notes=notes, settings=settings, what_if=what_if
+            )
         if out is not None:
             write_report(out, [experiment])
         if as_json:
@@ -332,6 +406,30 @@ def sim(
                 console.print(f"wrote {out}/results.json, results.csv, report.md and plots")
     except GpufleetError as error:
         fail(error)
+
+
+def failure_model(mtbf_hours: float | None, repair_hours: float | None, seed: int | None) -> FailureModel | None:
+    """The failure model the flags ask for (None: nodes never fail at random)."""
+    if mtbf_hours is None:
+        if repair_hours is not None:
+            raise WorkloadError(
+                "--repair-hours needs --node-mtbf-hours (how often nodes fail)",
+                "add --node-mtbf-hours H, e.g. --node-mtbf-hours 1000",
+            )
+        return None
+    repair = DEFAULT_REPAIR_HOURS if repair_hours is None else repair_hours
+    for flag, value in (("--node-mtbf-hours", mtbf_hours), ("--repair-hours", repair)):
+        if not (math.isfinite(value) and value > 0):
+            raise WorkloadError(f"{flag} is {value:g}", f"give hours > 0, e.g. {flag} 4")
+    return FailureModel(mtbf_hours, repair, seed if seed is not None else 0)
+
+
+def sim_settings(failures: FailureModel | None, checkpoint_every_s: float | None) -> SimSettings | None:
+    if checkpoint_every_s is not None and not (math.isfinite(checkpoint_every_s) and checkpoint_every_s > 0):
+        raise WorkloadError(f"--checkpoint-every-s is {checkpoint_every_s:g}", "give seconds > 0, e.g. 1800")
+    if failures is None and checkpoint_every_s is None:
+        return None
+    return SimSettings(backend=BackendSettings(checkpoint_every_s=checkpoint_every_s), failures=failures)
 
 
 def _reproduce(

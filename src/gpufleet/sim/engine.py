@@ -1,9 +1,17 @@
 """The discrete-event simulator: the live `Reconciler`, driven by an event heap and simulated ports.
 
 Events are ordered by `(time, seq)`: trace arrivals, observations the simulated backend scheduled
-(starts, exits, stops), and retry ticks. At each distinct time the due events are applied and the
-reconciler takes one step, exactly as the live loop does after a wake-up. Same workload, profile and
-seed: the same event log, byte for byte.
+(starts, exits, stops), retry ticks, and cluster events (`gpufleet.sim.events`: the workload's own and
+those of the failure model). At each distinct time the due events are applied and the reconciler takes
+one step, exactly as the live loop does after a wake-up. Cluster events change the store's nodes and
+queues (`set_cluster`), which the reconciler sees at its next step as the live one sees an operator's
+change; a node that goes down takes its jobs with it (the backend reports them LOST, the loop retries
+them). Same workload, profile, settings and seed: the same event log, byte for byte.
+
+When the run ends: when no arrival or observation is left to come, and either no job is waiting or no
+cluster event that could let one in (a repair, added nodes, a quota change, a retry tick) is due before
+the last such event already scheduled at that moment. Failures alone never keep a run going (with a
+failure model some node is always about to fail).
 """
 
 from __future__ import annotations
@@ -12,21 +20,33 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpufleet.adapters.storage.memory import InMemoryStore
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings
-from gpufleet.domain.cluster import WorkerPlacement
+from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.lifecycle import Transition
+from gpufleet.domain.quotas import QueueSpec
 from gpufleet.ports import Observation
 from gpufleet.scheduling.plugins import Profile
 from gpufleet.sim.backend import BackendSettings, BackendStats, SimulatedBackend
+from gpufleet.sim.events import (
+    AddNodes,
+    ClusterEvent,
+    FailureModel,
+    NodeDown,
+    NodeFailureClock,
+    NodeUp,
+    QuotaChange,
+    describe,
+)
 from gpufleet.sim.workload import TraceJob, Workload
 
 ARRIVAL = 0
 OBSERVATION = 1
 RETRY = 2
+CLUSTER = 3
 
 
 class SimClock:
@@ -42,6 +62,35 @@ class SimSettings:
     backend: BackendSettings = field(default_factory=BackendSettings)
     reconciler: ReconcilerSettings = field(default_factory=ReconcilerSettings)
     horizon_s: float | None = None  # stop at this simulated time (None: when nothing is left to happen)
+    failures: FailureModel | None = None  # random node failures and repairs (None: nodes never fail)
+
+
+@dataclass(frozen=True, slots=True)
+class _Due:
+    """A cluster event in the heap; `generated` when the failure model made it (not the workload)."""
+
+    event: ClusterEvent
+    generated: bool = False
+
+    @property
+    def may_help(self) -> bool:
+        """Whether it can let a waiting job in: anything but a failure the model drew."""
+        return not (self.generated and isinstance(self.event, NodeDown))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterChange:
+    """One applied cluster event in the run's cluster log: when, what (`down`, `up`, `quota`, `add`), on what
+    (node, queue, or the added nodes), and the detail (for `down`: the jobs lost, by id and attempt)."""
+
+    at: float
+    kind: str
+    target: str
+    detail: str
+    generated: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return {"at": self.at, "kind": self.kind, "target": self.target, "detail": self.detail}
 
 
 @dataclass
@@ -52,6 +101,7 @@ class Sample:
     allocated_milli: int
     pending: int
     running: int
+    capacity_milli: int = 0  # GPUs installed (healthy or not), in milli-GPU
 
 
 @dataclass
@@ -66,6 +116,8 @@ class SimRun:
     wall_seconds: float
     core_seconds: float
     end_time: float
+    cluster_log: list[ClusterChange] = field(default_factory=list)
+    node_down_gpu_seconds: float = 0.0  # GPU capacity unavailable while nodes were down
 
     @property
     def log(self) -> list[Transition]:
@@ -87,20 +139,43 @@ class Simulation:
         self.profile = profile
         self.settings = settings or SimSettings()
         self.observer = observer
-        self.clock = SimClock(workload.jobs[0].arrival if workload.jobs else 0.0)
+        first = [workload.jobs[0].arrival] if workload.jobs else []
+        first += [min(e.at for e in workload.events)] if workload.events else []
+        self.start = min(first) if first else 0.0
+        self.clock = SimClock(self.start)
+        self.nodes: dict[str, Node] = {n.name: n for n in workload.nodes}
+        self.queues: dict[str, QueueSpec] = {q.name: q for q in workload.queues}
         self.store = InMemoryStore(workload.nodes, workload.queues)
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
+        self._essential = 0  # arrivals and observations in the heap: while any is left, the run goes on
+        self._helpful = 0  # retry ticks and cluster events that may let a waiting job in
         work = {t.id: t.duration for t in workload.jobs}
         self.backend = SimulatedBackend(
             self.clock, self._schedule_observation, work, self._speed, self.settings.backend
         )
         self.reconciler = Reconciler(self.store, self.backend, self.clock, profile, settings=self.settings.reconciler)
         self._retry_at: float | None = None
+        self._failure_clocks: dict[str, NodeFailureClock] = {}
+        self._down_since: dict[str, float] = {}
+        self.cluster_log: list[ClusterChange] = []
+        self.node_down_gpu_seconds = 0.0
 
     def _push(self, at: float, kind: int, payload: object) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (at, self._seq, kind, payload))
+        if kind in (ARRIVAL, OBSERVATION):
+            self._essential += 1
+        elif kind == RETRY or (isinstance(payload, _Due) and payload.may_help):
+            self._helpful += 1
+
+    def _pop(self) -> tuple[float, int, object]:
+        at, _, kind, payload = heapq.heappop(self._heap)
+        if kind in (ARRIVAL, OBSERVATION):
+            self._essential -= 1
+        elif kind == RETRY or (isinstance(payload, _Due) and payload.may_help):
+            self._helpful -= 1
+        return at, kind, payload
 
     def _schedule_observation(self, at: float, observation: Observation) -> None:
         self._push(at, OBSERVATION, observation)
@@ -116,25 +191,117 @@ class Simulation:
         speeds = [table.relative_speed(job.job_type, m, gpus) for m in sorted(models)]
         return min(speeds) if speeds else 1.0
 
+    # --- cluster events ----------------------------------------------------------------------------
+
+    def _start_failures(self, nodes: list[str], at: float) -> None:
+        model = self.settings.failures
+        if model is None:
+            return
+        for name in sorted(nodes):
+            self._failure_clocks[name] = clock = model.clock(name)
+            self._push_failure(clock, at)
+
+    def _push_failure(self, clock: NodeFailureClock, after: float) -> None:
+        at = clock.next_failure(after)
+        self._push(at, CLUSTER, _Due(NodeDown(at, clock.node, _failure_reason(clock.model)), True))
+
+    def _apply(self, now: float, due: _Due) -> None:
+        event = due.event
+        if isinstance(event, NodeDown):
+            self._node_down(now, event.node, event.reason, due.generated)
+        elif isinstance(event, NodeUp):
+            self._node_up(now, event.node, due.generated)
+        elif isinstance(event, QuotaChange):
+            self.queues[event.queue.name] = event.queue
+            self.store.set_cluster(queues=tuple(self.queues.values()))
+            self._log(now, "quota", event.queue.name, describe(event).split(": ", 1)[1])
+        elif isinstance(event, AddNodes):
+            for node in event.nodes:
+                self.nodes[node.name] = node
+            self.store.set_cluster(nodes=tuple(self.nodes.values()))
+            self._log(now, "add", ",".join(n.name for n in event.nodes), describe(event).split(": ", 1)[1])
+            self._start_failures([n.name for n in event.nodes], now)
+
+    def _node_down(self, now: float, name: str, reason: str, generated: bool) -> None:
+        node = self.nodes[name]
+        clock = self._failure_clocks.get(name) if generated else None
+        if not node.healthy:
+            if clock is not None:  # already down (an explicit event): this failure did not happen; draw the next
+                self._push_failure(clock, now)
+            return
+        self.nodes[name] = replace(node, healthy=False)
+        self._down_since[name] = now
+        self.store.set_cluster(nodes=tuple(self.nodes.values()))
+        losses = self.backend.fail_node(name, reason)
+        lost = ", ".join(f"{loss.job_id}#{loss.attempt}" for loss in losses) or "none"
+        self._log(now, "down", name, f"{reason}; jobs lost: {lost}", generated)
+        if clock is not None:
+            at = clock.next_repair(now)
+            self._push(at, CLUSTER, _Due(NodeUp(at, name), True))
+
+    def _node_up(self, now: float, name: str, generated: bool) -> None:
+        node = self.nodes[name]
+        clock = self._failure_clocks.get(name)
+        if node.healthy:
+            return  # already up (an explicit event repaired it first); its failure clock is running already
+        self.nodes[name] = replace(node, healthy=True)
+        self.node_down_gpu_seconds += len(node.gpus) * (now - self._down_since.pop(name, now))
+        self.store.set_cluster(nodes=tuple(self.nodes.values()))
+        self._log(now, "up", name, "repaired" if generated else "back up", generated)
+        if clock is not None:
+            self._push_failure(clock, now)
+
+    def _log(self, now: float, kind: str, target: str, detail: str, generated: bool = False) -> None:
+        self.cluster_log.append(ClusterChange(now, kind, target, detail, generated))
+
+    def _keeps_going(self, at: float, hold: float | None) -> tuple[bool, float | None]:
+        """Whether the run goes on to the next event (at `at`), and until when the current waiting phase lasts
+        (see the module docstring). With nothing essential left, the run goes on until the last retry tick
+        already scheduled, and, while jobs wait, the last cluster event that may let one in."""
+        if self._essential:
+            return True, None
+        if not self._helpful:
+            return False, hold
+        if hold is None:
+            waiting = len(self.reconciler.pending) > 0
+            hold = max(
+                (
+                    t
+                    for t, _, kind, payload in self._heap
+                    if kind == RETRY or (waiting and isinstance(payload, _Due) and payload.may_help)
+                ),
+                default=-math.inf,
+            )
+        return at <= hold, hold
+
+    # --- the loop ------------------------------------------------------------------------------------
+
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimRun:
         started = time.perf_counter()
         arrivals: Iterator[TraceJob] = iter(self.workload.jobs)
         next_arrival = next(arrivals, None)
         if next_arrival is not None:
             self._push(next_arrival.arrival, ARRIVAL, next_arrival)
+        for event in sorted(self.workload.events, key=lambda e: e.at):
+            self._push(event.at, CLUSTER, _Due(event))
+        self._start_failures(list(self.nodes), self.start)
         samples: list[Sample] = []
         steps = events = 0
         core = 0.0
         arrived = 0
         total = len(self.workload.jobs)
         horizon = self.settings.horizon_s
+        hold: float | None = None
         while self._heap:
             now = self._heap[0][0]
             if horizon is not None and now > horizon:
                 break
+            going, hold = self._keeps_going(now, hold)
+            if not going:
+                break
             self.clock.t = now
             while self._heap and self._heap[0][0] == now:
-                _, _, kind, payload = heapq.heappop(self._heap)
+                _, kind, payload = self._pop()
                 events += 1
                 if kind == ARRIVAL:
                     assert isinstance(payload, TraceJob)
@@ -148,28 +315,36 @@ class Simulation:
                     self.backend.deliver(payload)
                 elif kind == RETRY:
                     self._retry_at = None
+                elif kind == CLUSTER:
+                    assert isinstance(payload, _Due)
+                    self._apply(now, payload)
             report = self.reconciler.step()
             steps += 1
             core += report.core_seconds
             base = self.reconciler.base
+            capacity = int(base.table.gpu_milli_total.sum())
             samples.append(
                 Sample(
                     now,
-                    int(base.table.gpu_milli_total.sum() - base.table.node_milli_free.sum()),
+                    int(capacity - base.table.node_milli_free.sum()),
                     len(self.reconciler.pending),
                     len(base.holdings),
+                    capacity,
                 )
             )
             if self.observer is not None:
                 self.observer(now, self.reconciler)
             retry = self.reconciler.next_retry_at()
-            if retry is not None and self._retry_at is None and self._heap:
+            if retry is not None and self._retry_at is None and (self._essential or self._helpful):
                 # A retry time at or before now (float rounding: last + 300 - last < 300) would step at `now`
                 # forever; the next representable time is the earliest a retry can still change anything.
                 self._retry_at = retry if retry > now else math.nextafter(now, math.inf)
                 self._push(self._retry_at, RETRY, None)
             if progress is not None:
                 progress(arrived, total)
+        end = self.clock.t
+        for name, since in self._down_since.items():
+            self.node_down_gpu_seconds += len(self.nodes[name].gpus) * max(0.0, end - since)
         return SimRun(
             self.workload,
             self.profile,
@@ -180,5 +355,11 @@ class Simulation:
             events,
             time.perf_counter() - started,
             core,
-            self.clock.t,
+            end,
+            self.cluster_log,
+            self.node_down_gpu_seconds,
         )
+
+
+def _failure_reason(model: FailureModel) -> str:
+    return f"random failure (MTBF {model.mtbf_hours:g} h)"

@@ -85,6 +85,7 @@ class Experiment:
     prices: PriceTable | None = None
     notes: tuple[str, ...] = ()
     job_ids: frozenset[str] | None = None
+    what_if: tuple[str, ...] = ()  # the cluster changes asked for (added nodes, quotas, events, failures)
 
     def result(self, policy: str) -> PolicyResult:
         for r in self.results:
@@ -108,6 +109,7 @@ class Experiment:
             "gpus_by_model": w.gpus_by_model(),
             "queues": len(w.queues),
             "jobs": len(w.jobs),
+            "cluster_events": len(w.events),
             "fgd_protocol": self.fgd_protocol,
         }
 
@@ -123,6 +125,7 @@ class Experiment:
                 "usd_per_gpu_hour": dict(self.prices.per_gpu_hour),
             },
             "notes": list(self.notes),
+            "what_if": list(self.what_if),
         }
         return out
 
@@ -191,6 +194,7 @@ def run_experiment(
     progress: Progress | None = None,
     notes: Sequence[str] = (),
     workload_for: Callable[[str], Workload] | None = None,
+    what_if: Sequence[str] = (),
 ) -> Experiment:
     """Run every policy on the workload. `workload_for(policy)` may give a policy its own variant of the workload
     (e.g. with oracle durations); by default all share `workload`."""
@@ -208,5 +212,11 @@ def run_experiment(
             )
         )
     return Experiment(
-        workload, tuple(results), fgd, prices, tuple(notes), frozenset(job_ids) if job_ids is not None else None
+        workload,
+        tuple(results),
+        fgd,
+        prices,
+        tuple(notes),
+        frozenset(job_ids) if job_ids is not None else None,
+        tuple(what_if),
     )

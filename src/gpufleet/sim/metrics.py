@@ -11,15 +11,23 @@ of the node table during the run). Same run, same numbers. Definitions (seconds 
 - **Slowdown** = JCT / the job's trace run time (reference speed), over finished jobs with a run time.
 - **Makespan** = last finish (or the run's end, if some jobs never finished) - first arrival.
 - **GPU allocation %** = time-weighted mean over the makespan of allocated milli-GPU / capacity, each step's
-  sample held until the next step; **GPU-hours allocated** is the same integral (reserved, launching and
-  evicting GPUs count: they are not free for anyone else). Per GPU model it needs a `Recording`.
+  sample held until the next step (when nodes join during the run: allocated over installed capacity, both
+  integrated over time; nodes that are down still count as capacity); **GPU-hours allocated** is the same
+  integral (reserved, launching and evicting GPUs count: they are not free for anyone else). Per GPU model
+  it needs a `Recording`.
 - **Fragmentation**: FGD's measure (`gpufleet.scheduling.fragmentation`, Weng et al., ATC'23) of the node table,
   with the run's own workload as the target workload (`TargetWorkload.from_requests`, as the paper does). It is
   sampled by the `Recorder` (at regular times, or at each 5 % step of arrived load in the FGD protocol) and
   summarised as the time-weighted mean of the samples: `fragmentation_pct_of_capacity` (fragmented milli-GPU
   / capacity) and `fragmentation_ratio_pct_of_idle` (fragmented / idle).
 - **Preemptions** from the records; **work lost** (seconds of progress at reference speed, and GPU-hours) and
-  **restart penalty** GPU-hours from the simulated backend's counters.
+  **restart penalty** GPU-hours from the simulated backend's counters; `lost_*` covers preemptions and node
+  failures together.
+- **Node failures** (`gpufleet.sim.events`): `node_failures` = times a healthy node went down;
+  `jobs_lost_to_failures` = job attempts running on a node when it went down (each goes back to its queue);
+  `failure_lost_work_s` / `failure_lost_gpu_hours` = the work those attempts lost (since their last periodic
+  checkpoint); `node_down_gpu_hours` = GPUs x hours that nodes were down; `cluster_events` = cluster changes
+  applied (failures, repairs, quota changes, nodes added).
 - **Cost** = GPU-hours allocated per model x the price table's USD per GPU-hour for that model; models the
   table does not price are listed in `unpriced_models` and left out of `cost_usd`.
 - **Jain's fairness index** J(x) = (sum x)^2 / (n sum x^2), 1 = equal, 1/n = one queue takes all, over queues:
@@ -197,27 +205,29 @@ class Recorder:
         self._table: NodeTable | None = None
         self._slots = np.zeros(0, dtype=np.int64)
         self._slot_model = np.zeros(0, dtype=np.int64)
-        self._models: tuple[str, ...] = ()
+        self._columns: dict[str, int] = {}  # GPU model -> column of the allocation rows, in order of appearance
         self._times: list[float] = []
         self._allocated: list[npt.NDArray[np.int64]] = []
         self._frag: list[FragSample] = []
         self._steps: list[FgdStep] = []
 
     def _bind(self, table: NodeTable) -> None:
+        # A new table (the cluster changed): map its GPU slots to the recording's model columns, adding
+        # columns for models that joined (nodes added during the run).
         self._table = table
         exists = table.gpu_exists.ravel()
         self._slots = np.flatnonzero(exists)
-        self._slot_model = table.gpu_model.ravel()[self._slots]
-        if table.models != self._models and self._times:
-            raise ValueError("the cluster's GPU models changed during the run; the recorder cannot follow")
-        self._models = table.models
+        for model in table.models:
+            self._columns.setdefault(model, len(self._columns))
+        column_of = np.array([self._columns[m] for m in table.models], dtype=np.int64)
+        self._slot_model = column_of[table.gpu_model.ravel()[self._slots]] if column_of.size else self._slot_model[:0]
 
     def __call__(self, now: float, reconciler: Reconciler) -> None:
         table = reconciler.base.table
         if table is not self._table:
             self._bind(table)
         free = table.gpu_milli_free.ravel()[self._slots]
-        used = np.bincount(self._slot_model, weights=1000 - free, minlength=len(self._models)).astype(np.int64)
+        used = np.bincount(self._slot_model, weights=1000 - free, minlength=len(self._columns)).astype(np.int64)
         self._times.append(now)
         self._allocated.append(used)
         if self.fgd_protocol:
@@ -258,15 +268,16 @@ class Recorder:
             self._next_step += 1
 
     def recording(self) -> Recording:
-        allocated = (
-            np.vstack(self._allocated).astype(np.int64)
-            if self._allocated
-            else np.zeros((0, len(self._models)), dtype=np.int64)
-        )
+        models = tuple(sorted(self._columns))
+        width = len(self._columns)
+        allocated = np.zeros((len(self._allocated), width), dtype=np.int64)
+        for i, row in enumerate(self._allocated):
+            allocated[i, : row.size] = row
+        order = [self._columns[m] for m in models]
         return Recording(
-            self._models,
+            models,
             np.asarray(self._times, dtype=np.float64),
-            allocated,
+            allocated[:, order],
             tuple(self._frag),
             tuple(self._steps),
         )
@@ -337,6 +348,12 @@ class PolicyMetrics:
     lost_work_s: float
     lost_gpu_hours: float
     restart_penalty_gpu_hours: float
+    node_failures: int
+    jobs_lost_to_failures: int
+    failure_lost_work_s: float
+    failure_lost_gpu_hours: float
+    node_down_gpu_hours: float
+    cluster_events: int
     jain_slowdown: float | None
     jain_gpu_share: float | None
     queues: tuple[QueueMetrics, ...]
@@ -379,6 +396,12 @@ class PolicyMetrics:
             "lost_work_s": round(self.lost_work_s, 6),
             "lost_gpu_hours": round(self.lost_gpu_hours, 6),
             "restart_penalty_gpu_hours": round(self.restart_penalty_gpu_hours, 6),
+            "node_failures": self.node_failures,
+            "jobs_lost_to_failures": self.jobs_lost_to_failures,
+            "failure_lost_work_s": round(self.failure_lost_work_s, 6),
+            "failure_lost_gpu_hours": round(self.failure_lost_gpu_hours, 6),
+            "node_down_gpu_hours": round(self.node_down_gpu_hours, 6),
+            "cluster_events": self.cluster_events,
             "jain_slowdown": _round(self.jain_slowdown),
             "jain_gpu_share": _round(self.jain_gpu_share),
             "sim_steps": self.sim_steps,
@@ -500,11 +523,21 @@ def compute_metrics(
     capacity_milli = workload.gpu_capacity_milli
     sample_times = np.array([s.at for s in run.samples], dtype=np.float64)
     sample_alloc = np.array([s.allocated_milli for s in run.samples], dtype=np.float64)
-    gpu_alloc_pct = (
-        100.0 * _integral(sample_times, sample_alloc, end) / (capacity_milli * makespan)
-        if capacity_milli and makespan > 0
-        else (100.0 * float(sample_alloc[-1]) / capacity_milli if capacity_milli and sample_alloc.size else 0.0)
-    )
+    sample_capacity = np.array([s.capacity_milli or capacity_milli for s in run.samples], dtype=np.float64)
+    if sample_capacity.size and bool(np.any(sample_capacity != capacity_milli)):
+        # Nodes joined during the run: allocated over installed capacity, both integrated over time.
+        capacity_integral = _integral(sample_times, sample_capacity, end)
+        gpu_alloc_pct = (
+            100.0 * _integral(sample_times, sample_alloc, end) / capacity_integral
+            if capacity_integral > 0
+            else 100.0 * float(sample_alloc[-1]) / max(1.0, float(sample_capacity[-1]))
+        )
+    else:
+        gpu_alloc_pct = (
+            100.0 * _integral(sample_times, sample_alloc, end) / (capacity_milli * makespan)
+            if capacity_milli and makespan > 0
+            else (100.0 * float(sample_alloc[-1]) / capacity_milli if capacity_milli and sample_alloc.size else 0.0)
+        )
     gpu_hours = _integral(sample_times, sample_alloc, end) / 1000.0 / 3600.0
     by_model: dict[str, float] = {}
     if recording is not None and recording.times.size:
@@ -602,6 +635,12 @@ def compute_metrics(
         lost_work_s=stats.lost_work_seconds,
         lost_gpu_hours=stats.lost_gpu_seconds / 3600.0,
         restart_penalty_gpu_hours=stats.penalty_gpu_seconds / 3600.0,
+        node_failures=stats.node_failures,
+        jobs_lost_to_failures=stats.jobs_lost_to_failures,
+        failure_lost_work_s=stats.failure_lost_work_seconds,
+        failure_lost_gpu_hours=stats.failure_lost_gpu_seconds / 3600.0,
+        node_down_gpu_hours=run.node_down_gpu_seconds / 3600.0,
+        cluster_events=len(run.cluster_log),
         jain_slowdown=jain_slowdown,
         jain_gpu_share=jain_share,
         queues=tuple(queues),

@@ -42,7 +42,18 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("jain_slowdown", "Jain (slowdown)"),
     ("avg_ftf_rho", "avg rho"),
 )
+# Shown when some run had cluster changes (node failures, quota changes, nodes added).
+EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("node_failures", "node failures"),
+    ("jobs_lost_to_failures", "jobs lost to failures"),
+    ("failure_lost_gpu_hours", "GPU-h lost to failures"),
+    ("node_down_gpu_hours", "GPU-h down"),
+)
 FGD_REPORT_STEPS = (50, 80, 90, 95, 100, 110, 120, 130)
+
+
+def has_cluster_events(experiment: Experiment) -> bool:
+    return any(r.metrics.cluster_events for r in experiment.results)
 
 
 def fmt(value: Any) -> str:
@@ -245,7 +256,7 @@ def plot_gpu_allocation(experiment: Experiment, path: Path) -> Path | None:
         kept = samples[::stride]
         ax.step(
             [s.at / 3600.0 for s in kept],
-            [100.0 * s.allocated_milli / capacity for s in kept],
+            [100.0 * s.allocated_milli / (s.capacity_milli or capacity) for s in kept],
             where="post",
             label=r.policy,
         )
@@ -287,8 +298,13 @@ def _experiment_md(experiment: Experiment, images: dict[str, Path], heading: str
         ),
         "",
     ]
-    rows = [[r.policy, *(r.metrics.as_dict().get(k) for k, _ in SUMMARY_COLUMNS)] for r in experiment.results]
-    lines += _md_table(["policy", *(label for _, label in SUMMARY_COLUMNS)], rows)
+    if experiment.what_if:
+        lines += [f"{heading}# What-if changes", ""]
+        lines += [f"- {change}" for change in experiment.what_if]
+        lines += [""]
+    columns = SUMMARY_COLUMNS + (EVENT_COLUMNS if has_cluster_events(experiment) else ())
+    rows = [[r.policy, *(r.metrics.as_dict().get(k) for k, _ in columns)] for r in experiment.results]
+    lines += _md_table(["policy", *(label for _, label in columns)], rows)
     lines += ["", f"*{citation_line(experiment)}*", ""]
     if experiment.fgd_protocol:
         lines += [f"{heading}# GPU allocation % / FGD fragmentation % of capacity at arrived load", ""]
@@ -360,7 +376,9 @@ def _report_md(
         "GPU alloc % = time-weighted allocated / capacity over the makespan; fragmentation = FGD measure "
         "(Weng et al., ATC'23) with the workload itself as target workload, time-weighted over its samples; "
         "Jain (slowdown) = Jain's index over queues of their mean slowdown; rho = JCT / run time on a 1/N share "
-        "(Themis). Full definitions: `gpufleet.sim.metrics`.",
+        "(Themis); node failures, jobs lost to failures (attempts running on a node when it went down) and "
+        "GPU-hours lost to them (work since the last checkpoint) come from the simulated backend. "
+        "Full definitions: `gpufleet.sim.metrics`.",
         "",
     ]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ imports nothing of ours but `gpufleet.domain`.
                     (defined in `gpufleet.domain.throughput`, so that policies can read it; re-exported here)
     WorkloadError   a malformed or missing input; says which file, line and column, and how to fix it
                     (defined in `gpufleet.domain.errors`; re-exported here)
+    ClusterEvent    a timed change to the cluster (node down/up, quota change, nodes added): `gpufleet.sim.events`
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, replace
 from gpufleet.domain import Job, Node, QueueSpec
 from gpufleet.domain.errors import WorkloadError
 from gpufleet.domain.throughput import ThroughputEntry, ThroughputTable
+from gpufleet.sim.events import ClusterEvent, event_problems
 
 __all__ = ["ThroughputEntry", "ThroughputTable", "TraceJob", "Workload", "WorkloadError"]
 
@@ -76,7 +78,8 @@ class Workload:
 
     `citation` names the paper and data source (every report prints it); `license` says under what terms the
     data may be used; `assumptions` lists each choice the loader made that the source does not fix (GPU
-    memory sizes, node shapes, distributions), to be printed with the results.
+    memory sizes, node shapes, distributions), to be printed with the results. `events` are timed changes to
+    the cluster during the run (nodes failing, added, quotas changed); their nodes and queues must exist.
     """
 
     name: str
@@ -87,6 +90,7 @@ class Workload:
     jobs: tuple[TraceJob, ...]
     throughput: ThroughputTable | None = None
     assumptions: tuple[str, ...] = ()
+    events: tuple[ClusterEvent, ...] = ()
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -118,6 +122,7 @@ class Workload:
             if tj.job.queue not in queue_names:
                 problems.append(f"job {tj.id!r} is in queue {tj.job.queue!r}, which the workload does not define")
                 break
+        problems += event_problems(self.events, set(node_names), queue_names)
         if problems:
             raise WorkloadError(
                 f"workload {self.name!r} is inconsistent: {'; '.join(problems)}",
