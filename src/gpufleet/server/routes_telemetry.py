@@ -21,6 +21,7 @@ from gpufleet.server.schemas import (
     IdleFlagOut,
     IdlePolicyIn,
     IdlePolicyOut,
+    JobGpuMemoryOut,
     JobGpuOut,
     JobUsageOut,
     QueueNowOut,
@@ -70,6 +71,7 @@ def telemetry(request: Request, who: Who, svc: Svc) -> TelemetryOut:
         on_gpu = tick.holders.get(sample.key, ())
         owner = owner_of(on_gpu) if on_gpu else None
         low_since = tel.detector.low_since(sample.key) if on_gpu else None
+        stray = tick.unattributed.get(sample.key) if tick.processes_attributed else None
         gpus.append(
             GpuNowOut(
                 node=sample.node,
@@ -90,6 +92,8 @@ def telemetry(request: Request, who: Who, svc: Svc) -> TelemetryOut:
                 jobs=sorted({h.job for h in on_gpu}),
                 low_for_s=None if low_since is None else max(0.0, sample.at - low_since),
                 idle=bool(on_gpu) and tel.detector.gpu_flagged(sample.key),
+                unattributed_memory=stray.used_bytes if stray is not None else None,
+                unattributed_pids=list(stray.pids) if stray is not None else [],
             )
         )
     state = tel.scheduler_state()
@@ -170,6 +174,18 @@ def job_usage(job_id: JobIdPath, request: Request, who: Who, svc: Svc) -> JobUsa
             )
         except (KeyError, TypeError, ValueError):
             last = None
+    memory = [
+        JobGpuMemoryOut(
+            node=m.node,
+            index=m.index,
+            uuid=m.uuid,
+            used=m.used_bytes,
+            share=m.share_bytes,
+            over_share=m.over_share,
+            pids=list(m.pids),
+        )
+        for m in tel.job_memory(job_id)
+    ]
     idle_since = None
     if gpus and all(s is not None for s in low):
         idle_since = max(s for s in low if s is not None)
@@ -189,6 +205,10 @@ def job_usage(job_id: JobIdPath, request: Request, who: Who, svc: Svc) -> JobUsa
         used_gpu_seconds=use.used,
         reserved_idle_gpu_seconds=use.idle,
         last_flag=last,
+        processes_attributed=tick.processes_attributed,
+        gpu_memory=memory,
+        gpu_memory_used=sum(m.used for m in memory),
+        over_share=any(m.over_share for m in memory),
     )
 
 

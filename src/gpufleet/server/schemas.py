@@ -329,6 +329,10 @@ class GpuNowOut(BaseModel):
     jobs: list[str]
     low_for_s: float | None
     idle: bool
+    unattributed_memory: int | None = Field(
+        default=None, description="bytes used by processes of no gpufleet job (None: processes not mapped to jobs)"
+    )
+    unattributed_pids: list[int] = Field(default_factory=list)
 
 
 class QueueNowOut(BaseModel):
@@ -394,6 +398,16 @@ class JobUsageOut(BaseModel):
     used_gpu_seconds: float
     reserved_idle_gpu_seconds: float
     last_flag: IdleFlagOut | None
+    processes_attributed: bool = Field(
+        default=False, description="whether GPU processes are mapped to jobs here (False: the fields below are empty)"
+    )
+    gpu_memory: list[JobGpuMemoryOut] = Field(
+        default_factory=list, description="GPU memory the job's processes use, per GPU, at the last sample"
+    )
+    gpu_memory_used: int = Field(default=0, description="bytes, all its GPUs")
+    over_share: bool = Field(
+        default=False, description="uses more GPU memory than its share on a GPU (fractional shares are not enforced)"
+    )
 
 
 class UsageQueueOut(BaseModel):
@@ -414,3 +428,18 @@ class UsageOut(BaseModel):
     queues: list[UsageQueueOut]
     total: UsageQueueOut
     notes: list[str]
+
+
+class JobGpuMemoryOut(BaseModel):
+    """GPU memory a job's processes use on one GPU, against what its share of that GPU entitles it to."""
+
+    node: str
+    index: int
+    uuid: str
+    used: int = Field(description="bytes")
+    share: int = Field(description="bytes its share entitles it to; 0 when it holds no share of this GPU")
+    over_share: bool
+    pids: list[int]
+
+
+JobUsageOut.model_rebuild()

@@ -15,6 +15,13 @@ inventory (every GPU series then says `probe="emulated"`). On an emulated invent
 does with its GPUs in its environment, `EMULATED_GPU_ACTIVITY=idle|light|busy` (default busy); the variable
 is only read here, on emulated inventories: a real GPU reports what it really does.
 
+GPU processes are mapped to jobs at each tick: the probe lists (pid, GPU memory) per GPU, and the executor
+(`LocalBackend.owner_of`, through each worker's session and parent chain) says which job's worker each pid
+belongs to. Per GPU this gives each job's memory, whether a job uses more than its share (fractional shares
+are not enforced by the GPU), and the memory of processes that are no job's (the GPU is used outside the
+scheduler: logged once per process, exported as `gpufleet_gpu_unattributed_memory_bytes`). On an emulated
+inventory the emulated GPUs report the real pids of the jobs' workers, so the same mapping runs there.
+
 Idle policies are per queue, in the store's settings (`idle_policy:<queue>`): `notify` (default: the flag is
 logged, stored under `idle:<job>`, shown by `/v1/jobs/{id}/usage` and `/metrics`), `reclaim` (also asks the
 loop to requeue the job if it is preemptible: checkpoint signal, grace period, back to its queue; its GPUs go
@@ -28,13 +35,16 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpufleet.adapters.metrics import (
     WAIT_BUCKETS_S,
+    JobGpuMemory,
     QueueMetrics,
     SchedulerState,
+    UnattributedMemory,
     WaitHistogram,
     make_registry,
     metrics_endpoint,
@@ -59,6 +69,17 @@ log = logging.getLogger("gpufleet.telemetry")
 ACTIVITY_ENV = EMULATED_ACTIVITY_ENV
 POLICY_KEY = "idle_policy:{queue}"
 FLAG_KEY = "idle:{job}"
+# (job id, attempt, rank): the worker a GPU process belongs to.
+WorkerKey = tuple[str, int, int]
+_LOGGED_STRANGERS_MAX = 10_000  # pids remembered as already logged (a bound, not a figure that matters)
+
+
+class JobProcesses(Protocol):
+    """What telemetry asks the executor (`LocalBackend` has both): who runs a process, and the other way."""
+
+    def owner_of(self, pids: Iterable[int]) -> Mapping[int, WorkerKey]: ...
+
+    def running_commands(self) -> Mapping[WorkerKey, int]: ...
 
 
 class IdlePolicy(enum.StrEnum):
@@ -131,6 +152,7 @@ class LoopObserver:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.view = LoopView()
+        self.backend: object | None = None  # the loop's executor, asked who runs GPU processes
         self.table: NodeTable | None = None  # a copy of the loop's node table, taken when it changed
         self._table_clock = -1
         self._table_of: NodeTable | None = None
@@ -144,6 +166,7 @@ class LoopObserver:
 
     def after_step(self, reconciler: Reconciler, report: StepReport, now: float) -> None:
         cycles, core_seconds = report.cycles, report.core_seconds
+        self.backend = reconciler.backend
         pending = dict(reconciler.pending.jobs)
         base = reconciler.base
         holdings: dict[JobId, Holding] = dict(base.holdings)
@@ -233,6 +256,9 @@ class TickState:
     used_by_queue: Mapping[str, float] = field(default_factory=dict)
     idle_by_queue: Mapping[str, float] = field(default_factory=dict)
     fragmentation: tuple[float, float] | None = None  # (ratio, GPUs)
+    processes_attributed: bool = False  # False: no executor to ask, the two below say nothing
+    job_memory: Mapping[GpuKey, tuple[JobGpuMemory, ...]] = field(default_factory=dict)
+    unattributed: Mapping[GpuKey, UnattributedMemory] = field(default_factory=dict)
 
 
 class Telemetry:
@@ -249,8 +275,10 @@ class Telemetry:
         wake: Callable[[], None] = lambda: None,
         probe: GpuProbe | None = None,
         clock: Callable[[], float] = time.time,
+        processes: JobProcesses | None = None,
     ) -> None:
         self.store = store
+        self.processes = processes  # None: the loop's executor, once the loop has stepped
         self.nodes = tuple(nodes)
         self.emulated = emulated
         self.settings = settings or TelemetrySettings()
@@ -258,6 +286,8 @@ class Telemetry:
         self.clock = clock
         self.observer = LoopObserver()
         self._activity: dict[GpuKey, GpuActivity] = {}
+        self._pid_weights: dict[int, int] = {}
+        self._logged_strangers: set[tuple[str, int]] = set()
         self.probe: GpuProbe = probe or self._make_probe(hostname)
         s = self.settings
         self.sampler = Sampler(self.probe, SampleRing(s.ring_length), interval_s=s.interval_s, clock=clock)
@@ -276,7 +306,7 @@ class Telemetry:
 
     def _make_probe(self, hostname: str) -> GpuProbe:
         if self.emulated:
-            return EmulatedProbe(self.nodes, lambda: self._activity)
+            return EmulatedProbe(self.nodes, lambda: self._activity, pid_weights=lambda: self._pid_weights)
         from gpufleet.adapters.nvml import NvmlProbe
 
         return NvmlProbe(hostname)
@@ -322,6 +352,7 @@ class Telemetry:
             if self.emulated:
                 self._activity = self._emulated_activity(view, holders)
             samples = self.sampler.tick(at)
+            attributed, job_memory, unattributed = self._attribute(view, samples)
             utils: dict[GpuKey, float | None] = {s.key: s.gpu_util for s in samples}
             result = self.detector.update(at, holders, utils)
             self.book.add(at, result.usage)
@@ -329,7 +360,7 @@ class Telemetry:
                 self._act(flag, at)
             self.state = TickState(
                 at, holders, utils, self._used_by_queue(holders, utils), self._idle_by_queue(holders),
-                self._fragmentation(),
+                self._fragmentation(), attributed, job_memory, unattributed,
             )  # fmt: skip
             if at - self._last_flush >= self.settings.flush_interval_s:
                 self._last_flush = at
@@ -343,6 +374,7 @@ class Telemetry:
     ) -> dict[GpuKey, GpuActivity]:
         """Per GPU: the busiest level its jobs declare, for their summed share (the probe models one load)."""
         order = {ActivityLevel.IDLE: 0, ActivityLevel.LIGHT: 1, ActivityLevel.BUSY: 2}
+        pids_on, self._pid_weights = self._worker_pids(view)
         out: dict[GpuKey, GpuActivity] = {}
         for key, on_gpu in holders.items():
             levels = []
@@ -351,8 +383,119 @@ class Telemetry:
                 levels.append(declared_activity(holding.job) if holding is not None else ActivityLevel.BUSY)
             level = max(levels, key=order.__getitem__)
             milli = min(1000, sum(h.milli for h in on_gpu))
-            out[key] = GpuActivity(owner_of(on_gpu).job, level, milli)
+            out[key] = GpuActivity(owner_of(on_gpu).job, level, milli, pids=tuple(pids_on.get(key, ())))
         return out
+
+    def _worker_pids(self, view: LoopView) -> tuple[dict[GpuKey, list[int]], dict[int, int]]:
+        """For emulated GPUs: the pid of each running worker's command on each GPU it holds, and each pid's
+        weight (its share of that GPU in milli-GPU), from the executor."""
+        resolver = self._resolver()
+        if resolver is None:
+            return {}, {}
+        commands: dict[tuple[str, int], tuple[int, int]] = {}  # (job, rank) -> (attempt, pid): newest attempt
+        for (job, attempt, rank), pid in resolver.running_commands().items():
+            if (job, rank) not in commands or commands[(job, rank)][0] < attempt:
+                commands[(job, rank)] = (attempt, pid)
+        pids: dict[GpuKey, list[int]] = {}
+        weights: dict[int, int] = {}
+        for job_id, holding in view.holdings.items():
+            for rank, worker in enumerate(holding.workers):
+                found = commands.get((job_id, rank))
+                if found is None:
+                    continue
+                for share in worker.gpus:
+                    pids.setdefault((worker.node, share.index), []).append(found[1])
+                    weights[found[1]] = share.milli
+        return pids, weights
+
+    # --- GPU processes -> jobs --------------------------------------------------------------------------
+
+    def _resolver(self) -> JobProcesses | None:
+        if self.processes is not None:
+            return self.processes
+        backend = self.observer.backend
+        if callable(getattr(backend, "owner_of", None)) and callable(getattr(backend, "running_commands", None)):
+            return backend  # type: ignore[return-value]
+        return None
+
+    def _attribute(
+        self, view: LoopView, samples: Sequence[GpuSample]
+    ) -> tuple[bool, dict[GpuKey, tuple[JobGpuMemory, ...]], dict[GpuKey, UnattributedMemory]]:
+        """Per GPU: each job's memory (its processes' summed) against its share, and what no job uses."""
+        resolver = self._resolver()
+        if resolver is None:
+            return False, {}, {}
+        pids = {pid for sample in samples for pid, _ in sample.processes}
+        owners = resolver.owner_of(pids) if pids else {}
+        job_memory: dict[GpuKey, tuple[JobGpuMemory, ...]] = {}
+        unattributed: dict[GpuKey, UnattributedMemory] = {}
+        strangers_now: set[tuple[str, int]] = set()
+        for sample in samples:
+            per_job: dict[str, tuple[int, list[int]]] = {}
+            stray_bytes, stray_pids = 0, []
+            for pid, used in sample.processes:
+                owner = owners.get(pid)
+                if owner is None:
+                    stray_bytes += used
+                    stray_pids.append(pid)
+                    continue
+                total, of_job = per_job.get(owner[0], (0, []))
+                of_job.append(pid)
+                per_job[owner[0]] = (total + used, of_job)
+            unattributed[sample.key] = UnattributedMemory(
+                sample.node, sample.index, sample.uuid, stray_bytes, tuple(stray_pids)
+            )
+            if per_job:
+                job_memory[sample.key] = tuple(
+                    JobGpuMemory(
+                        job,
+                        _queue_of(view, job),
+                        sample.node,
+                        sample.index,
+                        sample.uuid,
+                        used,
+                        self._share_bytes(view, job, sample),
+                        tuple(sorted(of_job)),
+                    )
+                    for job, (used, of_job) in sorted(per_job.items())
+                )
+            for pid, used in sample.processes:
+                if pid in owners:
+                    continue
+                strangers_now.add((sample.node, pid))
+                if (sample.node, pid) not in self._logged_strangers:
+                    log.warning(
+                        "GPU %s on %s: process %d uses %d MiB of GPU memory and belongs to no gpufleet job "
+                        "(the GPU is used outside the scheduler)",
+                        sample.index, sample.node, pid, used // 2**20,
+                    )  # fmt: skip
+        # Remember only processes still there: one that comes back with a reused pid is logged again.
+        self._logged_strangers = set(list(strangers_now)[:_LOGGED_STRANGERS_MAX])
+        return True, job_memory, unattributed
+
+    def _share_bytes(self, view: LoopView, job: str, sample: GpuSample) -> int:
+        """What the job's hold on this GPU entitles it to: the memory its shares reserved, else its fraction of
+        the GPU's memory; 0 when it holds no share of this GPU."""
+        holding = view.holdings.get(job)
+        if holding is None:
+            return 0
+        total_memory = sample.memory_total or self._gpu_memory(sample.key)
+        out = 0
+        for worker in holding.workers:
+            if worker.node != sample.node:
+                continue
+            for share in worker.gpus:
+                if share.index == sample.index:
+                    out += share.memory if share.memory > 0 else total_memory * share.milli // 1000
+        return out
+
+    def _gpu_memory(self, key: GpuKey) -> int:
+        for node in self.nodes:
+            if node.name == key[0]:
+                for gpu in node.gpus:
+                    if gpu.index == key[1]:
+                        return gpu.memory
+        return 0
 
     def _used_by_queue(
         self, holders: Mapping[GpuKey, Sequence[Holder]], utils: Mapping[GpuKey, float | None]
@@ -473,4 +616,19 @@ class Telemetry:
             cycles=obs.cycles,
             cycle_seconds_sum=obs.cycle_seconds,
             last_cycle_seconds=obs.last_cycle_seconds,
+            processes_attributed=tick.processes_attributed,
+            job_memory=tuple(m for key in sorted(tick.job_memory) for m in tick.job_memory[key]),
+            unattributed=tuple(tick.unattributed[key] for key in sorted(tick.unattributed)),
         )
+
+    def job_memory(self, job: str) -> list[JobGpuMemory]:
+        """The job's GPU memory per GPU at the last tick (GPUs where its processes use none are left out)."""
+        return [m for key in sorted(self.state.job_memory) for m in self.state.job_memory[key] if m.job == job]
+
+
+def _queue_of(view: LoopView, job: str) -> str:
+    holding = view.holdings.get(job)
+    if holding is not None:
+        return holding.job.queue
+    pending = view.pending.get(job)
+    return pending.queue if pending is not None else ""

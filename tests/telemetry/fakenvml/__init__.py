@@ -40,13 +40,21 @@ def build_library(directory: Path) -> Path:
 
 
 def write_config(
-    path: Path, gpus: Sequence[Mapping[str, Any]], *, driver: str = "", unsupported: Sequence[str] = ()
+    path: Path,
+    gpus: Sequence[Mapping[str, Any]],
+    *,
+    driver: str = "",
+    unsupported: Sequence[str] = (),
+    procs_file: Path | None = None,
 ) -> Path:
     """Each GPU is a mapping of directives: scalars, lists (util steps), `links` (peers or "switch"),
-    `procs` ((pid, bytes) pairs)."""
+    `procs` ((pid, bytes) pairs). `procs_file` names a file the library re-reads at every process query
+    (see `write_procs`): processes started after the library was loaded."""
     lines = ["# fake NVML configuration (emulated GPUs, for tests)"]
     if driver:
         lines.append(f"driver {driver}")
+    if procs_file is not None:
+        lines.append(f"procs_file {procs_file}")
     lines += [f"unsupported {fn}" for fn in unsupported]
     for gpu in gpus:
         lines.append("gpu")
@@ -60,6 +68,15 @@ def write_config(
             else:
                 lines.append(f"{key} {value}")
     path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_procs(path: Path, procs: Sequence[tuple[int, int, int]]) -> Path:
+    """The compute processes the fake library reports from now on: (GPU index, pid, bytes) each. Written
+    atomically (a query never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{gpu} {pid} {used}\n" for gpu, pid, used in procs))
+    os.replace(tmp, path)
     return path
 
 

@@ -21,6 +21,9 @@
  *   nvlink_tx_kib|nvlink_rx_kib <KiB>  NVLink data counters (fields 138/139) grow by this at every read
  *   link <peer GPU index> | link switch   an active NVLink to that GPU, or to an NVSwitch
  *   proc <pid> <bytes>                a compute process and its GPU memory
+ *   procs_file <path>                 (global) more compute processes, re-read at every process query, one
+ *                                     "<gpu index> <pid> <bytes>" a line: tests start processes after nvmlInit
+ *                                     and name them here (a missing file: none)
  *
  * Without GPUFLEET_FAKE_NVML_CONFIG nvmlInit answers NVML_ERROR_DRIVER_NOT_LOADED. Functions not here
  * (XID events, ...) are simply absent: nvidia-ml-py then raises "Function Not Found", which
@@ -98,6 +101,7 @@ static int initialised = 0;
 static char driver[80] = "000.00-gpufleet-fake-nvml";
 static char unsupported[MAX_UNSUPPORTED][64];
 static int n_unsupported = 0;
+static char procs_file[400] = "";
 
 static int is_unsupported(const char *fn) {
     for (int i = 0; i < n_unsupported; i++)
@@ -143,6 +147,7 @@ static int load_config(const char *path) {
     fake_gpu *g = NULL;
     n_gpus = 0;
     n_unsupported = 0;
+    procs_file[0] = '\0';
     while (fgets(line, sizeof line, f) != NULL) {
         int offset = 0;
         if (line[0] == '#' || sscanf(line, "%63s%n", key, &offset) != 1) continue;
@@ -159,6 +164,7 @@ static int load_config(const char *path) {
             continue;
         }
         if (strcmp(key, "driver") == 0) { copy_rest(driver, sizeof driver, rest); continue; }
+        if (strcmp(key, "procs_file") == 0) { copy_rest(procs_file, sizeof procs_file, rest); continue; }
         if (strcmp(key, "unsupported") == 0) {
             if (n_unsupported < MAX_UNSUPPORTED) copy_rest(unsupported[n_unsupported++], 64, rest);
             continue;
@@ -339,17 +345,43 @@ int nvmlDeviceGetPcieThroughput(void *device, int counter, unsigned int *value) 
     return NVML_SUCCESS;
 }
 
+/* The GPU's processes: its `proc` lines, then those `procs_file` names for it now. */
+static int gpu_procs(fake_gpu *g, nvmlProcessInfo_v2_t *out) {
+    int n = g->n_procs;
+    memcpy(out, g->procs, sizeof(nvmlProcessInfo_v2_t) * (size_t)n);
+    if (procs_file[0] == '\0') return n;
+    FILE *f = fopen(procs_file, "r");
+    if (f == NULL) return n;
+    int index = (int)(g - gpus);
+    char line[128];
+    while (n < MAX_PROCS && fgets(line, sizeof line, f) != NULL) {
+        int gpu = -1;
+        unsigned int pid = 0;
+        unsigned long long used = 0;
+        if (sscanf(line, "%d %u %llu", &gpu, &pid, &used) != 3 || gpu != index) continue;
+        out[n].pid = pid;
+        out[n].usedGpuMemory = used;
+        out[n].gpuInstanceId = 0xFFFFFFFFu;
+        out[n].computeInstanceId = 0xFFFFFFFFu;
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
 int nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count, nvmlProcessInfo_v2_t *infos) {
     DEVICE_OR_FAIL("nvmlDeviceGetComputeRunningProcesses_v3");
     if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    if (*count < (unsigned)g->n_procs) {
-        *count = (unsigned)g->n_procs;
+    nvmlProcessInfo_v2_t procs[MAX_PROCS];
+    int n = gpu_procs(g, procs);
+    if (*count < (unsigned)n) {
+        *count = (unsigned)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    *count = (unsigned)g->n_procs;
-    if (g->n_procs > 0) {
+    *count = (unsigned)n;
+    if (n > 0) {
         if (infos == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-        memcpy(infos, g->procs, sizeof(nvmlProcessInfo_v2_t) * (size_t)g->n_procs);
+        memcpy(infos, procs, sizeof(nvmlProcessInfo_v2_t) * (size_t)n);
     }
     return NVML_SUCCESS;
 }

@@ -125,6 +125,31 @@ SCHEDULER_METRICS: tuple[tuple[str, str, str], ...] = (
     ("gpufleet_telemetry_collect_errors", "counter", "Scrapes where reading samples or scheduler state failed."),
 )
 
+# Per-process GPU memory, mapped to jobs: (name, type, help). Emitted only when the state says processes were
+# attributed; labels in snake_case like our other gpufleet_gpu_* metrics (promtool's style rule), which join
+# DCGM_ series on `gpu` and `Hostname` via label_replace, or on the job's labels directly.
+PROCESS_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("gpufleet_job_gpu_memory_used_bytes", "gauge", "GPU memory used by the job's processes on the GPU (bytes)."),
+    (
+        "gpufleet_job_gpu_memory_share_bytes",
+        "gauge",
+        "GPU memory the job's share of the GPU entitles it to (bytes; 0: it holds no share of this GPU).",
+    ),
+    (
+        "gpufleet_job_gpu_memory_over_share",
+        "gauge",
+        "1 when the job uses more GPU memory than its share of the GPU (fractional shares are not enforced).",
+    ),
+    (
+        "gpufleet_gpu_unattributed_memory_bytes",
+        "gauge",
+        "GPU memory used by processes that belong to no gpufleet job (bytes): the GPU is used outside the scheduler.",
+    ),
+    ("gpufleet_gpu_unattributed_processes", "gauge", "Compute processes on the GPU that belong to no gpufleet job."),
+)
+JOB_MEMORY_LABELS = ("job_id", "queue", "gpu", "uuid", "hostname")
+GPU_ONLY_LABELS = ("gpu", "uuid", "hostname")
+
 _NOBODY = GpuOwner("", "")
 
 
@@ -278,6 +303,34 @@ class TelemetryCollector(Collector):
             count_value=state.cycles,
             sum_value=state.cycle_seconds_sum,
         )
+        if state.processes_attributed:
+            yield from _process_families(state)
+
+
+def _process_families(state: SchedulerState) -> Iterator[Metric]:
+    help_of = {name: text for name, _, text in PROCESS_METRICS}
+    used, share, over = (
+        GaugeMetricFamily(name, help_of[name], labels=JOB_MEMORY_LABELS)
+        for name in (
+            "gpufleet_job_gpu_memory_used_bytes",
+            "gpufleet_job_gpu_memory_share_bytes",
+            "gpufleet_job_gpu_memory_over_share",
+        )
+    )
+    for m in state.job_memory:
+        labels = [m.job, m.queue, str(m.index), m.uuid, m.node]
+        used.add_metric(labels, float(m.used_bytes))
+        share.add_metric(labels, float(m.share_bytes))
+        over.add_metric(labels, 1.0 if m.over_share else 0.0)
+    stray_bytes, stray_count = (
+        GaugeMetricFamily(name, help_of[name], labels=GPU_ONLY_LABELS)
+        for name in ("gpufleet_gpu_unattributed_memory_bytes", "gpufleet_gpu_unattributed_processes")
+    )
+    for u in state.unattributed:
+        labels = [str(u.index), u.uuid, u.node]
+        stray_bytes.add_metric(labels, float(u.used_bytes))
+        stray_count.add_metric(labels, float(len(u.pids)))
+    yield from (used, share, over, stray_bytes, stray_count)
 
 
 def make_registry(

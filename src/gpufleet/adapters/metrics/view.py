@@ -61,10 +61,49 @@ class QueueMetrics:
 
 
 @dataclass(frozen=True, slots=True)
+class JobGpuMemory:
+    """GPU memory one job's processes use on one GPU (NVML's per-process figures, summed).
+
+    `share_bytes` is what its hold on that GPU entitles it to: the GPU memory its share reserved, else its
+    fraction of the GPU's memory; 0 when it holds no share of this GPU at all (a process that reached a GPU
+    it was not given). `over_share`: it uses more than that, which a fractional share cannot prevent (the
+    GPU does not enforce it: the job must cooperate)."""
+
+    job: str
+    queue: str
+    node: str
+    index: int
+    uuid: str
+    used_bytes: int
+    share_bytes: int
+    pids: tuple[int, ...] = ()
+
+    @property
+    def over_share(self) -> bool:
+        return self.used_bytes > self.share_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class UnattributedMemory:
+    """GPU memory on one GPU used by processes that belong to no gpufleet job (the GPU is used outside the
+    scheduler)."""
+
+    node: str
+    index: int
+    uuid: str
+    used_bytes: int = 0
+    pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerState:
     """One consistent read of the scheduler for a scrape. `owners` labels each GPU's samples with its job
     and queue. `fragmentation_ratio` is FGD's share of the idle GPU capacity that is fragmented (0..1) and
-    `fragmented_gpus` the same in GPUs; `cycle_*` describe scheduling cycles since start."""
+    `fragmented_gpus` the same in GPUs; `cycle_*` describe scheduling cycles since start.
+
+    `processes_attributed` says whether GPU processes were mapped to jobs at all (False: no executor to ask,
+    and the per-process families are left empty rather than call every process unattributed). Then
+    `job_memory` lists each job's memory per GPU and `unattributed` every sampled GPU (used 0 when clean)."""
 
     queues: tuple[QueueMetrics, ...] = ()
     owners: Mapping[GpuKey, GpuOwner] = field(default_factory=dict)
@@ -73,6 +112,9 @@ class SchedulerState:
     cycles: int = 0
     cycle_seconds_sum: float = 0.0
     last_cycle_seconds: float | None = None
+    processes_attributed: bool = False
+    job_memory: tuple[JobGpuMemory, ...] = ()
+    unattributed: tuple[UnattributedMemory, ...] = ()
 
 
 class SchedulerView(Protocol):

@@ -7,6 +7,11 @@ values). Every sample is exported with `probe="emulated"`.
 Levels: no job -> 0 % and idle power; `idle` (holds the GPU, runs nothing) -> 0-2 %; `light` -> 20-50 %;
 `busy` -> 85-99 %. Utilisation scales with the job's share of the GPU (`milli`). Memory used is what the
 job declares, else its share of the GPU's memory (90 % of it: frameworks cache what they can).
+
+The sample's `processes` are the activity's `pids` (the control plane gives the real pids of the jobs'
+workers, so the pid-to-job mapping runs on emulated inventories too). The memory is split among them in
+proportion to each pid's weight from `pid_weights` (the milli-GPU share of the job it belongs to: two jobs
+of 300 and 700 on one GPU use 30 % and 70 % of it), evenly when no weights are given.
 """
 
 from __future__ import annotations
@@ -67,9 +72,11 @@ class EmulatedProbe:
         activity: Callable[[], Mapping[GpuKey, GpuActivity]],
         *,
         seed: int = 0,
+        pid_weights: Callable[[], Mapping[int, int]] | None = None,
     ) -> None:
         self.nodes = tuple(nodes)
         self.activity = activity
+        self.pid_weights = pid_weights
         self._gpus = [(node.name, gpu) for node in self.nodes for gpu in node.gpus]
         self._figures = [figures(gpu.model) for _, gpu in self._gpus]
         self._rng = np.random.default_rng(seed)
@@ -78,6 +85,7 @@ class EmulatedProbe:
 
     def sample(self, now: float) -> Sequence[GpuSample]:
         acts = self.activity()
+        weights = self.pid_weights() if self.pid_weights is not None else {}
         n = len(self._gpus)
         noise = self._rng.random((5, n))  # one draw per call: determinism does not depend on activity
         out = []
@@ -95,8 +103,7 @@ class EmulatedProbe:
                 declared = act.memory if act.memory > 0 else int(0.9 * share * gpu.memory)
                 used = min(gpu.memory, int(declared * (0.99 + 0.02 * noise[2, i])))
                 frac = util / 100.0
-                per_pid = used // len(act.pids) if act.pids else 0
-                processes = tuple((pid, per_pid) for pid in act.pids)
+                processes = _split(used, act.pids, weights)
             power = fig.idle_power_w + (fig.power_limit_w - fig.idle_power_w) * frac * (0.85 + 0.1 * noise[3, i])
             clock = fig.max_sm_clock_mhz if act is not None and act.level is not ActivityLevel.IDLE else _IDLE_CLOCK_MHZ
             out.append(
@@ -128,3 +135,12 @@ class EmulatedProbe:
                 )
             )
         return out
+
+
+def _split(used: int, pids: Sequence[int], weights: Mapping[int, int]) -> tuple[tuple[int, int], ...]:
+    """`used` bytes shared among `pids` in proportion to their weights (1 each when not given)."""
+    if not pids:
+        return ()
+    parts = [max(1, weights.get(pid, 1)) for pid in pids] if weights else [1] * len(pids)
+    total = sum(parts)
+    return tuple((pid, used * part // total) for pid, part in zip(pids, parts, strict=True))
