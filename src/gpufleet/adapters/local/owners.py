@@ -11,6 +11,10 @@ Pids are reused, so a process is named by its pid and its start time (clock tick
 again. A cached owner holds only while that worker is still known (a process left behind by a finished job
 is no job's any more); a cached "nobody" only until the set of known workers changes.
 
+Pids are read in this process's pid namespace. NVML reports the driver's view; where the control plane runs
+in a container without the host's pid namespace, NVML's pids may not name our processes and every GPU process
+shows as nobody's: run it with the host's pid namespace (e.g. `--pid=host`) there.
+
 Linux only (`/proc`); stdlib only. Cost: one `/proc/<pid>/stat` read per pid asked for (its start time),
 plus, for a pid not cached, one read per ancestor walked.
 """
