@@ -103,7 +103,9 @@ class Live:
     def events(self, kind: str | None = None, job: str | None = None) -> list[dict[str, Any]]:
         if not self.ledger.exists():
             return []
-        lines = [json.loads(line) for line in self.ledger.read_text().splitlines() if line.strip()]
+        # Only complete lines: a job may be writing the last one right now.
+        complete = self.ledger.read_text().split("\n")[:-1]
+        lines = [json.loads(line) for line in complete if line.strip()]
         return [e for e in lines if (kind is None or e["event"] == kind) and (job is None or e["job"] == job)]
 
     def wait_events(self, kind: str, job: str, count: int = 1, timeout_s: float = 20.0) -> list[dict[str, Any]]:
