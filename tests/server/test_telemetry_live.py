@@ -147,6 +147,10 @@ def test_metrics_label_each_gpu_with_its_job_and_prometheus_reads_them_back(live
         assert "reserved but idle" in client.get(f"/v1/jobs/{idle}/explain").json()["idle"]
         assert client.get(f"/v1/jobs/{busy}/explain").json()["idle"] is None
         assert "reserved but idle" in cli(live, "explain", idle).stdout
+        notices = client.get(f"/v1/jobs/{idle}/events").json()["notices"]
+        assert [n["kind"] for n in notices] == ["reserved-idle"]
+        assert "policy notify: notified" in notices[0]["message"]
+        assert client.get(f"/v1/jobs/{busy}/events").json()["notices"] == []
 
         frame = cli(live, "top", "--once").stdout
         assert "EMULATED" in frame

@@ -8,7 +8,7 @@ import pytest
 
 from gpufleet.domain import JobState, QueueSpec, Quota, SpecError, UnknownNameError, make_node
 from gpufleet.domain import JobState as S
-from gpufleet.ports.admin import JobQuery, Role, Token
+from gpufleet.ports.admin import JobQuery, Notice, Role, Token
 from tests.storage.conftest import Harness
 from tests.storage.test_contract import job, move
 
@@ -191,3 +191,17 @@ def test_settings(sql: Harness) -> None:
     store.set_setting("policy", "default")
     assert store.get_setting("policy") == "default"
     assert sql.reopen().get_setting("policy") == "default"
+
+
+def test_notices_are_kept_per_job_in_order_and_survive_a_reopen(sql: Harness) -> None:
+    store = sql.sql
+    store.set_queue(QueueSpec("default"))
+    store.submit(job("a"), at=1.0)
+    store.submit(job("b"), at=1.0)
+    store.add_notice(Notice("a", "reserved-idle", "under 5 % for 30 min", 10.0))
+    store.add_notice(Notice("a", "reserved-idle", "again", 20.0))
+    assert [n.message for n in store.notices("a")] == ["under 5 % for 30 min", "again"]
+    assert store.notices("b") == ()
+    with pytest.raises(UnknownNameError, match="'nope' does not exist"):
+        store.add_notice(Notice("nope", "x", "y", 1.0))
+    assert sql.reopen().notices("a")[1] == Notice("a", "reserved-idle", "again", 20.0)

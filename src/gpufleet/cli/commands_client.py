@@ -229,6 +229,8 @@ def explain(
         console.print(f"quota {quota['resource']}: {used} used of {nominal} nominal ({quota['unit']})")
     if why.get("idle"):
         console.print(f"[bold yellow]{why['idle']}[/]")
+    for notice in why.get("notices", [])[-3:]:
+        console.print(f"  note ({notice['kind']}): {notice['message']}")
     for event in why["events"][-5:]:
         console.print(f"  {event['source']} -> {event['target']}: {event['reason']}")
 

@@ -34,6 +34,17 @@ class Token:
 
 
 @dataclass(frozen=True, slots=True)
+class Notice:
+    """Something worth telling about a job that is not a change of its state (e.g. flagged reserved but
+    idle). Transitions are the job's history; notices are remarks beside it."""
+
+    job_id: str
+    kind: str
+    message: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class JobQuery:
     queue: str | None = None
     states: frozenset[JobState] = frozenset()
@@ -69,6 +80,14 @@ class AdminStore(StateStore, Protocol):
 
     def jobs(self, query: JobQuery) -> Sequence[JobRecord]:
         """Jobs matching the query, newest first."""
+        ...
+
+    def add_notice(self, notice: Notice) -> None:
+        """Record a notice on a job. UnknownNameError if there is no such job."""
+        ...
+
+    def notices(self, job_id: str) -> Sequence[Notice]:
+        """A job's notices, oldest first."""
         ...
 
     def get_setting(self, key: str) -> str | None: ...

@@ -119,9 +119,17 @@ class EventOut(BaseModel):
     at: float
 
 
+class NoticeOut(BaseModel):
+    kind: str
+    message: str
+    at: float
+
+
 class EventsOut(BaseModel):
     job_id: str
     events: list[EventOut]
+    # Remarks that are not state changes, e.g. "reserved but idle" flags.
+    notices: list[NoticeOut] = []
 
 
 class QuotaUseOut(BaseModel):
@@ -149,6 +157,7 @@ class ExplainOut(BaseModel):
     events: list[EventOut]
     # Set when the job holds GPUs it does not use (reserved but idle), or was flagged so before.
     idle: str | None = None
+    notices: list[NoticeOut] = []
 
 
 class CancelOut(BaseModel):

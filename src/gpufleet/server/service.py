@@ -36,6 +36,7 @@ from gpufleet.server.schemas import (
     JobOut,
     LogsOut,
     NodeOut,
+    NoticeOut,
     QueueIn,
     QueueOut,
     QuotaUseOut,
@@ -185,7 +186,11 @@ class Service:
 
     def events(self, principal: Principal, job_id: JobId) -> EventsOut:
         self._visible(principal, job_id)
-        return EventsOut(job_id=job_id, events=[event_out(t) for t in self.store.history(job_id)])
+        return EventsOut(
+            job_id=job_id,
+            events=[event_out(t) for t in self.store.history(job_id)],
+            notices=[NoticeOut(kind=n.kind, message=n.message, at=n.at) for n in self.store.notices(job_id)],
+        )
 
     def explain(self, principal: Principal, job_id: JobId) -> ExplainOut:
         record = self._visible(principal, job_id)
@@ -222,6 +227,7 @@ class Service:
             exit_code=record.exit_code,
             events=events,
             idle=self._idle(job_id),
+            notices=[NoticeOut(kind=n.kind, message=n.message, at=n.at) for n in self.store.notices(job_id)],
         )
 
     def _idle(self, job_id: JobId) -> str | None:

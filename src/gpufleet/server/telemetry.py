@@ -55,7 +55,7 @@ from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.ports import RequestKind
-from gpufleet.ports.admin import AdminStore
+from gpufleet.ports.admin import AdminStore, Notice
 from gpufleet.ports.telemetry import ActivityLevel, GpuActivity, GpuOwner, GpuProbe, GpuSample
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, cluster_fragmentation
 from gpufleet.scheduling.state import Holding
@@ -559,6 +559,8 @@ class Telemetry:
             "reason": what,
         }
         self.store.set_setting(FLAG_KEY.format(job=flag.job), json.dumps(record, sort_keys=True))
+        if policy is not IdlePolicy.NONE:
+            self.store.add_notice(Notice(flag.job, "reserved-idle", f"{what}; policy {policy.value}: {action}", now))
 
     def last_flag(self, job: str) -> dict[str, object] | None:
         text = self.store.get_setting(FLAG_KEY.format(job=job))

@@ -54,6 +54,17 @@ transitions = sa.Table(
     sa.Index(None, "job_id", "id"),
 )
 
+notices = sa.Table(
+    "notices",
+    metadata,
+    sa.Column("id", AutoId, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(), sa.ForeignKey("jobs.id"), nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("message", sa.Text(), nullable=False),
+    sa.Column("at", sa.Float(), nullable=False),
+    sa.Index(None, "job_id", "id"),
+)
+
 requests = sa.Table(
     "requests",
     metadata,

@@ -49,7 +49,7 @@ from gpufleet.domain.lifecycle import TERMINAL, JobState, Transition
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import Request, RequestKind, StaleWriteError
-from gpufleet.ports.admin import AdminStore, JobQuery, Role, Token
+from gpufleet.ports.admin import AdminStore, JobQuery, Notice, Role, Token
 
 ACTIVE_STATES = tuple(s.value for s in JobState if s not in TERMINAL)
 _CHUNK = 500  # ids per IN (...) list, well under SQLite's limit on bound parameters
@@ -97,6 +97,12 @@ _HISTORY = (
     sa.select(_T.job_id, _T.source, _T.target, _T.reason, _T.at).where(_T.job_id == sa.bindparam("id")).order_by(_T.id)
 )
 _INSERT_REQUEST = sa.insert(t.requests)
+_INSERT_NOTICE = sa.insert(t.notices)
+_NOTICES = (
+    sa.select(t.notices.c.job_id, t.notices.c.kind, t.notices.c.message, t.notices.c.at)
+    .where(t.notices.c.job_id == sa.bindparam("id"))
+    .order_by(t.notices.c.id)
+)
 _REQUESTS_AFTER = sa.select(t.requests).where(t.requests.c.seq > sa.bindparam("cursor")).order_by(t.requests.c.seq)
 
 
@@ -504,6 +510,20 @@ class SqlStore:
         with self._tx(write=False) as c:
             rows = c.execute(statement.order_by(t.jobs.c.seq.desc()).limit(query.limit)).scalars().all()
         return [decode_record(r) for r in rows]
+
+    def add_notice(self, notice: Notice) -> None:
+        with self._tx(write=True) as c:
+            if c.execute(_EXISTS, {"id": notice.job_id}).first() is None:
+                raise UnknownNameError(f"job {notice.job_id!r} does not exist", "check the job id")
+            c.execute(
+                _INSERT_NOTICE,
+                {"job_id": notice.job_id, "kind": notice.kind, "message": notice.message, "at": notice.at},
+            )
+
+    def notices(self, job_id: JobId) -> Sequence[Notice]:
+        with self._tx(write=False) as c:
+            rows = c.execute(_NOTICES, {"id": job_id}).all()
+        return tuple(Notice(r.job_id, r.kind, r.message, r.at) for r in rows)
 
     def get_setting(self, key: str) -> str | None:
         with self._tx(write=False) as c:
