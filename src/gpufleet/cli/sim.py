@@ -320,6 +320,10 @@ def sim(
             help="What if: add nodes from the start, COUNTxMODEL[-MEMGB][@NODES], e.g. 8xH100@4 (repeatable).",
         ),
     ] = None,
+    grow_quotas: Annotated[
+        bool,
+        typer.Option(help="With --add-nodes: grow every queue's nominal GPU quota in proportion to the GPUs added."),
+    ] = False,
     quota: Annotated[
         list[str] | None,
         typer.Option(
@@ -358,6 +362,7 @@ def sim(
         settings = sim_settings(failures, checkpoint_every_s)
         what_if_flags = {
             "--add-nodes": add_nodes,
+            "--grow-quotas": grow_quotas,
             "--quota": quota,
             "--event": event,
             "--node-mtbf-hours": node_mtbf_hours,
@@ -377,7 +382,11 @@ def sim(
             return
         loaded = load_named(workload, root, seed, parse_options(options or []))
         loaded = scale_load(loaded, load_scale)
-        changed = apply_what_if(loaded, add_nodes=add_nodes or (), quotas=quota or (), events=event or ())
+        if grow_quotas and not add_nodes:
+            raise WorkloadError("--grow-quotas grows quotas with the GPUs added", "add --add-nodes, or drop it")
+        changed = apply_what_if(
+            loaded, add_nodes=add_nodes or (), quotas=quota or (), events=event or (), grow_quotas=grow_quotas
+        )
         loaded = changed.workload
         what_if = list(changed.changes)
         if failures is not None:

@@ -11,7 +11,9 @@ them). Same workload, profile, settings and seed: the same event log, byte for b
 When the run ends: when no arrival or observation is left to come, and either no job is waiting or no
 cluster event that could let one in (a repair, added nodes, a quota change, a retry tick) is due before
 the last such event already scheduled at that moment. Failures alone never keep a run going (with a
-failure model some node is always about to fail).
+failure model some node is always about to fail). With a failure model and no horizon given, the run
+stops at `failure_horizon()`: jobs that do not checkpoint may never outlast failures that come often
+enough, and such a run would not end; what is left unfinished there is counted as unfinished.
 """
 
 from __future__ import annotations
@@ -63,6 +65,20 @@ class SimSettings:
     reconciler: ReconcilerSettings = field(default_factory=ReconcilerSettings)
     horizon_s: float | None = None  # stop at this simulated time (None: when nothing is left to happen)
     failures: FailureModel | None = None  # random node failures and repairs (None: nodes never fail)
+
+
+FAILURE_HORIZON_FACTOR = 20.0
+
+
+def failure_horizon(workload: Workload) -> float:
+    """Where a run with random failures stops if no horizon is given: after the last arrival, 20 times the
+    longer of the longest job and the time the whole cluster needs for all the work (GPU-seconds / GPUs)."""
+    if not workload.jobs:
+        return 0.0
+    durations = [tj.duration or 0.0 for tj in workload.jobs]
+    work = sum(d * tj.gpu_milli_total / 1000.0 for d, tj in zip(durations, workload.jobs, strict=True))
+    ideal = max(*durations, work / max(1, workload.gpu_count), 3600.0)
+    return workload.jobs[-1].arrival + FAILURE_HORIZON_FACTOR * ideal
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +134,8 @@ class SimRun:
     end_time: float
     cluster_log: list[ClusterChange] = field(default_factory=list)
     node_down_gpu_seconds: float = 0.0  # GPU capacity unavailable while nodes were down
+    horizon_s: float | None = None  # the time the run was to stop at (None: when nothing was left)
+    cut_short: bool = False  # whether it stopped there with events still to come
 
     @property
     def log(self) -> list[Transition]:
@@ -291,10 +309,14 @@ class Simulation:
         arrived = 0
         total = len(self.workload.jobs)
         horizon = self.settings.horizon_s
+        if horizon is None and self.settings.failures is not None:
+            horizon = failure_horizon(self.workload)
         hold: float | None = None
+        cut_short = False
         while self._heap:
             now = self._heap[0][0]
             if horizon is not None and now > horizon:
+                cut_short = bool(self._essential)
                 break
             going, hold = self._keeps_going(now, hold)
             if not going:
@@ -358,6 +380,8 @@ class Simulation:
             end,
             self.cluster_log,
             self.node_down_gpu_seconds,
+            horizon,
+            cut_short,
         )
 
 

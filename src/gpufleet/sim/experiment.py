@@ -211,12 +211,18 @@ def run_experiment(
                 variant, prof, fgd_protocol=fgd, prices=prices, job_ids=job_ids, settings=settings, progress=progress
             )
         )
+    cut = [
+        f"{r.policy} stopped at the simulation horizon ({r.run.horizon_s:,.0f} s) with "
+        f"{r.metrics.jobs_unfinished:,} job(s) unfinished"
+        for r in results
+        if r.run.cut_short and r.run.horizon_s is not None
+    ]
     return Experiment(
         workload,
         tuple(results),
         fgd,
         prices,
-        tuple(notes),
+        (*notes, *cut),
         frozenset(job_ids) if job_ids is not None else None,
         tuple(what_if),
     )

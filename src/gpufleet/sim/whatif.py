@@ -243,9 +243,9 @@ def event_spec(
         return NodeDown(at, node, reason.strip() or "--event")
     if kind == "quota":
         models = workload.models | {g.model for n in taken_nodes(workload) for g in n.gpus}
-        return QuotaChange(at, quota_spec(what, queues, models, flag=f"{flag} {text!r}:"))
+        return QuotaChange(at, quota_spec(what, queues, models, flag=f"{flag} {text!r}, in"))
     if kind == "add":
-        added = add_nodes_spec(what, workload, taken, flag=f"{flag} {text!r}:")
+        added = add_nodes_spec(what, workload, taken, flag=f"{flag} {text!r}, in")
         return AddNodes(at, added.nodes)
     raise WorkloadError(
         f"{flag} {text!r}: {parts[1]!r} is not an event kind", f"use down, up, quota or add; {EVENT_EXAMPLE}"
@@ -255,6 +255,35 @@ def event_spec(
 def taken_nodes(workload: Workload) -> tuple[Node, ...]:
     """Nodes the workload's own `AddNodes` events bring."""
     return tuple(n for e in workload.events if isinstance(e, AddNodes) for n in e.nodes)
+
+
+def _quotas_for_growth(specs: dict[str, QueueSpec], before: int, after: int, grow: bool) -> list[str]:
+    """Grow the queues' nominal `gpu` quotas by after/before GPUs (in place), or, when not asked to, say when
+    the quotas leave the added GPUs out of reach (quotas cap use even when GPUs are idle)."""
+    limited = {name: spec.quotas[GPU].nominal for name, spec in specs.items() if GPU in spec.quotas}
+    finite = {name: nominal for name, nominal in limited.items() if nominal is not None}
+    if not finite:
+        return []
+    if grow and before > 0:
+        factor = after / before
+        for name, nominal in finite.items():
+            spec = specs[name]
+            old = spec.quotas[GPU]
+            grown = round(nominal * factor / 1000) * 1000
+            lending = None if old.lending_limit is None else min(old.lending_limit, grown)
+            specs[name] = replace(spec, quotas={**spec.quotas, GPU: Quota(grown, old.borrowing_limit, lending)})
+        shown = ", ".join(
+            f"{name} {finite[name] / 1000:g}->{(specs[name].quotas[GPU].nominal or 0) / 1000:g}" for name in finite
+        )
+        return [f"--grow-quotas: nominal GPU quotas grown x{factor:.3g} with the cluster ({shown} GPUs)"]
+    total = sum(finite.values()) / 1000
+    if len(finite) == len(specs) and total < after:
+        return [
+            f"note: the queues' nominal GPU quotas total {total:g} of the {after} GPUs now installed; quotas cap "
+            "what queues use (borrowing included), so added GPUs may stay idle. Add --grow-quotas to grow every "
+            "queue's quota with the cluster, or --quota QUEUE:gpu=N"
+        ]
+    return []
 
 
 @dataclass(frozen=True)
@@ -271,9 +300,11 @@ def apply_what_if(
     add_nodes: Sequence[str] = (),
     quotas: Sequence[str] = (),
     events: Sequence[str] = (),
+    grow_quotas: bool = False,
 ) -> WhatIf:
     """Nodes added and quotas set at time 0 (part of the cluster from the start), then timed events attached
-    (in time order; a quota event starts from the queue's spec as it is by then)."""
+    (in time order; a quota event starts from the queue's spec as it is by then). `grow_quotas`: every
+    queue's nominal `gpu` quota grows in proportion to the GPUs added (before `quotas` apply)."""
     changes: list[str] = []
     nodes = list(workload.nodes)
     for text in add_nodes:
@@ -286,6 +317,8 @@ def apply_what_if(
         )
     grown = replace(workload, nodes=tuple(nodes))
     specs = {q.name: q for q in grown.queues}
+    if add_nodes:
+        changes += _quotas_for_growth(specs, workload.gpu_count, grown.gpu_count, grow_quotas)
     for text in quotas:
         spec = quota_spec(text, specs, grown.models)
         specs[spec.name] = spec
