@@ -21,7 +21,7 @@ from gpufleet.sim.engine import SimRun, SimSettings, Simulation
 from gpufleet.sim.events import AddNodes, FailureModel, NodeDown, NodeUp, QuotaChange
 from gpufleet.sim.experiment import run_experiment
 from gpufleet.sim.whatif import add_nodes_spec, apply_what_if, quota_spec
-from gpufleet.sim.workload import TraceJob, Workload, WorkloadError
+from gpufleet.sim.workload import ThroughputEntry, ThroughputTable, TraceJob, Workload, WorkloadError
 from gpufleet.sim.workloads import generate_synthetic
 
 S = JobState
@@ -380,3 +380,13 @@ def test_bad_what_if_flags_are_clear_errors(runner: CliRunner, args: list[str], 
     assert result.stderr.startswith("error: ")
     assert message in result.stderr
     assert "to fix:" in result.stderr
+
+
+def test_added_gpus_need_a_throughput_measurement_when_the_workload_has_a_table() -> None:
+    table = ThroughputTable((ThroughputEntry("resnet", "V100", 1, 10.0),), source="test table", reference="V100")
+    workload = replace(two_nodes(), throughput=table)
+    with pytest.raises(WorkloadError, match="no measurements for H100"):
+        add_nodes_spec("8xH100", workload)
+    assert add_nodes_spec("4xV100", workload).nodes[0].gpus[0].model == "V100"
+    with pytest.raises(WorkloadError, match="throughput table lacks"):
+        replace(workload, events=(AddNodes(5.0, (make_node("h", "H100", 8, 80 * GiB),)),))

@@ -313,6 +313,7 @@ class Simulation:
             horizon = failure_horizon(self.workload)
         hold: float | None = None
         cut_short = False
+        capacity_of: tuple[object, int] = (None, 0)
         while self._heap:
             now = self._heap[0][0]
             if horizon is not None and now > horizon:
@@ -344,7 +345,9 @@ class Simulation:
             steps += 1
             core += report.core_seconds
             base = self.reconciler.base
-            capacity = int(base.table.gpu_milli_total.sum())
+            if base.table is not capacity_of[0]:  # a new table only when the cluster changed
+                capacity_of = (base.table, int(base.table.gpu_milli_total.sum()))
+            capacity = capacity_of[1]
             samples.append(
                 Sample(
                     now,

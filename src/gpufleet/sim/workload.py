@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 
 from gpufleet.domain import Job, Node, QueueSpec
 from gpufleet.domain.errors import WorkloadError
-from gpufleet.domain.throughput import ThroughputEntry, ThroughputTable
-from gpufleet.sim.events import ClusterEvent, event_problems
+from gpufleet.domain.throughput import ThroughputEntry, ThroughputTable, model_key
+from gpufleet.sim.events import AddNodes, ClusterEvent, event_problems
 
 __all__ = ["ThroughputEntry", "ThroughputTable", "TraceJob", "Workload", "WorkloadError"]
 
@@ -123,6 +123,12 @@ class Workload:
                 problems.append(f"job {tj.id!r} is in queue {tj.job.queue!r}, which the workload does not define")
                 break
         problems += event_problems(self.events, set(node_names), queue_names)
+        if self.throughput is not None:
+            measured = set(self.throughput.models)
+            added = {g.model for e in self.events if isinstance(e, AddNodes) for n in e.nodes for g in n.gpus}
+            unmeasured = sorted(m for m in added if model_key(m) not in measured)
+            if unmeasured:
+                problems.append(f"nodes added by events have GPU models the throughput table lacks: {unmeasured}")
         if problems:
             raise WorkloadError(
                 f"workload {self.name!r} is inconsistent: {'; '.join(problems)}",
