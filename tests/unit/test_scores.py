@@ -61,6 +61,22 @@ def test_equal_scores_break_ties_by_node_name() -> None:
         assert nodes_of(run(snapshot, [make_job("j").gpus(2).build()], profile(name)), "j") == ["node-00"]
 
 
+@pytest.mark.parametrize(
+    ("profile_name", "expected"),
+    [
+        pytest.param("spread", ["node-00", "node-01", "node-02", "node-00"], id="spread-takes-turns"),
+        pytest.param("default", ["node-00", "node-00", "node-00", "node-00"], id="bin_pack-fills-one-node"),
+    ],
+)
+def test_each_placement_sees_the_scores_the_one_before_left(profile_name: str, expected: list[str]) -> None:
+    """Identical jobs, one after the other: each one's scores reflect where the previous ones went
+    (the core keeps scores per request class and must recompute the nodes that changed)."""
+    snapshot = cluster().nodes(3, "A100-80GB").snapshot()
+    jobs = [make_job(f"j{k}").gpus(2).submitted(k).build() for k in range(4)]
+    result = run(snapshot, jobs, profile(profile_name))
+    assert [nodes_of(result, f"j{k}")[0] for k in range(4)] == expected
+
+
 # ---- topology ------------------------------------------------------------------------------------
 
 # Two nodes, two NVLink groups of 4 GPUs each, 4 GPUs free on both: on node-00 two in each group,
