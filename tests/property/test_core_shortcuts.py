@@ -2,9 +2,8 @@
 
 Shortcuts checked: jobs whose outcome is already known in the cycle settled without a turn
 (`settle_known`), single-node victim searches skipped when they cannot beat the best set found
-(`_lower_bound`), what-ifs over many running jobs applied as arrays (`SHIFT_ARRAYS_FROM`), scores kept
-per request class for node-local score plugins (`node_local`), and the node table, capacity memo and
-running-job facts reused from an earlier cycle of the same inventory.
+(`_lower_bound`), what-ifs over many running jobs applied as arrays (`SHIFT_ARRAYS_FROM`), and the
+node table, capacity memo and running-job facts reused from an earlier cycle of the same inventory.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from hypothesis import strategies as st
 from gpufleet.policies.catalog import profile
 from gpufleet.policies.preempt import priority as priority_preemption
 from gpufleet.scheduling import cycle as cycle_module
-from gpufleet.scheduling import placer as placer_module
 from gpufleet.scheduling import state as state_module
 from gpufleet.scheduling.cycle import run_cycle
 from tests.kit import without
@@ -34,10 +32,9 @@ def _never_prune(*_: object) -> tuple[float, float, float, float]:
 @contextmanager
 def _plain() -> Iterator[None]:
     """Every shortcut off: each job takes its turn, every node is searched, what-ifs go job by job,
-    every placement scores its candidates afresh, and nothing is reused from earlier cycles."""
+    and nothing is reused from earlier cycles."""
     with (
         patch.object(cycle_module._Cycle, "settle_known", lambda self, stack: None),
-        patch.object(placer_module, "node_local", lambda profile, view: False),
         patch.object(priority_preemption, "_lower_bound", _never_prune),
         patch.object(state_module, "SHIFT_ARRAYS_FROM", 10**9),
     ):

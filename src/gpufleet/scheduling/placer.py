@@ -97,57 +97,16 @@ def evaluate(profile: Profile, view: JobView, state: CycleState) -> Evaluation:
     return entry
 
 
-def weighted_scores(
-    profile: Profile, view: JobView, state: CycleState, evaluation: Evaluation, rows: IntArray, gang: GangContext
-) -> FloatArray:
-    """The profile's weighted score total for the nodes `rows`."""
-    total: FloatArray | None = None
-    for plugin, weight in profile.scores:
-        weighted = weight * plugin.score(view, state, evaluation, rows, gang)
-        # The first term as is: 0.0 + x is x (or +0.0 for -0.0, which compares equal), same argmax.
-        total = weighted if total is None else np.add(total, weighted, out=total)
-    assert total is not None
-    return total
-
-
-def node_local(profile: Profile, view: JobView) -> bool:
-    """Whether every score plugin says a node's score for this job depends only on that node (its row
-    of the table and of the class's evaluation) and on the job's request: then scores can be kept per
-    class and recomputed for changed nodes only. Plugins say so with an optional `node_local(view)`."""
-    for plugin, _ in profile.scores:
-        check = getattr(plugin, "node_local", None)
-        if check is None or not check(view):
-            return False
-    return True
-
-
-def class_scores(
-    profile: Profile, view: JobView, state: CycleState, evaluation: Evaluation, gang: GangContext
-) -> FloatArray:
-    """Weighted scores of every node for a single worker of this class, kept in the evaluation and
-    recomputed for the nodes changed since. Scores are element-wise, so a node's value is the same
-    whichever other nodes it is computed with."""
-    table = state.table
-    scores = evaluation.scores
-    if scores is None:
-        scores = weighted_scores(profile, view, state, evaluation, np.arange(len(table), dtype=np.int64), gang)
-        evaluation.scores = scores
-    elif evaluation.scores_clock != table.clock:
-        dirty: IntArray = (table.version > evaluation.scores_clock).nonzero()[0]
-        if len(dirty):
-            scores[dirty] = weighted_scores(profile, view, state, evaluation, dirty, gang)
-    evaluation.scores_clock = table.clock
-    return scores
-
-
 def choose_node(profile: Profile, view: JobView, state: CycleState, evaluation: Evaluation, gang: GangContext) -> int:
     candidates: IntArray = evaluation.passed.nonzero()[0]
     if len(candidates) == 1 or not profile.scores:
         return int(candidates[0])
-    if view.job.gang_size == 1 and not gang.nodes and node_local(profile, view):
-        total = class_scores(profile, view, state, evaluation, gang)[candidates]
-    else:
-        total = weighted_scores(profile, view, state, evaluation, candidates, gang)
+    total: FloatArray | None = None
+    for plugin, weight in profile.scores:
+        weighted = weight * plugin.score(view, state, evaluation, candidates, gang)
+        # The first term as is: 0.0 + x is x (or +0.0 for -0.0, which compares equal), same argmax.
+        total = weighted if total is None else np.add(total, weighted, out=total)
+    assert total is not None
     # argmax returns the first maximum: the lowest node index, so ties break by node name.
     return int(candidates[int(total.argmax())])
 

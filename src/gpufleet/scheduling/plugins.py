@@ -89,12 +89,7 @@ class ScorePlugin(Protocol):
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
         """Scores in [0, 100] for the candidate nodes (indices into the table), higher is better.
-        `evaluation` holds the filters' results for this job over all nodes.
-
-        A plugin may also define `node_local(view) -> bool`: True when, for this job, a node's score
-        depends only on that node's row of the table and of `evaluation` and on the job's request and
-        allowed models, element-wise (not on other nodes, the job's identity or the gang context).
-        The core then keeps scores per request class and recomputes changed nodes only."""
+        `evaluation` holds the filters' results for this job over all nodes."""
         ...
 
 

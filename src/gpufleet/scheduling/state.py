@@ -21,7 +21,7 @@ from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.snapshot import ClusterSnapshot
 from gpufleet.scheduling.ledger import QuotaLedger, job_usage
-from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable, WorkerArrays
+from gpufleet.scheduling.table import BoolArray, IntArray, NodeTable, WorkerArrays
 
 T = TypeVar("T")
 
@@ -80,10 +80,6 @@ class Evaluation:
     passed: BoolArray
     largest_group: IntArray
     clock: int
-    # Weighted score total of every node for a single worker of this class, when every score plugin is
-    # node-local for it (see `placer.choose_node`); valid for node versions up to `scores_clock`.
-    scores: FloatArray | None = None
-    scores_clock: int = -1
 
 
 # From this many jobs on, a what-if takes the running jobs' arrays instead of going job by job.

@@ -28,10 +28,6 @@ class BestFit:
         self.cpu_weight = cpu_weight
         self.gpu_weight = gpu_weight
 
-    def node_local(self, view: JobView) -> bool:
-        """Yes: a node's score depends on that node and the request only."""
-        return True
-
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
     ) -> FloatArray:

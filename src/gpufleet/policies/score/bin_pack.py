@@ -32,10 +32,6 @@ def free_fraction_after(view: JobView, state: CycleState, candidates: IntArray) 
 class BinPack:
     name: ClassVar[str] = NAME
 
-    def node_local(self, view: JobView) -> bool:
-        """Yes: a node's score depends on that node and the request only."""
-        return True
-
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
     ) -> FloatArray:

@@ -15,10 +15,6 @@ NAME = "spread"
 class Spread:
     name: ClassVar[str] = NAME
 
-    def node_local(self, view: JobView) -> bool:
-        """Yes: a node's score depends on that node and the request only."""
-        return True
-
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
     ) -> FloatArray:

@@ -16,10 +16,6 @@ NAME = "topology"
 class Topology:
     name: ClassVar[str] = NAME
 
-    def node_local(self, view: JobView) -> bool:
-        """A single worker's score depends on its node's NVLink groups only; a gang's looks at racks too."""
-        return view.job.gang_size == 1
-
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
