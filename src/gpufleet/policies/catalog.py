@@ -28,6 +28,11 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
                    (`PolicyData.throughput`; without one the throughput parts are neutral)
     tiresias       least attained service (2D-LAS bands) with consolidation first (topology weight 2, then
                    bin_pack), and LAS preemption: a job may stop jobs of its queue in a higher band (`las`)
+    qssf           quasi-shortest service first (Helios): least predicted GPU-seconds first, run times learned
+                   online from the jobs that finished (median of the last 20 of the same queue and GPU count);
+                   no oracle durations, no preemption; bin_pack + topology
+    default-qssf   `default` with QSSF inside each queue (`fair_qssf`): fair share between queues, priority,
+                   then least predicted service; priority preemption and quota reclaim
 
 Data-driven plugins (FGD's target workload, Gavel's throughput table) cannot be built from a name alone.
 Two ways to give them their data:
@@ -56,6 +61,7 @@ from gpufleet.policies.order.fair_share import FairShare
 from gpufleet.policies.order.fifo import Fifo
 from gpufleet.policies.order.las import LeastAttainedService
 from gpufleet.policies.order.priority import Priority
+from gpufleet.policies.order.qssf import FairShareQssf, QuasiShortestServiceFirst
 from gpufleet.policies.order.sjf import ShortestJobFirst
 from gpufleet.policies.order.srtf import ShortestRemainingTime
 from gpufleet.policies.order.throughput_fair import ThroughputFairShare
@@ -98,6 +104,8 @@ for _cls in (
     ShortestJobFirst,
     ShortestRemainingTime,
     ThroughputFairShare,
+    QuasiShortestServiceFirst,
+    FairShareQssf,
 ):
     ORDER.register(_cls.name, _cls)
 for _admit in (QuotaAdmission, GangAdmission):
@@ -217,6 +225,12 @@ PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
     "srtf": lambda _: build_profile("srtf", "srtf", (("bin_pack", 1.0), ("topology", 1.0))),
     "gavel": _gavel,
     "tiresias": lambda _: build_profile("tiresias", "las", (("topology", 2.0), ("bin_pack", 1.0)), preempt="las"),
+    # Quasi-shortest service first with run times learned online from finished jobs (no oracle durations).
+    "qssf": lambda _: build_profile("qssf", "qssf", (("bin_pack", 1.0), ("topology", 1.0))),
+    # `default` with QSSF inside each queue: fair share between queues, least predicted service within one.
+    "default-qssf": lambda _: build_profile(
+        "default-qssf", "fair_qssf", (("bin_pack", 1.0), ("topology", 1.0)), preempt="priority"
+    ),
 }
 
 # name -> zero-argument factory with the default PolicyData.

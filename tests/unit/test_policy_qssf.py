@@ -1,0 +1,177 @@
+"""`qssf`: run times learned online from jobs that finished before the decision; least predicted service first."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufleet.domain import GPU, ClusterSnapshot, Job, WorkerRequest, make_node
+from gpufleet.domain.cluster import GpuShare, WorkerPlacement
+from gpufleet.domain.errors import SpecError
+from gpufleet.domain.jobs import RunningJob
+from gpufleet.domain.quotas import QueueSpec, Quota
+from gpufleet.policies.catalog import profile
+from gpufleet.policies.order.qssf import DurationPredictor, FairShareQssf, QuasiShortestServiceFirst
+from gpufleet.scheduling.cycle import run_cycle
+from gpufleet.scheduling.state import CycleState
+
+GIB = 1024**3
+NODES = tuple(make_node(f"n{i}", "A100", 8, 80 * GIB) for i in range(4))
+
+
+def job(job_id: str, *, queue: str = "team", gpus: int = 1, at: float = 0.0, seq: int = 0, **extra: object) -> Job:
+    return Job(
+        id=job_id,
+        queue=queue,
+        request=WorkerRequest(gpus=gpus),
+        submitted_at=at,
+        submit_seq=seq,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def running(j: Job, node: int, first_gpu: int, started_at: float, evicting_for: str | None = None) -> RunningJob:
+    gpus = tuple(GpuShare(first_gpu + g) for g in range(j.request.gpus))
+    return RunningJob(j, (WorkerPlacement(f"n{node}", gpus),), started_at=started_at, evicting_for=evicting_for)
+
+
+def state(now: float, *runs: RunningJob) -> CycleState:
+    return CycleState(ClusterSnapshot(NODES, runs, now=now))
+
+
+def test_prediction_uses_only_jobs_that_finished_before_it() -> None:
+    order = QuasiShortestServiceFirst(min_samples=1, prior_s=500.0)
+    a = job("a", at=0.0)
+    # `a` runs: nothing has finished, so a job ordered now gets the prior.
+    early = job("early", at=5.0, seq=1)
+    assert order.job_key(early, state(10.0, running(a, 0, 0, started_at=0.0))) == (0, 500.0, 5.0)
+    # `a` is gone at t=120: it finished after 120 s; a job ordered now gets that.
+    late = job("late", at=110.0, seq=2)
+    assert order.job_key(late, state(120.0)) == (0, 120.0, 110.0)
+    # The early job keeps the prediction made when it was first ordered.
+    assert order.job_key(early, state(130.0)) == (0, 500.0, 5.0)
+    assert order.predictor.learned == 1
+
+
+def test_oracle_durations_are_never_read() -> None:
+    order = QuasiShortestServiceFirst(prior_s=700.0)
+    short = job("short", expected_duration=1.0)
+    long = job("long", expected_duration=1e6, seq=1)
+    s = state(0.0)
+    assert order.job_key(short, s) == order.job_key(long, s) == (0, 700.0, 0.0)
+
+
+def test_stopped_jobs_are_not_learned_as_finished() -> None:
+    order = QuasiShortestServiceFirst(min_samples=1, prior_s=500.0)
+    victim = job("victim")
+    order.predictor.learn(state(10.0, running(victim, 0, 0, started_at=0.0, evicting_for="someone")))
+    order.predictor.learn(state(50.0))
+    assert order.predictor.learned == 0
+    assert order.job_key(job("next", seq=1), state(60.0)) == (0, 500.0, 0.0)
+
+
+def test_fallbacks_class_then_queue_then_all_then_prior() -> None:
+    p = DurationPredictor(window=5, min_samples=2, prior_s=999.0)
+    one = job("x", queue="q", gpus=1)
+    four = job("y", queue="q", gpus=4)
+    other = job("z", queue="r", gpus=1)
+    assert p.predict(one) == 999.0
+    p.add("q", 4.0, 100.0)
+    p.add("q", 4.0, 300.0)
+    assert p.predict(four) == 200.0  # its class
+    assert p.predict(one) == 200.0  # no 1-GPU history in q: the queue's
+    p.add("q", 1.0, 10.0)
+    assert p.predict(one) == 100.0  # one 1-GPU sample is too few: still the queue's (10, 100, 300)
+    assert p.predict(other) == 100.0  # unknown queue: everyone's
+    for _ in range(5):
+        p.add("q", 4.0, 50.0)
+    assert p.predict(four) == 50.0  # only the last `window` runs count
+
+
+def test_multi_gpu_and_gang_jobs_learn_their_wall_time_and_order_by_gpu_seconds() -> None:
+    order = QuasiShortestServiceFirst(min_samples=1)
+    big = job("big", gpus=4)
+    small = job("small", seq=1)
+    order.predictor.learn(state(0.0, running(big, 0, 0, 0.0), running(small, 1, 0, 0.0)))
+    order.predictor.learn(state(100.0))  # both ran 100 s
+    assert order.predictor.predict(job("b2", gpus=4)) == order.predictor.predict(job("s2")) == 100.0
+    assert order.job_key(job("b2", gpus=4), state(100.0)) == (0, 400.0, 0.0)
+    assert QuasiShortestServiceFirst(min_samples=1, by_service=False).job_key(job("b3", gpus=4), state(0.0))[1] == 3600
+
+
+def test_a_requeued_job_goes_by_what_it_still_needs() -> None:
+    order = QuasiShortestServiceFirst(min_samples=1, prior_s=1000.0)
+    assert order.job_key(job("j", attained_gpu_seconds=400.0), state(0.0)) == (0, 600.0, 0.0)
+    # Past its prediction: assumed to need as much again as it has had.
+    assert order.job_key(job("k", seq=1, attained_gpu_seconds=3000.0), state(0.0)) == (0, 3000.0, 0.0)
+
+
+def test_cycle_runs_the_class_learned_short_first() -> None:
+    # Learn: 2-GPU jobs of the queue ran 60 s, 1-GPU jobs ran 10 h.
+    prof = profile("qssf")
+    learner = prof.order
+    assert isinstance(learner, QuasiShortestServiceFirst)
+    ones = [running(job(f"one{i}"), 0, i, 0.0) for i in range(3)]
+    twos = [running(job(f"two{i}", gpus=2), 1 + i, 0, 0.0) for i in range(3)]
+    learner.predictor.learn(state(0.0, *ones, *twos))
+    learner.predictor.learn(state(60.0, *ones))
+    learner.predictor.learn(state(36_000.0))
+    # Two GPUs left, room for one of the two: the 2-GPU job (120 GPU-s predicted) before the 1-GPU job (36,000).
+    pending = [job("wide", gpus=2, at=2.0, seq=10), job("narrow", at=1.0, seq=11)]
+    busy = ClusterSnapshot(NODES[:1], (running(job("b6", gpus=6), 0, 0, 0.0),), now=36_200.0)
+    assert [p.job for p in run_cycle(busy, pending, prof).placements] == ["wide"]
+    # Without that history (a fresh profile) both get the prior run time: the 1-GPU job needs less service.
+    assert [p.job for p in run_cycle(busy, pending, profile("qssf")).placements] == ["narrow"]
+
+
+def test_fair_variant_ranks_queues_by_fair_share() -> None:
+    queues = (QueueSpec("a", {GPU: Quota(nominal=8000)}), QueueSpec("b", {GPU: Quota(nominal=8000)}))
+    hog = running(job("hog", queue="a", gpus=4), 0, 0, 0.0)
+    s = CycleState(ClusterSnapshot(NODES, (hog,), queues, now=10.0))
+    order = FairShareQssf()
+    assert order.queue_key("b", s) < order.queue_key("a", s)
+    assert order.job_key(job("x", queue="b", priority=5), s)[0] == -5
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    runs=st.lists(st.tuples(st.integers(0, 3), st.floats(1.0, 1e5)), min_size=1, max_size=12),
+    shuffle=st.randoms(use_true_random=False),
+)
+def test_learning_is_the_same_whatever_order_the_running_jobs_come_in(
+    runs: list[tuple[int, float]], shuffle: object
+) -> None:
+    jobs = [
+        (running(job(f"j{k}", queue=f"q{q}"), k // 8, k % 8, started_at=float(k)), float(k) + length)
+        for k, (q, length) in enumerate(runs)
+    ]
+    histories = []
+    for attempt in range(2):
+        listed = list(jobs)
+        if attempt:
+            shuffle.shuffle(listed)  # type: ignore[attr-defined]
+        p = DurationPredictor(window=20, min_samples=1)
+        p.learn(state(0.0, *[r for r, _ in listed]))
+        for end in sorted({e for _, e in jobs}):
+            p.learn(state(end, *[r for r, e in listed if e > end]))
+        histories.append(({k: list(h.runs) for k, h in p.by_class.items()}, list(p.overall.runs)))
+        assert p.learned == len(jobs)
+    assert histories[0] == histories[1]
+    # Each run time is learned exactly: every job is gone at the first look after it ended.
+    assert sorted(histories[0][1]) == sorted(e - r.started_at for r, e in jobs)
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"window": 0}, "window"),
+        ({"min_samples": 0}, "min_samples"),
+        ({"min_samples": 30}, "min_samples"),
+        ({"prior_s": 0.0}, "prior_s"),
+    ],
+)
+def test_bad_settings_are_refused_with_what_to_do(bad: dict[str, float], field: str) -> None:
+    with pytest.raises(SpecError, match=field) as err:
+        DurationPredictor(**bad)  # type: ignore[arg-type]
+    assert "give" in str(err.value)
