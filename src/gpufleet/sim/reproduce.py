@@ -51,6 +51,7 @@ FGD_POLICIES: Mapping[str, str] = {
     "best-fit": "05-BestFit",
     "fgd": "06-FGD",
     "fgd-bf": "06-FGD",  # ours, compared with the FGD it aims to beat
+    "fgd-plus": "06-FGD",  # ours: FGD + GPU-model scarcity + best-fit tie-break
 }
 FGD_TABLE_STEPS = (50, 80, 90, 95, 100, 110, 120, 130)
 # Our profile -> Helios' policy name in helios_qssf_philly_published_results.csv.
