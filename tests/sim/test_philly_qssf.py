@@ -22,4 +22,5 @@ def test_qssf_ignores_oracle_durations_and_beats_strict_fifo(traces_root: Path) 
     assert with_oracle.metrics.queueing.avg == qssf.metrics.queueing.avg
     assert qssf.metrics.jobs_unfinished == fifo.jobs_unfinished == 0
     assert fifo.queueing.avg > 600  # the slice does queue under FIFO, so ordering matters
-    assert qssf.metrics.jct.avg < 0.9 * fifo.jct.avg  # measured: 10,058 s vs 11,956 s (0.84)
+    # Measured: 10,100 s vs 11,956 s (0.84); most of it is backfill (fifo-backfill: 10,058 s), not the prediction.
+    assert qssf.metrics.jct.avg < 0.9 * fifo.jct.avg

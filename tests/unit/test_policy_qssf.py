@@ -54,6 +54,15 @@ def test_prediction_uses_only_jobs_that_finished_before_it() -> None:
     assert order.predictor.learned == 1
 
 
+def test_a_state_older_than_the_last_one_seen_teaches_nothing() -> None:
+    p = DurationPredictor(min_samples=1)
+    p.learn(state(100.0, running(job("a"), 0, 0, started_at=50.0)))
+    p.learn(state(0.0))  # stale: `a` seems gone, but this state is older than the one that showed it running
+    assert p.learned == 0
+    p.learn(state(400.0))
+    assert list(p.overall.runs) == [350.0]
+
+
 def test_oracle_durations_are_never_read() -> None:
     order = QuasiShortestServiceFirst(prior_s=700.0)
     short = job("short", expected_duration=1.0)

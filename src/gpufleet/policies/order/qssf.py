@@ -9,9 +9,9 @@ history at all, `prior_s`. The median of recent finishes follows bursts (a team 
 runs, then long ones), which is where most of its ordering power comes from on Philly.
 
 Never an oracle: `expected_duration` is not read. What a job ran is learned from what the plugin is
-shown: it watches the running jobs of the states it is given (`state.holdings`) and, whenever a job it
-has not seen before is to be ordered, takes every job that ran earlier and no longer holds resources as
-finished, with run time = now - start (+ any earlier attempts). A job being stopped (evicting) when last
+shown: it watches the running jobs of the states it is given (`state.holdings`) and, at the first job it
+orders in a state with a later `now` than before, takes every job that ran earlier and no longer holds
+resources as finished, with run time = now - start (+ any earlier attempts). A job being stopped (evicting) when last
 seen counts as stopped, not finished. The run time learned is at most the time between two such looks
 too long; only finished jobs count, so a prediction only ever uses jobs that ended before it is made.
 
@@ -112,9 +112,15 @@ class DurationPredictor:
         self.by_queue: dict[str, _History] = {}
         self.overall = _History(window)
         self.learned = 0
+        self.clock = float("-inf")  # `now` of the last state learned from
 
     def learn(self, state: CycleState) -> None:
-        """Take what finished since the last look, and note what runs now."""
+        """Take what finished since the last look, and note what runs now. A state older than the last one
+        looked at is ignored: its `now` would understate run times (a control loop's base state keeps the
+        time it was built at; only the per-cycle forks carry the cycle's time)."""
+        if state.now < self.clock:
+            return
+        self.clock = state.now
         holdings = state.holdings
         running = self.running
         gone = running.keys() - holdings.keys()
@@ -178,10 +184,12 @@ class QuasiShortestServiceFirst:
 
     def predicted_seconds(self, job: Job, state: CycleState) -> float:
         """The run time predicted for `job` the first time it was ordered (learning first from `state`)."""
+        predictor = self.predictor
+        if state.now > predictor.clock:
+            predictor.learn(state)
         predicted = self.predicted.get(job.id)
         if predicted is None:
-            self.predictor.learn(state)
-            predicted = self.predicted[job.id] = self.predictor.predict(job)
+            predicted = self.predicted[job.id] = predictor.predict(job)
         return predicted
 
     def remaining_service(self, job: Job, state: CycleState) -> float:
