@@ -133,6 +133,8 @@ class Reconciler:
         if self.store.cluster_version() != self._cluster_version:
             self.base = self._rebuild()
             self.pending.wake_all()
+        # Order plugins key new and requeued jobs against the base state: it must read this step's time.
+        self.base.now = now
         self._observe(now, report)
         self._intake()
         self._requests(now, report)
