@@ -205,3 +205,22 @@ def test_notices_are_kept_per_job_in_order_and_survive_a_reopen(sql: Harness) ->
     with pytest.raises(UnknownNameError, match="'nope' does not exist"):
         store.add_notice(Notice("nope", "x", "y", 1.0))
     assert sql.reopen().notices("a")[1] == Notice("a", "reserved-idle", "again", 20.0)
+
+
+def test_submit_many_writes_a_batch_in_order_and_refuses_only_the_bad_jobs(sql: Harness) -> None:
+    store = sql.sql
+    store.set_queue(QueueSpec("default"))
+    store.submit(job("taken"), at=0.5)
+    results = store.submit_many([job("a"), job("b", queue="nope"), job("c")], at=2.0)
+    assert [type(r).__name__ for r in results] == ["JobRecord", "UnknownNameError", "JobRecord"]
+    assert "submit to one of: default" in str(results[1])
+    seqs = [r.job.submit_seq for r in results if not isinstance(r, Exception)]
+    assert seqs == [2, 3]
+    taken, _ = store.take_submissions(1)
+    assert [r.id for r in taken] == ["a", "c"]
+    assert all(r.submitted_at == 2.0 for r in taken)
+    # A taken id cannot go in with the batch: the others are still stored, one by one.
+    again = store.submit_many([job("d"), job("taken"), job("e")], at=3.0)
+    assert isinstance(again[1], SpecError)
+    assert [r.id for r in (again[0], again[2]) if not isinstance(r, Exception)] == ["d", "e"]
+    assert {r.id for r in sql.reopen().active()} == {"taken", "a", "c", "d", "e"}

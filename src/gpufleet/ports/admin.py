@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpufleet.domain.cluster import Node
+from gpufleet.domain.errors import GpufleetError
+from gpufleet.domain.jobs import Job
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.records import JobRecord
@@ -54,6 +56,10 @@ class JobQuery:
 
 
 class AdminStore(StateStore, Protocol):
+    def submit_many(self, jobs: Sequence[Job], at: float) -> list[JobRecord | GpufleetError]:
+        """Store several new jobs in one transaction; per job, its record or the error that refused it."""
+        ...
+
     def set_queue(self, spec: QueueSpec) -> None:
         """Create or replace a queue; bumps the cluster version."""
         ...

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
@@ -23,15 +21,11 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
 JobIdPath = Annotated[str, Path(pattern=NAME_PATTERN, description="A job id such as j-7f3a9c21.")]
 
 
-# Submits go through one writer thread: SQLite takes one writer at a time anyway, and a pool of threads
-# queueing on its lock (each also waiting for the GIL while it holds the lock) halves throughput.
-_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-submit")
-
-
 @router.post("/jobs", status_code=201)
 async def submit(spec: JobSpec, who: Who, svc: Svc) -> JobOut:
     """Submit a job; the id is chosen by the server. Without `queue`, a team token submits to its queue."""
-    return await asyncio.get_running_loop().run_in_executor(_writer, svc.submit, who, spec)
+    # Committed by the service's batcher thread, grouped with concurrent submits (one transaction).
+    return await svc.submit_async(who, spec)
 
 
 @router.get("/jobs")

@@ -6,6 +6,8 @@ and wakes the loop. Errors are `GpufleetError`s that the API turns into status c
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import re
 import secrets
 from collections.abc import Sequence
@@ -17,13 +19,14 @@ from typing import Any
 from gpufleet import __version__
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import FieldProblem, SpecError
-from gpufleet.domain.jobs import JobId
+from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.quotas import DEFAULT_QUEUE, GPU_MODEL_PREFIX, QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import JobQuery, Role, Token
 from gpufleet.server.auth import Authenticator, Principal, create_token
+from gpufleet.server.batcher import SubmitBatcher
 from gpufleet.server.context import ApiContext
 from gpufleet.server.errors import ConflictError, ForbiddenError, NotFoundError
 from gpufleet.server.schemas import (
@@ -95,6 +98,7 @@ class Service:
         self.ctx = ctx
         self.store = ctx.store
         self.auth = Authenticator(ctx.store)
+        self.batcher = SubmitBatcher(ctx.store, ctx.wake)
 
     # ------------------------------------------------------------------------------------ helpers
 
@@ -132,6 +136,26 @@ class Service:
     # --------------------------------------------------------------------------------------- jobs
 
     def submit(self, principal: Principal, spec: JobSpec) -> JobOut:
+        """Submit from a worker thread (waits for the batch's commit)."""
+        job = self.prepare_submit(principal, spec)
+        for _ in range(5):
+            try:
+                return self.submitted(self.batcher.submit(job, job.submitted_at).result())
+            except SpecError as error:
+                job = self._redraw(job, error)
+        raise ConflictError("could not draw a free job id", "submit again")  # pragma: no cover
+
+    async def submit_async(self, principal: Principal, spec: JobSpec) -> JobOut:
+        """Submit from the event loop: the commit happens in the batcher's thread, grouped with others."""
+        job = self.prepare_submit(principal, spec)
+        for _ in range(5):
+            try:
+                return self.submitted(await asyncio.wrap_future(self.batcher.submit(job, job.submitted_at)))
+            except SpecError as error:
+                job = self._redraw(job, error)
+        raise ConflictError("could not draw a free job id", "submit again")  # pragma: no cover
+
+    def prepare_submit(self, principal: Principal, spec: JobSpec) -> Job:
         queue = spec.queue or principal.queue or DEFAULT_QUEUE
         if not principal.may_see(queue):
             raise ForbiddenError(
@@ -139,18 +163,17 @@ class Service:
                 f"set `queue: {principal.token.queue}` or leave it out",
             )
         now = self.ctx.clock.now()
-        for _ in range(5):
-            job = spec.to_job(new_job_id(), queue, now)
-            try:
-                record = self.store.submit(job, now)
-                break
-            except SpecError as error:
-                # A duplicate id (1 in 4 billion): draw another. Any other problem is the user's.
-                if not any(f.field == "id" for f in error.fields):
-                    raise
-        else:  # pragma: no cover - five collisions in a row
-            raise ConflictError("could not draw a free job id", "submit again")
-        self.ctx.wake()
+        return spec.to_job(new_job_id(), queue, now)
+
+    @staticmethod
+    def _redraw(job: Job, error: SpecError) -> Job:
+        # A duplicate id (1 in 4 billion): draw another. Any other problem is the user's.
+        if not any(f.field == "id" for f in error.fields):
+            raise error
+        return dataclasses.replace(job, id=new_job_id())
+
+    @staticmethod
+    def submitted(record: JobRecord) -> JobOut:
         return job_out(record, {})  # a new job holds nothing: no node look-up (a query) on the hot path
 
     def list_jobs(

@@ -68,6 +68,12 @@ _NEXT = (
     .values(value=t.meta.c.value + 1)
     .returning(t.meta.c.value)
 )
+_ADVANCE = (
+    sa.update(t.meta)
+    .where(t.meta.c.key == sa.bindparam("counter"))
+    .values(value=t.meta.c.value + sa.bindparam("by"))
+    .returning(t.meta.c.value)
+)
 _QUEUE_NAMES = sa.select(t.queues.c.name).order_by(t.queues.c.name)
 # A share lock: a concurrent delete_queue waits for the submit (and then sees its job), or the other way round.
 _QUEUE_IN_USE = sa.select(t.queues.c.name).where(t.queues.c.name == sa.bindparam("name")).with_for_update(read=True)
@@ -235,6 +241,54 @@ class SqlStore:
                 raise
             raise SpecError(f"job {job.id!r}", (FieldProblem("id", "is taken", "give the job a new id"),)) from None
         return record
+
+    def submit_many(self, jobs: Sequence[Job], at: float) -> list[JobRecord | GpufleetError]:
+        """Store several new pending jobs in one transaction (a group commit of concurrent API submits).
+
+        Returns, per job in order, its record or the error that refused it (an unknown queue, a NUL in a
+        name). If the batch cannot be written as one (a job id already taken), each job is submitted on its
+        own instead, so one bad job never refuses the others."""
+        results: list[JobRecord | GpufleetError] = []
+        accepted: list[int] = []
+        try:
+            with self._tx(write=True) as c:
+                known = {
+                    q: c.execute(_QUEUE_IN_USE, {"name": q}).first() is not None
+                    for q in sorted({j.queue for j in jobs})
+                }
+                names = None
+                for index, job in enumerate(jobs):
+                    if any("\x00" in value for value in (job.id, job.queue, job.name)):
+                        results.append(SpecError(f"job {job.id!r}", (FieldProblem("id", "contains NUL", "remove it"),)))
+                    elif not known[job.queue]:
+                        names = names if names is not None else c.execute(_QUEUE_NAMES).scalars().all()
+                        results.append(
+                            UnknownNameError(
+                                f"queue {job.queue!r} does not exist",
+                                f"submit to one of: {_names(names)}" if names else "an admin must create a queue first",
+                            )
+                        )
+                    else:
+                        results.append(JobRecord(job, JobState.PENDING, submitted_at=at))  # seq set below
+                        accepted.append(index)
+                if accepted:
+                    last = int(c.execute(_ADVANCE, {"counter": t.SUBMIT_SEQ, "by": len(accepted)}).scalar_one())
+                    first = last - len(accepted) + 1
+                    for offset, index in enumerate(accepted):
+                        job = jobs[index]
+                        results[index] = JobRecord(
+                            dataclasses.replace(job, submit_seq=first + offset), JobState.PENDING, submitted_at=at
+                        )
+                    c.execute(_INSERT_JOB, [_job_row(results[i]) for i in accepted])  # type: ignore[arg-type]
+        except sa.exc.IntegrityError:
+            singles: list[JobRecord | GpufleetError] = []
+            for job in jobs:
+                try:
+                    singles.append(self.submit(job, at))
+                except GpufleetError as error:
+                    singles.append(error)
+            return singles
+        return results
 
     def take_submissions(self, cursor: int) -> tuple[Sequence[JobRecord], int]:
         with self._tx(write=False) as c:
