@@ -356,19 +356,9 @@ class Reconciler:
             if record.state is S.EVICTING and record.stop_cause in (StopCause.CANCELLED, StopCause.TIMEOUT):
                 return self._stopped(record, obs, attained, checkpoint, changes)
             what = "lost while being stopped" if record.state is S.EVICTING else "lost"
-            return changes.move(
-                record,
-                S.PENDING,
-                f"{what} ({obs.detail or 'no reason given'}); retried",
-                at,
-                workers=(),
-                started_at=None,
-                attained_gpu_seconds=attained,
-                last_checkpoint_at=checkpoint,
-                evicting_for=None,
-                stop_cause=None,
-                preemptions=record.preemptions + (record.state is S.EVICTING),
-            )
+            reason = f"{what} ({obs.detail or 'no reason given'}); retried"
+            preemptions = record.preemptions + (record.state is S.EVICTING)
+            return _back_to_queue(changes, record, reason, at, attained, checkpoint, preemptions)
         return None
 
     def _exited(
@@ -432,19 +422,8 @@ class Reconciler:
             # go to them rather than straight back to it.
             job = dataclasses.replace(job, submitted_at=at, submit_seq=self.store.submission_cursor())
             where = f"at the back of queue {job.queue}"
-        return changes.move(
-            record,
-            S.PENDING,
-            f"{why}; {where}",
-            at,
-            job=job,
-            workers=(),
-            started_at=None,
-            attained_gpu_seconds=attained,
-            last_checkpoint_at=checkpoint,
-            evicting_for=None,
-            stop_cause=None,
-            preemptions=record.preemptions + 1,
+        return _back_to_queue(
+            changes, record, f"{why}; {where}", at, attained, checkpoint, record.preemptions + 1, job=job
         )
 
     def _cohort_mates(self, queues: set[str]) -> set[str]:
@@ -529,6 +508,33 @@ class Reconciler:
         if self.events is not None:
             for t in changes.transitions:
                 self.events.emit(t)
+
+
+def _back_to_queue(
+    changes: _Changes,
+    record: JobRecord,
+    reason: str,
+    at: float,
+    attained: float,
+    checkpoint: float | None,
+    preemptions: int,
+    **more: object,
+) -> JobRecord:
+    """The job stopped holding resources and waits again: what it received and saved so far is kept."""
+    return changes.move(
+        record,
+        S.PENDING,
+        reason,
+        at,
+        workers=(),
+        started_at=None,
+        attained_gpu_seconds=attained,
+        last_checkpoint_at=checkpoint,
+        evicting_for=None,
+        stop_cause=None,
+        preemptions=preemptions,
+        **more,
+    )
 
 
 def _collapse(records: Sequence[JobRecord]) -> list[tuple[int, JobRecord]]:
