@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufleet.server.telemetry import ACTIVITY_ENV
 from tests.server.live import Live, start
 from tests.telemetry.prom import prometheus_server, promtool_check, query, wait_for
+from tests.telemetry.prom import wait_for as until
 
 WINDOW_S = 1.5
 HOLDING = ("admitted", "launching", "running", "evicting")
@@ -70,16 +71,6 @@ def cancel_all(live: Live, client: httpx.Client, *job_ids: str) -> None:
             client.post(f"/v1/jobs/{job_id}/cancel")
     for job_id in job_ids:
         live.wait_state(client, job_id, "succeeded", "failed", "cancelled")
-
-
-def until(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def test_metrics_label_each_gpu_with_its_job_and_prometheus_reads_them_back(live: Live, tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -24,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.bench.api import TOKEN, free_port
 from tests.telemetry.fakenvml import CONFIG_ENV, build_library, write_config
+from tests.telemetry.prom import wait_for as _until
 
 GiB = 1024**3
 GPU = {
@@ -81,16 +81,6 @@ def _series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
         if family.name == name:
             return [(dict(s.labels), s.value) for s in family.samples]
     return []
-
-
-def _until(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture
