@@ -33,6 +33,7 @@ def note(event, **more):
         f.write(line + "\n")
 
 note("start", env=env)
+print(f"hello from rank {env.get('RANK')} of job {env.get('GPUFLEET_JOB_ID')}", flush=True)
 
 def on_term(signo, frame):
     note("end", how="signal")
