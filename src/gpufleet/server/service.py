@@ -135,16 +135,6 @@ class Service:
 
     # --------------------------------------------------------------------------------------- jobs
 
-    def submit(self, principal: Principal, spec: JobSpec) -> JobOut:
-        """Submit from a worker thread (waits for the batch's commit)."""
-        job = self.prepare_submit(principal, spec)
-        for _ in range(5):
-            try:
-                return self.submitted(self.batcher.submit(job, job.submitted_at).result())
-            except SpecError as error:
-                job = self._redraw(job, error)
-        raise ConflictError("could not draw a free job id", "submit again")  # pragma: no cover
-
     async def submit_async(self, principal: Principal, spec: JobSpec) -> JobOut:
         """Submit from the event loop: the commit happens in the batcher's thread, grouped with others."""
         job = self.prepare_submit(principal, spec)
