@@ -282,6 +282,19 @@ def test_quota_held_for_a_preemptor_does_not_make_its_queue_borrow() -> None:
     assert result.waiting["b"].reasons[-1] == NO_VICTIM
 
 
+def test_each_preemptor_of_a_cohort_stops_only_what_it_needs() -> None:
+    # team-b borrows all 16 GPUs of the cohort. Two 1-GPU jobs of team-a reclaim one GPU each: the quota
+    # held for the first counts once (its victim's GPU is on its way back), so the second does not stop a
+    # second job to pay for the first one's quota as well.
+    b_jobs = [make_job(f"b{i:02d}").gpus(1).queue("team-b").build() for i in range(16)]
+    snap = snapshot(*(on(b, [(i // 8, [i % 8])], started_at=float(i)) for i, b in enumerate(b_jobs)), queues=COHORT)
+    pending = [make_job(f"a{i}").gpus(1).queue("team-a").seq(i).build() for i in range(2)]
+    result = run(snap, pending, profile("default"))
+    stopped_for = victims(result)
+    assert sorted(stopped_for.values()) == ["a0", "a1"]
+    assert len(stopped_for) == 2
+
+
 def test_lower_priority_in_a_queue_without_guarantee() -> None:
     one = cluster().nodes(1, "A100-80GB")
     (n0,) = one.build()

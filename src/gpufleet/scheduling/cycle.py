@@ -210,7 +210,7 @@ class _Cycle:
         outstanding = [v for v in state.evicting_for.get(job.id, ()) if v in state.holdings]
         if outstanding and status.code in (Code.UNSCHEDULABLE, Code.WAIT):
             self._hold_room(job, outstanding)
-            self._reserve_quota(job)
+            self._reserve_quota(job, outstanding)
             self.waiting[job.id] = wait(
                 PLUGIN,
                 f"waiting for {len(outstanding)} preempted job(s) to stop: {', '.join(sorted(outstanding))}",
@@ -255,8 +255,9 @@ class _Cycle:
             self.state.evicting.add(victim)
             self.state.evicting_for[job.id].append(victim)
             self.preemptions.append(Preemption(victim, job.id, reason))
-        self._hold_room(job, [victim for victim, _ in choice.victims])
-        self._reserve_quota(job)
+        victims = [victim for victim, _ in choice.victims]
+        self._hold_room(job, victims)
+        self._reserve_quota(job, victims)
         return choice.status, False
 
     def _hold_room(self, job: Job, victims: list[JobId]) -> None:
@@ -291,14 +292,22 @@ class _Cycle:
             )
             table.apply(held, -1)
 
-    def _reserve_quota(self, job: Job) -> None:
+    def _reserve_quota(self, job: Job, victims: list[JobId]) -> None:
         """Hold the quota a job preempted for, so that others of its queue or cohort do not take it
-        in the same cycle (else several preemptors overdraw the queue and reclaim ping-pongs)."""
+        in the same cycle (else several preemptors overdraw the queue and reclaim ping-pongs).
+
+        Held once: each counter becomes the larger of now (victims still hold their quota) and after
+        the victims stopped with the job running (`QuotaLedger.raise_to`)."""
         request = job.request
         n = job.gang_size
-        self.state.ledger.reserve(
-            job.queue, job_usage(request.gpu_milli_total * n, request.cpu_milli * n, request.memory * n, {})
-        )
+        usage = job_usage(request.gpu_milli_total * n, request.cpu_milli * n, request.memory * n, {})
+        state = self.state
+        ledger = state.ledger
+        with state.without(victims):
+            ledger.add(job.queue, usage)
+            rows, pools = ledger.counters()
+            ledger.add(job.queue, usage, sign=-1)
+        ledger.raise_to(rows, pools, job.queue)
 
     def _commit(self, job: Job, gang: tuple[WorkerPlacement, ...]) -> None:
         state = self.state

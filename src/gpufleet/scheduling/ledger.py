@@ -88,6 +88,30 @@ class QuotaLedger:
         for key, amount in usage.items():
             row[key] += amount
 
+    def counters(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """Every queue's usage and every cohort pool's use, as flat copies (see `raise_to`)."""
+        rows = {(queue, key): amount for queue, row in self.usage.items() for key, amount in row.items()}
+        return rows, dict(self.pool_used)
+
+    def raise_to(self, rows: Mapping[tuple[str, str], int], pools: Mapping[tuple[str, str], int], holder: str) -> None:
+        """Raise every counter below the given one to it; what a queue's row gains is held for `holder`'s
+        preemptor (`reserved`: it does not make the queue borrow).
+
+        A preemptor must count once: on the ledger as it is (its victims still hold their quota) and on
+        the ledger once they stopped and it runs. Taking the larger of the two per counter holds its
+        quota without counting the quota its victims give back twice, which would make the next
+        preemptor of the cohort stop jobs for quota that is already on its way back."""
+        for (queue, key), amount in sorted(rows.items()):
+            row = self.usage[queue]
+            gain = amount - row[key]
+            if gain > 0:
+                row[key] = amount
+                self.version[queue] += 1
+                if queue == holder:
+                    self.reserved[queue][key] += gain
+        for pool, amount in pools.items():
+            self.pool_used[pool] = max(self.pool_used[pool], amount)
+
     def quota(self, queue: str, key: str) -> Quota | None:
         cached = self._quota.get((queue, key), _MISSING)
         if cached is not _MISSING:
