@@ -2,7 +2,8 @@
 
 Shortcuts checked: jobs whose outcome is already known in the cycle settled without a turn
 (`settle_known`), single-node victim searches skipped when they cannot beat the best set found
-(`_lower_bound`), what-ifs over many running jobs applied as arrays (`SHIFT_ARRAYS_FROM`), and the
+(`_lower_bound`), what-ifs over many running jobs applied as arrays (`SHIFT_ARRAYS_FROM`), node-local
+scores kept per request class and recomputed for changed nodes only (`Profile.local_scores`), and the
 node table, capacity memo and running-job facts reused from an earlier cycle of the same inventory.
 """
 
@@ -21,6 +22,7 @@ from gpufleet.policies.preempt import priority as priority_preemption
 from gpufleet.scheduling import cycle as cycle_module
 from gpufleet.scheduling import state as state_module
 from gpufleet.scheduling.cycle import run_cycle
+from gpufleet.scheduling.plugins import Profile
 from tests.kit import without
 from tests.property.strategies import World, worlds
 
@@ -32,11 +34,12 @@ def _never_prune(*_: object) -> tuple[float, float, float, float]:
 @contextmanager
 def _plain() -> Iterator[None]:
     """Every shortcut off: each job takes its turn, every node is searched, what-ifs go job by job,
-    and nothing is reused from earlier cycles."""
+    every candidate is scored afresh, and nothing is reused from earlier cycles."""
     with (
         patch.object(cycle_module._Cycle, "settle_known", lambda self, stack: None),
         patch.object(priority_preemption, "_lower_bound", _never_prune),
         patch.object(state_module, "SHIFT_ARRAYS_FROM", 10**9),
+        patch.object(Profile, "local_scores", property(lambda self: False)),
     ):
         state_module._INVENTORY.clear()
         try:

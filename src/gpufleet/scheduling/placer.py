@@ -98,17 +98,51 @@ def evaluate(profile: Profile, view: JobView, state: CycleState) -> Evaluation:
 
 
 def choose_node(profile: Profile, view: JobView, state: CycleState, evaluation: Evaluation, gang: GangContext) -> int:
+    if not profile.scores:
+        return int(evaluation.passed.argmax())  # the first passing node
+    if view.job.gang_size == 1 and not gang.nodes and profile.local_scores:
+        return _choose_kept(profile, view, state, evaluation, gang)
     candidates: IntArray = evaluation.passed.nonzero()[0]
-    if len(candidates) == 1 or not profile.scores:
+    if len(candidates) == 1:
         return int(candidates[0])
+    total = _weighted(profile, view, state, evaluation, candidates, gang)
+    # argmax returns the first maximum: the lowest node index, so ties break by node name.
+    return int(candidates[int(total.argmax())])
+
+
+def _weighted(
+    profile: Profile, view: JobView, state: CycleState, evaluation: Evaluation, rows: IntArray, gang: GangContext
+) -> FloatArray:
     total: FloatArray | None = None
     for plugin, weight in profile.scores:
-        weighted = weight * plugin.score(view, state, evaluation, candidates, gang)
+        weighted = weight * plugin.score(view, state, evaluation, rows, gang)
         # The first term as is: 0.0 + x is x (or +0.0 for -0.0, which compares equal), same argmax.
         total = weighted if total is None else np.add(total, weighted, out=total)
     assert total is not None
-    # argmax returns the first maximum: the lowest node index, so ties break by node name.
-    return int(candidates[int(total.argmax())])
+    return total
+
+
+def _choose_kept(profile: Profile, view: JobView, state: CycleState, evaluation: Evaluation, gang: GangContext) -> int:
+    """`choose_node` from the class's kept scores, recomputed for the passing nodes that changed since.
+
+    Node-local scores of a node are elementwise functions of its rows, so a score computed for some rows
+    equals the one computed for all candidates: the choice is the one a full computation makes, at the
+    cost of the nodes that changed (a few per placement) instead of every candidate."""
+    table = state.table
+    scores = evaluation.scores
+    if scores is None:
+        scores = evaluation.scores = np.full(len(table), -np.inf, dtype=np.float64)
+        stale: IntArray = evaluation.passed.nonzero()[0]
+    elif evaluation.scores_clock != table.clock:
+        changed = (table.version > evaluation.scores_clock).nonzero()[0]
+        stale = changed[evaluation.passed[changed]]
+    else:
+        stale = changed = np.zeros(0, dtype=np.int64)
+    if len(stale):
+        scores[stale] = _weighted(profile, view, state, evaluation, stale, gang)
+    evaluation.scores_clock = table.clock
+    # Nodes that stopped passing keep a stale score: masked here. argmax: the lowest index on ties.
+    return int(np.where(evaluation.passed, scores, -np.inf).argmax())
 
 
 def make_worker(view: JobView, state: CycleState, node: int, gpus: tuple[int, ...]) -> WorkerPlacement:

@@ -84,6 +84,11 @@ class FilterPlugin(Protocol):
 
 class ScorePlugin(Protocol):
     name: ClassVar[str]
+    # True if, for a job of one worker placed without gang context, a node's score depends only on the
+    # job's request and allowed GPU models and on that node's rows of the table and of the evaluation (not
+    # on the job's identity, other nodes or the candidate set). When every score of a profile is, the core
+    # keeps each request class's scores and recomputes only the nodes that changed, as for the filters.
+    node_local: ClassVar[bool]
 
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
@@ -151,6 +156,11 @@ class Profile:
     strict_fifo: bool = False
     elastic_grow: bool = True
     preemption_searches_per_queue: int = 4
+
+    @property
+    def local_scores(self) -> bool:
+        """Whether every score is node-local (`ScorePlugin.node_local`): scores may be kept per request class."""
+        return all(plugin.node_local for plugin, _ in self.scores)
 
     def describe(self) -> str:
         parts = [f"order={self.order.name}"]

@@ -21,7 +21,7 @@ from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.snapshot import ClusterSnapshot
 from gpufleet.scheduling.ledger import QuotaLedger, job_usage
-from gpufleet.scheduling.table import BoolArray, IntArray, NodeTable, WorkerArrays
+from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable, WorkerArrays
 
 T = TypeVar("T")
 
@@ -74,12 +74,16 @@ class Evaluation:
 
     `usable[N, G]`: GPUs a worker could take; `passed[N]`: nodes that pass every filter;
     `largest_group[N]`: the most usable GPUs inside one NVLink group of each node.
+    `scores[N]`: the profile's weighted score of each node for one worker of the class, where the profile's
+    scores are all node-local (`ScorePlugin.node_local`), valid for the passing nodes up to `scores_clock`.
     """
 
     usable: BoolArray
     passed: BoolArray
     largest_group: IntArray
     clock: int
+    scores: FloatArray | None = None
+    scores_clock: int = -1
 
 
 # From this many jobs on, a what-if takes the running jobs' arrays instead of going job by job.

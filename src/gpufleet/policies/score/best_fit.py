@@ -23,6 +23,7 @@ MAX_SPEC_GPU_MILLI = 8_000
 
 class BestFit:
     name: ClassVar[str] = NAME
+    node_local: ClassVar[bool] = True
 
     def __init__(self, cpu_weight: float = 0.5, gpu_weight: float = 0.5) -> None:
         self.cpu_weight = cpu_weight

@@ -31,6 +31,7 @@ def free_fraction_after(view: JobView, state: CycleState, candidates: IntArray) 
 
 class BinPack:
     name: ClassVar[str] = NAME
+    node_local: ClassVar[bool] = True
 
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext

@@ -186,6 +186,7 @@ def shared_memo(memo: GradientMemo | None, target: TargetWorkload) -> GradientMe
 
 class FgdScore:
     name: ClassVar[str] = NAME
+    node_local: ClassVar[bool] = True
 
     def __init__(
         self, target: TargetWorkload | Iterable[TaskLike] = GENERIC_TARGET, *, memo: GradientMemo | None = None

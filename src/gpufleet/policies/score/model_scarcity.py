@@ -76,6 +76,7 @@ class ModelScarcity:
     """Prefer nodes whose GPU models the target's model-bound classes need least (see the module doc)."""
 
     name: ClassVar[str] = NAME
+    node_local: ClassVar[bool] = True
 
     def __init__(self, target: TargetWorkload | Iterable[TaskLike] = GENERIC_TARGET) -> None:
         self.target = TargetWorkload.of(target)

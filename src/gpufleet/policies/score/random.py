@@ -34,6 +34,7 @@ def draw(seed: int, job_id: str, worker: int, nodes: int) -> FloatArray:
 
 class RandomScore:
     name: ClassVar[str] = NAME
+    node_local: ClassVar[bool] = False
 
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext

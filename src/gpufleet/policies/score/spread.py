@@ -14,6 +14,7 @@ NAME = "spread"
 
 class Spread:
     name: ClassVar[str] = NAME
+    node_local: ClassVar[bool] = True
 
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext

@@ -35,6 +35,7 @@ NAME = "throughput"
 
 class ThroughputScore:
     name: ClassVar[str] = NAME
+    node_local: ClassVar[bool] = False
 
     def __init__(self, table: ThroughputTable | None = None) -> None:
         self.table = table

@@ -15,6 +15,7 @@ NAME = "topology"
 
 class Topology:
     name: ClassVar[str] = NAME
+    node_local: ClassVar[bool] = True
 
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
