@@ -83,12 +83,13 @@ class FilterPlugin(Protocol):
 
 
 class ScorePlugin(Protocol):
+    """Optionally, a class attribute `node_local = True` says that, for a job of one worker placed without
+    gang context, a node's score depends only on the job's request and allowed GPU models and on that
+    node's rows of the table and of the evaluation (not on the job's identity, other nodes or the candidate
+    set). When every score of a profile says so, the core keeps each request class's scores and recomputes
+    only the nodes that changed, as for the filters. Without it a plugin scores every candidate each time."""
+
     name: ClassVar[str]
-    # True if, for a job of one worker placed without gang context, a node's score depends only on the
-    # job's request and allowed GPU models and on that node's rows of the table and of the evaluation (not
-    # on the job's identity, other nodes or the candidate set). When every score of a profile is, the core
-    # keeps each request class's scores and recomputes only the nodes that changed, as for the filters.
-    node_local: ClassVar[bool]
 
     def score(
         self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
@@ -160,7 +161,7 @@ class Profile:
     @property
     def local_scores(self) -> bool:
         """Whether every score is node-local (`ScorePlugin.node_local`): scores may be kept per request class."""
-        return all(plugin.node_local for plugin, _ in self.scores)
+        return all(getattr(plugin, "node_local", False) for plugin, _ in self.scores)
 
     def describe(self) -> str:
         parts = [f"order={self.order.name}"]
