@@ -139,3 +139,15 @@ def test_bench_sim_errors(runner: CliRunner, tmp_path: Path) -> None:
     result = runner.invoke(app, ["bench", "sim", "--traces", str(tmp_path), "--case", "nope"])
     assert result.exit_code == 2
     assert "no benchmark case 'nope'" in result.stderr
+
+
+def test_set_options_of_a_reproduction_are_checked(runner: CliRunner, tmp_path: Path) -> None:
+    # Only the FGD protocol takes a pod list; anything else given to a reproduction is refused before it runs.
+    for args, message in (
+        (["--reproduce", "gavel", "--set", "pods=gpuspec33"], "--set pods does not apply to --reproduce gavel"),
+        (["--reproduce", "fgd", "--set", "seed=3"], "--set seed does not apply to --reproduce fgd"),
+    ):
+        result = runner.invoke(app, ["sim", *args, "--traces", str(tmp_path)])
+        assert result.exit_code == 2, result.output
+        assert message in result.stderr
+        assert "to fix:" in result.stderr

@@ -377,7 +377,18 @@ def sim(
                     f"drop {', '.join(given)}, or run --workload with them instead of --reproduce",
                 )
             _reproduce(
-                reproduce, root, names, policies != DEFAULT_POLICIES, load_scale, table, seeds, rates, bar, out, as_json
+                reproduce,
+                root,
+                names,
+                policies != DEFAULT_POLICIES,
+                load_scale,
+                table,
+                seeds,
+                rates,
+                parse_options(options or []),
+                bar,
+                out,
+                as_json,
             )
             return
         loaded = load_named(workload, root, seed, parse_options(options or []))
@@ -450,6 +461,7 @@ def _reproduce(
     table: PriceTable | None,
     seeds: int,
     rates: str,
+    options: dict[str, Any],
     bar: bool,
     out: Path | None,
     as_json: bool,
@@ -465,6 +477,16 @@ def _reproduce(
         raise WorkloadError(f"--load-scale applies to --reproduce helios-philly, not {name}", "drop --load-scale")
     if name == "fgd":
         kwargs["seeds"] = tuple(range(42, 42 + seeds))
+    # The FGD protocol runs on either openb pod list (`--set pods=gpuspec33`); the other setups are fixed.
+    accepted = {"pods"} if name == "fgd" else set()
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise WorkloadError(
+            f"--set {', '.join(unknown)} does not apply to --reproduce {name}",
+            "--reproduce fgd takes --set pods=default|gpuspec33|PATH; drop the others",
+        )
+    if "pods" in options:
+        kwargs["pods"] = str(options["pods"])
     if name == "gavel":
         try:
             kwargs["rates"] = tuple(float(r) for r in rates.split(",") if r.strip())

@@ -3,7 +3,10 @@
 Named profiles (kebab-case; every one has the standard admission `gang`+`quota` and filters
 `node_health`+`gpu_model`+`fits`):
 
-    default        fair share between queues (DRF), priority preemption and quota reclaim, bin_pack + topology
+    default        fair share between queues (DRF), priority preemption and quota reclaim; placement by
+                   `fgd-plus`'s scores (FGD + model scarcity 0.3 + best fit 0.02) + topology, FGD GPU selection
+    fair-binpack   `default` with bin_pack + topology placement and pack GPU selection (the default before
+                   FGD placement: faster, but strands fractional GPUs; 90.5 % vs 95.5 % on openb)
     fifo           strict FIFO (a head that does not fit holds its queue), bin_pack
     fifo-backfill  FIFO, jobs behind a blocked head may go first, bin_pack
     priority       priority then FIFO, priority preemption, bin_pack + topology
@@ -182,6 +185,19 @@ def _fgd_plus(data: PolicyData) -> Profile:
     )
 
 
+def _default(data: PolicyData) -> Profile:
+    # `fgd-plus`'s placement (fractional GPUs packed without stranding, scarce models kept for the jobs bound
+    # to them) and topology for multi-GPU workers and gangs; on openb it allocates as `fgd-plus` does.
+    score = FgdScore(data.target)
+    return build_profile(
+        "default",
+        "fair_share",
+        ((score, 1.0), (ModelScarcity(data.target), 0.3), ("best_fit", 0.02), ("topology", 1.0)),
+        select=FgdSelect(data.target, memo=score.memo),
+        preempt="priority",
+    )
+
+
 def _fgd_fair(data: PolicyData) -> Profile:
     score = FgdScore(data.target)
     return build_profile(
@@ -203,9 +219,10 @@ def _gavel(data: PolicyData) -> Profile:
 
 # name -> builder from PolicyData; every builder makes fresh plugins.
 PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
-    # gpufleet's default: fair share between teams, priority preemption and reclaim, packing + topology.
-    "default": lambda _: build_profile(
-        "default", "fair_share", (("bin_pack", 1.0), ("topology", 1.0)), preempt="priority"
+    # gpufleet's default: fair share between teams, priority preemption and reclaim, FGD-based placement.
+    "default": _default,
+    "fair-binpack": lambda _: build_profile(
+        "fair-binpack", "fair_share", (("bin_pack", 1.0), ("topology", 1.0)), preempt="priority"
     ),
     "fifo": lambda _: build_profile("fifo", "fifo", (("bin_pack", 1.0),), strict_fifo=True),
     "fifo-backfill": lambda _: build_profile("fifo-backfill", "fifo", (("bin_pack", 1.0),)),
