@@ -147,11 +147,13 @@ class Reconciler:
             if not jobs:
                 break
             started = time.perf_counter()
-            result = decide(self.base.fork(now), jobs, self.profile, sorted(self.nominated))
+            work = self.base.fork(now)
+            result = decide(work, jobs, self.profile, sorted(self.nominated))
             report.core_seconds += time.perf_counter() - started
             report.cycles += 1
             report.decided += len(jobs)
             self._apply(now, result, report)
+            self.base.keep_from(work)
             if not self.pending.settle(jobs, result.waiting):
                 break
 

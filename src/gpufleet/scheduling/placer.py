@@ -81,7 +81,7 @@ def evaluate(profile: Profile, view: JobView, state: CycleState) -> Evaluation:
     """
     table = state.table
     key = (view.job.request, view.model_lut.tobytes())
-    entry = state.evaluations.get(key)
+    entry = state.evaluation(key)
     if entry is None:
         entry = full_evaluation(profile, view, state)
         state.evaluations[key] = entry

@@ -85,6 +85,16 @@ class Evaluation:
     scores: FloatArray | None = None
     scores_clock: int = -1
 
+    def copy(self) -> Evaluation:
+        scores = None if self.scores is None else self.scores.copy()
+        return Evaluation(
+            self.usable.copy(), self.passed.copy(), self.largest_group.copy(), self.clock, scores, self.scores_clock
+        )
+
+
+# Evaluations a control loop's base keeps between cycles (the most recently used request classes).
+KEPT_EVALUATIONS = 256
+
 
 # From this many jobs on, a what-if takes the running jobs' arrays instead of going job by job.
 SHIFT_ARRAYS_FROM = 16
@@ -128,6 +138,10 @@ class CycleState:
         # Running, preemptible jobs by (queue, priority): who may be preempted is decided per group.
         self.preemptible_by_group: dict[tuple[str, int], list[JobId]] = defaultdict(list)
         self.evaluations: dict[tuple[object, ...], Evaluation] = {}
+        # A fork's base, the base's evaluations when it forked, and the base's clock then (see `keep_from`).
+        self._origin: CycleState | None = None
+        self._inherited: dict[tuple[object, ...], Evaluation] = {}
+        self._forked_at = 0
         self._current: dict[tuple[object, ...], tuple[int, object]] = {}
         self._per_cycle: dict[tuple[object, ...], object] = {}
         # What running jobs hold, as arrays (built when first needed; see `running_arrays`).
@@ -273,9 +287,45 @@ class CycleState:
         other.preemptible_by_group = defaultdict(list, {g: list(v) for g, v in self.preemptible_by_group.items()})
         other._memo = self._memo  # capacity-only values: shared with the base, filled by any fork
         other.evaluations = {}
+        other._origin = self
+        other._inherited = self.evaluations
+        other._forked_at = self.table.clock
         other._current = {}
         other._per_cycle = {}
         return other
+
+    def evaluation(self, key: tuple[object, ...]) -> Evaluation | None:
+        """This cycle's evaluation of a request class; for a fork, a copy of its base's if it has one (its
+        clock says which nodes changed since, so the caller refreshes just those)."""
+        entry = self.evaluations.get(key)
+        if entry is None:
+            inherited = self._inherited.get(key)
+            if inherited is not None:
+                entry = self.evaluations[key] = inherited.copy()
+        return entry
+
+    def keep_from(self, fork: CycleState) -> None:
+        """Keep a finished fork's evaluations for the next forks of this base.
+
+        They were computed on the fork's table. Every node the fork changed (placements, held room, what-ifs
+        undone) is marked changed here too, and each evaluation is dated back to when the fork was made: any
+        node changed in the fork or in this base since then is then refreshed before it is read again, so
+        the next fork reads what a fresh evaluation gives. A fork of an earlier base (rebuilt since) is ignored."""
+        if fork._origin is not self:
+            return
+        table = self.table
+        touched = (fork.table.version > fork._forked_at).nonzero()[0]
+        if len(touched):
+            table.clock += 1
+            table.version[touched] = table.clock
+        kept = self.evaluations
+        for key, entry in fork.evaluations.items():
+            entry.clock = min(entry.clock, fork._forked_at)
+            entry.scores_clock = min(entry.scores_clock, fork._forked_at)
+            kept.pop(key, None)
+            kept[key] = entry  # the most recently used last
+        while len(kept) > KEPT_EVALUATIONS:
+            del kept[next(iter(kept))]
 
     def add_running(self, running: RunningJob) -> None:
         """Keep a base state current: a job now holds resources (launched, or adopted after restart)."""
