@@ -293,14 +293,16 @@ def allowed_sets(table: NodeTable, target: TargetWorkload, rows: Rows = ALL_ROWS
     """`[R, G, E]`: whether each GPU slot is of a model each model set of the target allows."""
     if not target.model_sets:
         return np.zeros((*table.gpu_model[rows].shape, 0), dtype=np.bool_)
-    luts = np.stack([table.model_lut(models) for models in target.model_sets], axis=1)  # [M + 1, E]
+    # [M + 1, E], fixed for the table's models: kept beside its model look-up tables.
+    luts = table.spec_lut_stack(target.model_sets)
     return np.asarray(luts[table.gpu_model[rows]], dtype=np.bool_)
 
 
 def _levels(free: IntArray, allowed: BoolArray, target: TargetWorkload) -> IntArray:
     """`[R, G, E]`: per GPU and model set, how many of the set's shares its free share reaches (0: not its
     model). A GPU of level L can host the set's one-GPU classes of its L smallest shares."""
-    return np.where(allowed, target.level_lut[np.clip(free, 0, MILLI_PER_GPU)], 0)
+    # minimum(maximum(.)) is np.clip without its Python wrapper (this runs per placement).
+    return np.where(allowed, target.level_lut[np.minimum(np.maximum(free, 0), MILLI_PER_GPU)], 0)
 
 
 def _weights(cpu: IntArray, memory: IntArray, target: TargetWorkload) -> tuple[FloatArray, FloatArray]:
@@ -320,8 +322,8 @@ def _hosting(single: FloatArray, target: TargetWorkload) -> FloatArray:
     can host (the sum of its first L share columns)."""
     cumulative = np.zeros((len(single), single.shape[1] + 1), dtype=np.float64)
     np.cumsum(single, axis=1, out=cumulative[:, 1:])
-    hi = np.take(cumulative, target.hosting_hi, axis=1)
-    return np.asarray(hi - np.take(cumulative, target.hosting_lo, axis=1), dtype=np.float64)
+    hi = cumulative.take(target.hosting_hi, axis=1)
+    return np.asarray(hi - cumulative.take(target.hosting_lo, axis=1), dtype=np.float64)
 
 
 def _hosted(hosting: FloatArray, levels: IntArray, target: TargetWorkload) -> FloatArray:
@@ -330,7 +332,7 @@ def _hosted(hosting: FloatArray, levels: IntArray, target: TargetWorkload) -> Fl
     if len(hosting) == 1:
         return np.asarray(hosting[0][columns], dtype=np.float64)
     flat = columns + (np.arange(len(hosting)) * hosting.shape[1])[:, None, None]
-    return np.asarray(np.take(hosting, flat), dtype=np.float64)
+    return np.asarray(hosting.take(flat), dtype=np.float64)
 
 
 def _usable_by_multi_gpu(free: IntArray, levels: IntArray, multi: FloatArray, target: TargetWorkload) -> FloatArray:

@@ -113,6 +113,7 @@ class NodeTable:
         self.clock = 0
         self.version = np.zeros(n_nodes, dtype=np.int64)
         self._luts: dict[frozenset[str], BoolArray] = {}
+        self._lut_stacks: dict[tuple[frozenset[str], ...], BoolArray] = {}
 
     def copy(self) -> NodeTable:
         """An independent copy of the free resources; capacity arrays are shared (never written)."""
@@ -127,6 +128,13 @@ class NodeTable:
     def model_lut(self, models: frozenset[str]) -> BoolArray:
         """A lookup table over model ids (plus a last slot for "no GPU") of the allowed models (a copy)."""
         return self.spec_lut(models).copy()
+
+    def spec_lut_stack(self, model_sets: tuple[frozenset[str], ...]) -> BoolArray:
+        """`[M + 1, E]`: the `spec_lut` of each model set as a column (shared: read it, never write it)."""
+        cached = self._lut_stacks.get(model_sets)
+        if cached is None:
+            cached = self._lut_stacks[model_sets] = np.stack([self.spec_lut(models) for models in model_sets], axis=1)
+        return cached
 
     def spec_lut(self, models: frozenset[str]) -> BoolArray:
         """`model_lut` shared, not copied: read it, never write it."""

@@ -41,7 +41,8 @@ MAX_CLASSES = 512  # request classes memoised before the memo starts over (~40 k
 
 def growth_score(growth: FloatArray) -> FloatArray:
     """100 * sigmoid(-growth / 1000): 50 for no growth, towards 100 as fragmentation shrinks."""
-    return np.asarray(100.0 / (1.0 + np.exp(np.clip(growth / 1000.0, -60.0, 60.0))), dtype=np.float64)
+    exponent = np.minimum(np.maximum(growth / 1000.0, -60.0), 60.0)  # np.clip without its Python wrapper
+    return np.asarray(100.0 / (1.0 + np.exp(exponent)), dtype=np.float64)
 
 
 class _Entry:
