@@ -139,6 +139,9 @@ def test_bench_sim_errors(runner: CliRunner, tmp_path: Path) -> None:
     result = runner.invoke(app, ["bench", "sim", "--traces", str(tmp_path), "--case", "nope"])
     assert result.exit_code == 2
     assert "no benchmark case 'nope'" in result.stderr
+    result = runner.invoke(app, ["bench", "sim", "--traces", str(tmp_path), "--policy", "nope"])
+    assert result.exit_code == 2
+    assert "no scheduling profile named 'nope'" in result.stderr
 
 
 def test_set_options_of_a_reproduction_are_checked(runner: CliRunner, tmp_path: Path) -> None:

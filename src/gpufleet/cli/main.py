@@ -18,7 +18,7 @@ from gpufleet.cli.sim import TRACES_ENV, traces_root
 from gpufleet.cli.sim import sim as sim_command
 from gpufleet.cli.top import top as top_command
 from gpufleet.cli.up import up as up_command
-from gpufleet.domain.errors import GpufleetError, WorkloadError
+from gpufleet.domain.errors import GpufleetError, UnknownNameError, WorkloadError
 
 app = typer.Typer(
     name="gpufleet",
@@ -82,13 +82,17 @@ def bench_sim(
     traces: Annotated[
         Path | None, typer.Option(help=f"Folder holding alibaba-openb-2023/ and philly-2017/ (or set {TRACES_ENV}).")
     ] = None,
-    case: Annotated[
-        list[str] | None, typer.Option(help="Run only this case (openb_fgd_best_fit, philly_fifo); repeatable.")
+    case: Annotated[list[str] | None, typer.Option(help="Run only this case (openb_fgd, philly); repeatable.")] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(help="Run each case under this profile (repeatable; default: its baseline and default)."),
     ] = None,
+    pods: Annotated[str, typer.Option(help="openb_fgd: pod list, default or gpuspec33.")] = "default",
     as_json: Annotated[bool, typer.Option("--json/--no-json", help="Print one JSON object (default).")] = True,
 ) -> None:
-    """Simulator speed: (a) FGD protocol on openb with best-fit, (b) the whole Philly trace with fifo."""
+    """Simulator speed: the FGD protocol on openb and the whole Philly trace, per policy."""
     from gpufleet.bench import sim as sim_bench
+    from gpufleet.policies.catalog import PROFILES
 
     try:
         root = traces_root(traces)
@@ -100,7 +104,11 @@ def bench_sim(
         unknown = sorted(set(cases) - set(sim_bench.GOALS_S))
         if unknown:
             raise WorkloadError(f"no benchmark case {unknown[0]!r}", f"use one of: {', '.join(sim_bench.GOALS_S)}")
-        result = sim_bench.run(root, cases or tuple(sim_bench.GOALS_S))
+        policies = tuple(policy or ())
+        unknown = sorted(set(policies) - set(PROFILES))
+        if unknown:
+            raise UnknownNameError(f"no scheduling profile named {unknown[0]!r}", f"use one of: {', '.join(PROFILES)}")
+        result = sim_bench.run(root, cases or tuple(sim_bench.GOALS_S), policies, pods)
     except GpufleetError as error:
         fail(error)
         return
