@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,7 +14,7 @@ from gpufleet.domain.errors import SpecError
 from gpufleet.domain.jobs import RunningJob
 from gpufleet.domain.quotas import QueueSpec, Quota
 from gpufleet.policies.catalog import profile
-from gpufleet.policies.order.qssf import DurationPredictor, FairShareQssf, QuasiShortestServiceFirst
+from gpufleet.policies.order.qssf import DurationPredictor, FairShareQssf, QuasiShortestServiceFirst, quantile
 from gpufleet.scheduling.cycle import run_cycle
 from gpufleet.scheduling.state import CycleState
 
@@ -41,7 +43,7 @@ def state(now: float, *runs: RunningJob) -> CycleState:
 
 
 def test_prediction_uses_only_jobs_that_finished_before_it() -> None:
-    order = QuasiShortestServiceFirst(min_samples=1, prior_s=500.0)
+    order = QuasiShortestServiceFirst(min_samples=1, prior_s=500.0, aging=0.0)
     a = job("a", at=0.0)
     # `a` runs: nothing has finished, so a job ordered now gets the prior.
     early = job("early", at=5.0, seq=1)
@@ -81,7 +83,7 @@ def test_stopped_jobs_are_not_learned_as_finished() -> None:
 
 
 def test_fallbacks_class_then_queue_then_all_then_prior() -> None:
-    p = DurationPredictor(window=5, min_samples=2, prior_s=999.0)
+    p = DurationPredictor(window=5, min_samples=2, prior_s=999.0, q=0.5)
     one = job("x", queue="q", gpus=1)
     four = job("y", queue="q", gpus=4)
     other = job("z", queue="r", gpus=1)
@@ -178,9 +180,98 @@ def test_learning_is_the_same_whatever_order_the_running_jobs_come_in(
         ({"min_samples": 0}, "min_samples"),
         ({"min_samples": 30}, "min_samples"),
         ({"prior_s": 0.0}, "prior_s"),
+        ({"q": 0.0}, "q"),
+        ({"q": 1.0}, "q"),
     ],
 )
 def test_bad_settings_are_refused_with_what_to_do(bad: dict[str, float], field: str) -> None:
     with pytest.raises(SpecError, match=field) as err:
         DurationPredictor(**bad)  # type: ignore[arg-type]
     assert "give" in str(err.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.floats(0.0, 1e6), min_size=1, max_size=30), q=st.floats(0.01, 0.99))
+def test_quantile_is_the_median_at_one_half_and_grows_with_q(values: list[float], q: float) -> None:
+    assert quantile(values, 0.5) == pytest.approx(statistics.median(values))
+    assert min(values) <= quantile(values, q) <= max(values)
+    assert quantile(values, min(q, 0.5)) <= quantile(values, max(q, 0.5))
+
+
+def test_a_lower_quantile_predicts_from_the_short_side_of_the_class() -> None:
+    low, mid = DurationPredictor(window=5, min_samples=1, q=0.25), DurationPredictor(window=5, min_samples=1, q=0.5)
+    for p in (low, mid):
+        for seconds in (100.0, 200.0, 300.0, 400.0, 500.0):
+            p.add("q", 1.0, seconds)
+    assert low.predict(job("x", queue="q")) == 200.0
+    assert mid.predict(job("x", queue="q")) == 300.0
+
+
+def test_running_jobs_of_the_class_count_with_their_run_time_so_far() -> None:
+    # Two short runs finished; two of the class have run 10,000 s and still run.
+    plain = DurationPredictor(min_samples=1, q=0.5, running_bound=False)
+    bounded = DurationPredictor(min_samples=1, q=0.5, running_bound=True)
+    long_ones = [running(job(f"long{i}"), 0, i, started_at=0.0) for i in range(2)]
+    shorts = [running(job(f"short{i}"), 1, i, started_at=0.0) for i in range(2)]
+    for p in (plain, bounded):
+        p.learn(state(0.0, *long_ones, *shorts))
+        p.learn(state(60.0, *long_ones))
+        p.learn(state(10_000.0, *long_ones))
+    assert plain.predict(job("next")) == 60.0  # only what finished: the short runs
+    assert bounded.predict(job("next")) == (60.0 + 10_000.0) / 2  # median of 60, 60, 10,000, 10,000
+    # Other classes are not affected by this class's running jobs.
+    assert bounded.predict(job("wide", gpus=2)) == 60.0  # falls back to the queue's finished runs
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    alpha=st.floats(0.01, 100.0),
+    history=st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.floats(1.0, 1e5)), max_size=10),
+    a=st.tuples(st.sampled_from([1, 2, 4, 8]), st.floats(0.0, 1e6), st.floats(0.0, 5e4)),
+    b=st.tuples(st.sampled_from([1, 2, 4, 8]), st.floats(0.0, 1e7), st.floats(0.0, 5e4)),
+)
+def test_aging_bounds_how_long_a_job_can_be_overtaken(
+    alpha: float,
+    history: list[tuple[int, float]],
+    a: tuple[int, float, float],
+    b: tuple[int, float, float],
+) -> None:
+    # A job submitted at t0 with predicted remaining service P goes before every job (of its priority)
+    # submitted after t0 + P / alpha, whatever the other job's size, history or service received.
+    order = QuasiShortestServiceFirst(min_samples=1, aging=alpha)
+    for gpus, seconds in history:
+        order.predictor.add("team", float(gpus), seconds)
+    s = state(0.0)
+    first = job("a", gpus=a[0], at=a[1], attained_gpu_seconds=a[2])
+    later = job("b", gpus=b[0], at=b[1], seq=1, attained_gpu_seconds=b[2])
+    bound = first.submitted_at + order.remaining_service(first, s) / alpha
+    if later.submitted_at > bound * (1 + 1e-9) + 1e-6:
+        assert order.job_key(first, s) < order.job_key(later, s)
+
+
+def test_aging_is_a_fixed_credit_per_second_waited() -> None:
+    order = QuasiShortestServiceFirst(min_samples=1, prior_s=1000.0, aging=2.0)
+    s = state(0.0)
+    # 1000 s predicted, submitted at 0 vs 400 s predicted, submitted 301 s later: the older job goes first.
+    assert order.job_key(job("old", at=0.0), s) < order.job_key(job("new", at=301.0, seq=1), s)
+    order.predictor.add("team", 1.0, 400.0)
+    assert order.job_key(job("old2", at=0.0, seq=2), s) == (0, 400.0, 0.0)
+    assert order.job_key(job("new2", at=299.0, seq=3), s) == (0, 400.0 + 598.0, 299.0)
+
+
+@pytest.mark.parametrize("aging", [-1.0, float("nan"), float("inf")])
+def test_bad_aging_is_refused_with_what_to_do(aging: float) -> None:
+    with pytest.raises(SpecError, match="aging") as err:
+        QuasiShortestServiceFirst(aging=aging)
+    assert "give" in str(err.value)
+
+
+def test_a_finished_job_is_forgotten_but_a_stopped_one_keeps_its_prediction() -> None:
+    order = QuasiShortestServiceFirst(min_samples=1, prior_s=500.0)
+    done, stopped = job("done"), job("stopped", seq=1)
+    for j in (done, stopped):
+        order.job_key(j, state(0.0))
+    order.job_key(job("x", seq=2), state(1.0, running(done, 0, 0, 0.0), running(stopped, 1, 0, 0.0, "someone")))
+    order.job_key(job("y", seq=3), state(50.0))
+    assert "done" not in order.predicted  # learned as finished: it will not be ordered again
+    assert order.predicted["stopped"] == 500.0  # back in the queue with the prediction it had
