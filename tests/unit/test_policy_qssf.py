@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
@@ -275,3 +276,16 @@ def test_a_finished_job_is_forgotten_but_a_stopped_one_keeps_its_prediction() ->
     order.job_key(job("y", seq=3), state(50.0))
     assert "done" not in order.predicted  # learned as finished: it will not be ordered again
     assert order.predicted["stopped"] == 500.0  # back in the queue with the prediction it had
+
+
+@pytest.mark.parametrize(("aging", "first"), [(0.0, "fresh"), (0.1, "old")])
+def test_a_cycle_runs_a_long_waiting_job_before_later_shorter_ones_only_with_aging(aging: float, first: str) -> None:
+    # The 1-GPU class ran 100 s, the 2-GPU class 1,000 s. One GPU-pair free: room for one of the two.
+    order = FairShareQssf(min_samples=1, aging=aging)
+    order.predictor.add("team", 1.0, 100.0)
+    order.predictor.add("team", 2.0, 1_000.0)
+    prof = dataclasses.replace(profile("default-qssf"), order=order)
+    busy = ClusterSnapshot(NODES[:1], (running(job("b6", gpus=6), 0, 0, 0.0),), now=30_000.0)
+    # `old` (2,000 GPU-s predicted) was submitted 20,000 s before `fresh` (100 GPU-s): past 2,000 / 0.1 s.
+    pending = [job("old", gpus=2, at=0.0, seq=1), job("fresh", gpus=1, at=20_000.0, seq=2)]
+    assert [p.job for p in run_cycle(busy, pending, prof).placements] == [first]  # the other no longer fits
