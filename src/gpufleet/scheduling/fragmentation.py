@@ -46,7 +46,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -196,6 +196,10 @@ class TargetWorkload:
     multi_level: tuple[int, ...] = field(init=False, repr=False, compare=False)
     multi_gpus: tuple[int, ...] = field(init=False, repr=False, compare=False)
     multi_weight: FloatArray = field(init=False, repr=False, compare=False)
+    # multi_* grouped by (set, share): ((e, position), ((h, gpus), ...)), in order of first appearance.
+    multi_groups: tuple[tuple[tuple[int, int], tuple[tuple[int, int], ...]], ...] = field(
+        init=False, repr=False, compare=False
+    )
     needs_node_check: bool = field(init=False, repr=False, compare=False)
     cpu_steps: IntArray = field(init=False, repr=False, compare=False)
     level_lut: IntArray = field(init=False, repr=False, compare=False)
@@ -209,7 +213,13 @@ class TargetWorkload:
         classes = tuple(_as_class(c) for c in self.classes)
         object.__setattr__(self, "classes", classes)
         check(_problems(classes), "target workload")
-        for name, value in _compile(classes).items():
+        compiled = _compile(classes)
+        groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        sets, levels, gpu_counts = (cast(tuple[int, ...], compiled[f"multi_{k}"]) for k in ("set", "level", "gpus"))
+        for h, (e, position, gpus) in enumerate(zip(sets, levels, gpu_counts, strict=True)):
+            groups.setdefault((e, position), []).append((h, gpus))
+        compiled["multi_groups"] = tuple((key, tuple(members)) for key, members in groups.items())
+        for name, value in compiled.items():
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False  # shared (GENERIC_TARGET, profiles): never written after this
             object.__setattr__(self, name, value)
@@ -336,12 +346,15 @@ def _hosted(hosting: FloatArray, levels: IntArray, target: TargetWorkload) -> Fl
 
 
 def _usable_by_multi_gpu(free: IntArray, levels: IntArray, multi: FloatArray, target: TargetWorkload) -> FloatArray:
-    """sum over multi-GPU classes m of p_m * [m fits] * U_m(n) (`[R]`)."""
+    """sum over multi-GPU classes m of p_m * [m fits] * U_m(n) (`[R]`). Classes of one (set, share) see the
+    same GPUs: those are counted once per group (the sums are exact, see TargetWorkload: order is free)."""
     total = np.zeros(len(free), dtype=np.float64)
-    for h, (e, position, gpus) in enumerate(zip(target.multi_set, target.multi_level, target.multi_gpus, strict=True)):
+    for (e, position), members in target.multi_groups:
         inside = levels[:, :, e] > position
-        held = np.where(inside, free, 0)
-        total += multi[:, h] * np.where(inside.sum(axis=1) >= gpus, held.sum(axis=1), 0)
+        count = np.add.reduce(inside, axis=1)
+        held = np.add.reduce(np.where(inside, free, 0), axis=1)
+        for h, gpus in members:
+            total += multi[:, h] * np.where(count >= gpus, held, 0)
     return total
 
 
@@ -409,12 +422,14 @@ def placement_delta(
     hosted = free[:, :, None] * _hosted(hosting, levels, target)
     changed = left[:, :, None] * _hosted(hosting, levels_left, target) - hosted
     usable_after = hosted.sum(axis=(1, 2))[:, None] + changed.sum(axis=2)
-    for h, (e, position, gpus) in enumerate(zip(target.multi_set, target.multi_level, target.multi_gpus, strict=True)):
+    for (e, position), members in target.multi_groups:
         inside = levels[:, :, e] > position
         stays = levels_left[:, :, e] > position
-        count = inside.sum(axis=1)[:, None] - inside + stays
-        held = np.where(inside, free, 0).sum(axis=1)[:, None] - np.where(inside, free, 0) + np.where(stays, left, 0)
-        usable_after += multi[:, h, None] * np.where(count >= gpus, held, 0)
+        count = np.add.reduce(inside, axis=1)[:, None] - inside + stays
+        held_in = np.where(inside, free, 0)
+        held = np.add.reduce(held_in, axis=1)[:, None] - held_in + np.where(stays, left, 0)
+        for h, gpus in members:
+            usable_after += multi[:, h, None] * np.where(count >= gpus, held, 0)
     after = (free.sum(axis=1) - share)[:, None] - usable_after / WEIGHT_UNITS
     delta = np.where(usable & (left >= 0), after - before[:, None], np.inf)
     if not delta.shape[1]:
