@@ -135,14 +135,16 @@ def _choose_kept(profile: Profile, view: JobView, state: CycleState, evaluation:
         stale: IntArray = evaluation.passed.nonzero()[0]
     elif evaluation.scores_clock != table.clock:
         changed = (table.version > evaluation.scores_clock).nonzero()[0]
-        stale = changed[evaluation.passed[changed]]
+        passing = evaluation.passed[changed]
+        scores[changed[~passing]] = -np.inf  # nodes that stopped passing drop out of the argmax
+        stale = changed[passing]
     else:
-        stale = changed = np.zeros(0, dtype=np.int64)
+        stale = np.zeros(0, dtype=np.int64)
     if len(stale):
         scores[stale] = _weighted(profile, view, state, evaluation, stale, gang)
     evaluation.scores_clock = table.clock
-    # Nodes that stopped passing keep a stale score: masked here. argmax: the lowest index on ties.
-    return int(np.where(evaluation.passed, scores, -np.inf).argmax())
+    # -inf exactly where a node does not pass; argmax: the lowest index on ties.
+    return int(scores.argmax())
 
 
 def make_worker(view: JobView, state: CycleState, node: int, gpus: tuple[int, ...]) -> WorkerPlacement:

@@ -74,8 +74,9 @@ class Evaluation:
 
     `usable[N, G]`: GPUs a worker could take; `passed[N]`: nodes that pass every filter;
     `largest_group[N]`: the most usable GPUs inside one NVLink group of each node.
-    `scores[N]`: the profile's weighted score of each node for one worker of the class, where the profile's
-    scores are all node-local (`ScorePlugin.node_local`), valid for the passing nodes up to `scores_clock`.
+    `scores[N]`: the profile's weighted score of each node for one worker of the class (-inf where the node
+    does not pass), where the profile's scores are all node-local (`ScorePlugin.node_local`), valid for
+    node versions up to `scores_clock`.
     """
 
     usable: BoolArray
