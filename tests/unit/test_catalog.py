@@ -9,7 +9,7 @@ from gpufleet.policies.catalog import ADMIT, FILTER, ORDER, PREEMPT, PROFILES, S
 from gpufleet.scheduling.registry import Registry
 
 EXPECTED = {
-    "default": "order=fair_share, admit=gang+quota, filter=node_health+gpu_model+fits, "
+    "default": "order=fair_qssf, admit=gang+quota, filter=node_health+gpu_model+fits, "
     "score=fgd*1+model_scarcity*0.3+best_fit*0.02+topology*1, select=fgd, preempt=priority",
     "fair-binpack": "order=fair_share, admit=gang+quota, filter=node_health+gpu_model+fits, "
     "score=bin_pack*1+topology*1, select=pack, preempt=priority",

@@ -294,3 +294,27 @@ def test_a_cycle_runs_a_long_waiting_job_before_later_shorter_ones_only_with_agi
     # `old` (2,000 GPU-s predicted) was submitted 20,000 s before `fresh` (100 GPU-s): past 2,000 / 0.1 s.
     pending = [job("old", gpus=2, at=0.0, seq=1), job("fresh", gpus=1, at=20_000.0, seq=2)]
     assert [p.job for p in run_cycle(busy, pending, prof).placements] == [first]  # the other no longer fits
+
+
+def test_a_job_stopped_at_the_moment_it_was_last_seen_is_not_learned_as_finished() -> None:
+    # The loop orders a new job against its base at t=10, then against the fork made after this step's stop
+    # requests, where `a` is being stopped (reclaimed: evicting for nobody). Gone at t=20, it did not finish.
+    order = QuasiShortestServiceFirst(min_samples=1)
+    a = job("a")
+    order.job_key(job("x", seq=1), state(0.0, running(a, 0, 0, 0.0)))
+    order.job_key(job("x", seq=1), state(10.0, running(a, 0, 0, 0.0)))
+    order.job_key(job("x", seq=1), state(10.0, running(a, 0, 0, 0.0, evicting_for="")))
+    order.job_key(job("x", seq=1), state(20.0))
+    assert order.predictor.learned == 0
+
+
+def test_a_reclaimed_job_is_predicted_afresh_without_credit_for_what_it_held() -> None:
+    order = QuasiShortestServiceFirst(min_samples=1, prior_s=1000.0, aging=0.0)
+    first = job("r", at=0.0)
+    assert order.job_key(first, state(0.0)) == (0, 1000.0, 0.0)
+    # Preempted: same submitted_at, 400 GPU-s attained count as progress.
+    preempted = dataclasses.replace(first, attained_gpu_seconds=400.0)
+    assert order.job_key(preempted, state(500.0)) == (0, 600.0, 0.0)
+    # Reclaimed (requeued at the back: a new submitted_at): as if submitted then, no credit for the 400 GPU-s.
+    reclaimed = dataclasses.replace(preempted, submitted_at=900.0)
+    assert order.job_key(reclaimed, state(900.0)) == (0, 1000.0, 900.0)

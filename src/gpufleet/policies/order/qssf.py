@@ -178,6 +178,12 @@ class DurationPredictor:
         finished: list[JobId] = []
         if state.now < self.clock:
             return finished
+        if state.now == self.clock:
+            # Another state of the same moment (the loop's base, then its fork after this step's stop
+            # requests): only which jobs are being stopped can differ, and a job stopped (a reclaimed one
+            # too) must not be learned as finished when it is gone.
+            self._note_evicting(state)
+            return finished
         self.clock = state.now
         holdings = state.holdings
         running = self.running
@@ -205,11 +211,15 @@ class DurationPredictor:
                 run.evicting_for is not None or job_id in evicting,
             )
             self.running_by_class.setdefault((job.queue, gpus), set()).add(job_id)
-        for job_id in evicting & running.keys():
+        self._note_evicting(state)
+        return finished
+
+    def _note_evicting(self, state: CycleState) -> None:
+        running = self.running
+        for job_id in state.evicting & running.keys():
             seen = running[job_id]
             if not seen.evicting:
                 running[job_id] = _Seen(seen.queue, seen.gpus, seen.started_at, seen.earlier_s, True)
-        return finished
 
     def add(self, queue: str, gpus: float, seconds: float) -> None:
         """Record one finished job's run time."""
@@ -271,24 +281,40 @@ class QuasiShortestServiceFirst:
         self.predictor = DurationPredictor(window, min_samples, prior_s, q=q, running_bound=running_bound)
         self.by_service = by_service
         self.aging = aging
-        self.predicted: dict[JobId, float] = {}
+        self.predicted: dict[JobId, float] = {}  # job -> predicted run time
+        # job -> (submitted_at its prediction was made under, GPU-seconds that earn it no credit)
+        self._basis: dict[JobId, tuple[float, float]] = {}
+        self._last_state: CycleState | None = None
+
+    def _prediction(self, job: Job, state: CycleState) -> tuple[float, float]:
+        """(predicted run time, GPU-seconds attained that do not count as progress) for `job`, predicted the
+        first time it is ordered (learning first from `state`). A job queued again with a new `submitted_at`
+        (a reclaimed job goes to the back of its queue) is predicted afresh, as if submitted then, and what it
+        ran before earns it no credit: it held its GPUs without using them, so it must not go straight back
+        ahead of the jobs already waiting. A preempted job keeps its `submitted_at`, prediction and credit."""
+        predictor = self.predictor
+        if state is not self._last_state:  # once per state: the first job it orders
+            self._last_state = state
+            for finished in predictor.learn(state):
+                self.predicted.pop(finished, None)  # it will not be ordered again
+                self._basis.pop(finished, None)
+        predicted = self.predicted.get(job.id)
+        basis = self._basis.get(job.id)
+        if predicted is None or basis is None or basis[0] != job.submitted_at:
+            uncredited = job.attained_gpu_seconds if basis is not None else 0.0
+            predicted = self.predicted[job.id] = predictor.predict(job)
+            basis = self._basis[job.id] = (job.submitted_at, uncredited)
+        return predicted, basis[1]
 
     def predicted_seconds(self, job: Job, state: CycleState) -> float:
         """The run time predicted for `job` the first time it was ordered (learning first from `state`)."""
-        predictor = self.predictor
-        if state.now > predictor.clock:
-            for finished in predictor.learn(state):
-                self.predicted.pop(finished, None)  # it will not be ordered again
-        predicted = self.predicted.get(job.id)
-        if predicted is None:
-            predicted = self.predicted[job.id] = predictor.predict(job)
-        return predicted
+        return self._prediction(job, state)[0]
 
     def remaining_service(self, job: Job, state: CycleState) -> float:
         """Predicted GPU-seconds (or seconds, without `by_service`) the job still needs."""
-        predicted = self.predicted_seconds(job, state)
+        predicted, attained_before = self._prediction(job, state)
         gpus = _gpus(job)
-        ran = job.attained_gpu_seconds / gpus if gpus else 0.0
+        ran = (job.attained_gpu_seconds - attained_before) / gpus if gpus else 0.0
         if ran > 0:
             predicted = max(predicted, 2.0 * ran) - ran
         return predicted * max(gpus, 1.0) if self.by_service else predicted
