@@ -95,6 +95,7 @@ class Evaluation:
 
 # Evaluations a control loop's base keeps between cycles (the most recently used request classes).
 KEPT_EVALUATIONS = 256
+RUNNING_LOG_LIMIT = 1 << 16
 
 
 # From this many jobs on, a what-if takes the running jobs' arrays instead of going job by job.
@@ -139,6 +140,10 @@ class CycleState:
         # Running, preemptible jobs by (queue, priority): who may be preempted is decided per group.
         self.preemptible_by_group: dict[tuple[str, int], list[JobId]] = defaultdict(list)
         self.evaluations: dict[tuple[object, ...], Evaluation] = {}
+        # Jobs whose running status a control loop changed on this base (`add_running`, `remove_running`),
+        # in order; forks share it. Lets an observer of successive states (QSSF's learner) read what changed
+        # instead of comparing every running job. Replaced by a new list when long (observers start over).
+        self.running_log: list[JobId] = []
         # A fork's base, the base's evaluations when it forked, and the base's clock then (see `keep_from`).
         self._origin: CycleState | None = None
         self._inherited: dict[tuple[object, ...], Evaluation] = {}
@@ -335,6 +340,7 @@ class CycleState:
         self.table.apply_many(list(running.workers), -1)
         usage = self.usage_of(running.workers)
         self.holdings[running.id] = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
+        self._log_change(running.id)
         self.ledger.add(running.job.queue, usage)
         if running.evicting_for is not None:
             self.set_evicting(running.id, running.evicting_for)
@@ -345,6 +351,7 @@ class CycleState:
         """Keep a base state current: a job released what it held (finished, stopped, lost)."""
         holding = self.holdings[job_id]
         self.release(job_id)
+        self._log_change(job_id)
         group = self.preemptible_by_group.get((holding.job.queue, holding.job.priority))
         if group is not None and job_id in group:
             group.remove(job_id)
@@ -353,6 +360,11 @@ class CycleState:
             for victims in self.evicting_for.values():
                 if job_id in victims:
                     victims.remove(job_id)
+
+    def _log_change(self, job_id: JobId) -> None:
+        if len(self.running_log) >= RUNNING_LOG_LIMIT:
+            self.running_log = []
+        self.running_log.append(job_id)
 
     def set_evicting(self, job_id: JobId, for_job: JobId) -> None:
         holding = self.holdings[job_id]

@@ -170,6 +170,8 @@ class DurationPredictor:
         self.overall = _History(window)
         self.learned = 0
         self.clock = float("-inf")  # `now` of the last state learned from
+        self._log: list[JobId] | None = None  # the running log read last, and how far
+        self._log_seen = 0
 
     def learn(self, state: CycleState) -> list[JobId]:
         """Take what finished since the last look, and note what runs now; return the jobs learned as finished.
@@ -187,7 +189,16 @@ class DurationPredictor:
         self.clock = state.now
         holdings = state.holdings
         running = self.running
-        gone = running.keys() - holdings.keys()
+        log = state.running_log
+        if log is self._log:
+            # The same control loop's base (or a fork of it): only jobs in its log since the last look changed.
+            changed = log[self._log_seen :]
+            gone = {j for j in changed if j in running and j not in holdings}
+            new = [j for j in dict.fromkeys(changed) if j in holdings and j not in running]
+        else:
+            gone = running.keys() - holdings.keys()
+            new = sorted(holdings.keys() - running.keys())
+        self._log, self._log_seen = log, len(log)
         if gone:
             for job_id in sorted(gone, key=lambda j: (running[j].started_at, j)):
                 seen = running.pop(job_id)
@@ -196,7 +207,7 @@ class DurationPredictor:
                     self.add(seen.queue, seen.gpus, seen.earlier_s + max(0.0, state.now - seen.started_at))
                     finished.append(job_id)
         evicting = state.evicting
-        for job_id in holdings.keys() - running.keys():
+        for job_id in new:
             holding = holdings[job_id]
             run = holding.running
             if run is None:  # placed in this cycle: not started yet
