@@ -139,6 +139,7 @@ class CycleState:
         self.evicting: set[JobId] = set()
         # Running, preemptible jobs by (queue, priority): who may be preempted is decided per group.
         self.preemptible_by_group: dict[tuple[str, int], list[JobId]] = defaultdict(list)
+        self._groups_shared = False
         self.evaluations: dict[tuple[object, ...], Evaluation] = {}
         # Jobs whose running status a control loop changed on this base (`add_running`, `remove_running`),
         # in order; forks share it. Lets an observer of successive states (QSSF's learner) read what changed
@@ -281,7 +282,8 @@ class CycleState:
         return facts
 
     def fork(self, now: float) -> CycleState:
-        """An independent working copy for one cycle at time `now`."""
+        """An independent working copy for one cycle at time `now`. Its preemptible groups are the base's until
+        it changes them (cycles only read them): decide on a fork before the base changes again."""
         other = copy.copy(self)
         other.now = now
         other.table = self.table.copy()
@@ -290,7 +292,8 @@ class CycleState:
         other.removed = set(self.removed)
         other.evicting_for = defaultdict(list, {j: list(v) for j, v in self.evicting_for.items()})
         other.evicting = set(self.evicting)
-        other.preemptible_by_group = defaultdict(list, {g: list(v) for g, v in self.preemptible_by_group.items()})
+        # Shared until the fork changes it (`_own_groups`): cycles read it; only a loop's base writes it.
+        other._groups_shared = True
         other._memo = self._memo  # capacity-only values: shared with the base, filled by any fork
         other.evaluations = {}
         other._origin = self
@@ -345,6 +348,7 @@ class CycleState:
         if running.evicting_for is not None:
             self.set_evicting(running.id, running.evicting_for)
         elif running.job.preemptible:
+            self._own_groups()
             bisect.insort(self.preemptible_by_group[(running.job.queue, running.job.priority)], running.id)
 
     def remove_running(self, job_id: JobId) -> None:
@@ -352,6 +356,7 @@ class CycleState:
         holding = self.holdings[job_id]
         self.release(job_id)
         self._log_change(job_id)
+        self._own_groups()
         group = self.preemptible_by_group.get((holding.job.queue, holding.job.priority))
         if group is not None and job_id in group:
             group.remove(job_id)
@@ -366,8 +371,15 @@ class CycleState:
             self.running_log = []
         self.running_log.append(job_id)
 
+    def _own_groups(self) -> None:
+        """Copy the preemptible groups shared with the base before changing them."""
+        if self._groups_shared:
+            self.preemptible_by_group = defaultdict(list, {g: list(v) for g, v in self.preemptible_by_group.items()})
+            self._groups_shared = False
+
     def set_evicting(self, job_id: JobId, for_job: JobId) -> None:
         holding = self.holdings[job_id]
+        self._own_groups()
         group = self.preemptible_by_group.get((holding.job.queue, holding.job.priority))
         if group is not None and job_id in group:
             group.remove(job_id)
