@@ -79,7 +79,7 @@ def test_concurrent_first_opens_migrate_once(url: str) -> None:
         thread.join()
     for store in opened:
         store.close()
-    assert failures == []
+    assert failures == [], [str(failure) for failure in failures]
     assert len(opened) == 4
     assert revision_and_diff(url) == (head_revision(), [])
 

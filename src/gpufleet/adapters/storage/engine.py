@@ -15,6 +15,8 @@ transaction reads and then writes what it read.
 from __future__ import annotations
 
 import json
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +116,8 @@ def _sqlite_engine(url: URL) -> Engine:
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves, below
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        _enable_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
@@ -126,6 +128,21 @@ def _sqlite_engine(url: URL) -> Engine:
         connection.exec_driver_sql("BEGIN DEFERRED" if deferred else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _enable_wal(cursor: Any) -> None:
+    """`PRAGMA journal_mode=WAL`, retried while another connection holds the file: switching a new database
+    to WAL needs it alone, and SQLite reports "database is locked" at once there instead of waiting out the
+    busy timeout (seen when several processes open a new database together)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 def alembic_config(url: str | None = None) -> Config:
