@@ -280,7 +280,7 @@ def test_a_finished_job_is_forgotten_but_a_stopped_one_keeps_its_prediction() ->
     order.job_key(job("x", seq=2), state(1.0, running(done, 0, 0, 0.0), running(stopped, 1, 0, 0.0, "someone")))
     order.job_key(job("y", seq=3), state(50.0))
     assert "done" not in order.predicted  # learned as finished: it will not be ordered again
-    assert order.predicted["stopped"] == 500.0  # back in the queue with the prediction it had
+    assert order.predicted["stopped"].seconds == 500.0  # back in the queue with the prediction it had
 
 
 @pytest.mark.parametrize(("aging", "first"), [(0.0, "fresh"), (0.1, "old")])

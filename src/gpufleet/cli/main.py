@@ -18,7 +18,7 @@ from gpufleet.cli.sim import TRACES_ENV, traces_root
 from gpufleet.cli.sim import sim as sim_command
 from gpufleet.cli.top import top as top_command
 from gpufleet.cli.up import up as up_command
-from gpufleet.domain.errors import GpufleetError, UnknownNameError, WorkloadError
+from gpufleet.domain.errors import GpufleetError, WorkloadError
 
 app = typer.Typer(
     name="gpufleet",
@@ -92,7 +92,7 @@ def bench_sim(
 ) -> None:
     """Simulator speed: the FGD protocol on openb and the whole Philly trace, per policy."""
     from gpufleet.bench import sim as sim_bench
-    from gpufleet.policies.catalog import PROFILES
+    from gpufleet.sim.experiment import check_policies
 
     try:
         root = traces_root(traces)
@@ -104,10 +104,7 @@ def bench_sim(
         unknown = sorted(set(cases) - set(sim_bench.GOALS_S))
         if unknown:
             raise WorkloadError(f"no benchmark case {unknown[0]!r}", f"use one of: {', '.join(sim_bench.GOALS_S)}")
-        policies = tuple(policy or ())
-        unknown = sorted(set(policies) - set(PROFILES))
-        if unknown:
-            raise UnknownNameError(f"no scheduling profile named {unknown[0]!r}", f"use one of: {', '.join(PROFILES)}")
+        policies = check_policies(policy) if policy else ()
         result = sim_bench.run(root, cases or tuple(sim_bench.GOALS_S), policies, pods)
     except GpufleetError as error:
         fail(error)

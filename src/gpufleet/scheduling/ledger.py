@@ -80,14 +80,6 @@ class QuotaLedger:
             other.reserved[queue] = defaultdict(int, row)
         return other
 
-    def reserve(self, queue: str, usage: Usage) -> None:
-        """Hold quota for a job that waits for its victims to stop. It counts against the queue's
-        limits like usage, but the queue does not borrow because of it (`over_nominal`)."""
-        self.add(queue, usage)
-        row = self.reserved[queue]
-        for key, amount in usage.items():
-            row[key] += amount
-
     def counters(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
         """Every queue's usage and every cohort pool's use, as flat copies (see `raise_to`)."""
         rows = {(queue, key): amount for queue, row in self.usage.items() for key, amount in row.items()}

@@ -64,7 +64,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.domain.jobs import Job, JobId
@@ -83,6 +83,15 @@ DEFAULT_RUNNING_BOUND = True
 DEFAULT_AGING = 0.1
 
 ClassKey = tuple[str, float]  # (queue, GPUs)
+
+
+class Prediction(NamedTuple):
+    """A job's predicted run time, the `submitted_at` it was made under, and the GPU-seconds it had attained
+    then that earn it no credit (those of a reclaimed job)."""
+
+    submitted_at: float
+    seconds: float
+    uncredited: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +206,7 @@ class DurationPredictor:
             new = [j for j in dict.fromkeys(changed) if j in holdings and j not in running]
         else:
             gone = running.keys() - holdings.keys()
-            new = sorted(holdings.keys() - running.keys())
+            new = list(holdings.keys() - running.keys())
         self._log, self._log_seen = log, len(log)
         if gone:
             for job_id in sorted(gone, key=lambda j: (running[j].started_at, j)):
@@ -292,40 +301,35 @@ class QuasiShortestServiceFirst:
         self.predictor = DurationPredictor(window, min_samples, prior_s, q=q, running_bound=running_bound)
         self.by_service = by_service
         self.aging = aging
-        self.predicted: dict[JobId, float] = {}  # job -> predicted run time
-        # job -> (submitted_at its prediction was made under, GPU-seconds that earn it no credit)
-        self._basis: dict[JobId, tuple[float, float]] = {}
+        self.predicted: dict[JobId, Prediction] = {}
         self._last_state: CycleState | None = None
 
-    def _prediction(self, job: Job, state: CycleState) -> tuple[float, float]:
-        """(predicted run time, GPU-seconds attained that do not count as progress) for `job`, predicted the
-        first time it is ordered (learning first from `state`). A job queued again with a new `submitted_at`
-        (a reclaimed job goes to the back of its queue) is predicted afresh, as if submitted then, and what it
-        ran before earns it no credit: it held its GPUs without using them, so it must not go straight back
-        ahead of the jobs already waiting. A preempted job keeps its `submitted_at`, prediction and credit."""
-        predictor = self.predictor
+    def _prediction(self, job: Job, state: CycleState) -> Prediction:
+        """`job`'s prediction, made the first time it is ordered (learning first from `state`). A job queued
+        again with a new `submitted_at` (a reclaimed job goes to the back of its queue) is predicted afresh, as
+        if submitted then, and what it ran before earns it no credit: it held its GPUs without using them, so
+        it must not go straight back ahead of the jobs already waiting. A preempted job keeps its
+        `submitted_at`, prediction and credit."""
         if state is not self._last_state:  # once per state: the first job it orders
             self._last_state = state
-            for finished in predictor.learn(state):
+            for finished in self.predictor.learn(state):
                 self.predicted.pop(finished, None)  # it will not be ordered again
-                self._basis.pop(finished, None)
-        predicted = self.predicted.get(job.id)
-        basis = self._basis.get(job.id)
-        if predicted is None or basis is None or basis[0] != job.submitted_at:
-            uncredited = job.attained_gpu_seconds if basis is not None else 0.0
-            predicted = self.predicted[job.id] = predictor.predict(job)
-            basis = self._basis[job.id] = (job.submitted_at, uncredited)
-        return predicted, basis[1]
+        known = self.predicted.get(job.id)
+        if known is None or known.submitted_at != job.submitted_at:
+            uncredited = job.attained_gpu_seconds if known is not None else 0.0
+            known = self.predicted[job.id] = Prediction(job.submitted_at, self.predictor.predict(job), uncredited)
+        return known
 
     def predicted_seconds(self, job: Job, state: CycleState) -> float:
         """The run time predicted for `job` the first time it was ordered (learning first from `state`)."""
-        return self._prediction(job, state)[0]
+        return self._prediction(job, state).seconds
 
     def remaining_service(self, job: Job, state: CycleState) -> float:
         """Predicted GPU-seconds (or seconds, without `by_service`) the job still needs."""
-        predicted, attained_before = self._prediction(job, state)
+        prediction = self._prediction(job, state)
+        predicted = prediction.seconds
         gpus = _gpus(job)
-        ran = (job.attained_gpu_seconds - attained_before) / gpus if gpus else 0.0
+        ran = (job.attained_gpu_seconds - prediction.uncredited) / gpus if gpus else 0.0
         if ran > 0:
             predicted = max(predicted, 2.0 * ran) - ran
         return predicted * max(gpus, 1.0) if self.by_service else predicted
