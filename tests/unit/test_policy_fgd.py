@@ -446,6 +446,26 @@ def test_the_memo_compares_a_new_table_by_content() -> None:
     assert growths == [[1000.0], [0.0]]  # 10 -> 6 CPUs breaks the class; from 6 CPUs it was broken already
 
 
+def test_the_memo_sees_changes_the_last_table_had_after_it_looked() -> None:
+    """The memo copies a table's contents only when another table comes: a change the old table had after
+    the memo's last look must count, also when the new table has it already."""
+    memo = GradientMemo(target(TaskClass(500, 1, ANY, 1.0, cpu_milli=8_000)))
+    request = WorkerRequest(cpu_milli=4_000)
+
+    def growth(nodes: NodeTable) -> list[float]:
+        usable = np.zeros_like(nodes.gpu_exists)
+        evaluation = Evaluation(usable, np.ones(1, dtype=np.bool_), np.zeros(1, dtype=np.int64), nodes.clock)
+        got: list[float] = memo.growth(nodes, request, nodes.model_lut(ANY), evaluation, np.arange(1))[0].tolist()
+        return got
+
+    first = table(("a", [1000]), cpu=10_000)
+    assert growth(first) == [1000.0]  # 10 -> 6 CPUs breaks the class
+    first.apply(WorkerPlacement("a", (), 1_000), -1)
+    assert growth(first) == [1000.0]  # 9 -> 5 CPUs too, computed again for the changed node
+    first.apply(WorkerPlacement("a", (), 3_000), -1)  # 6 CPUs free, after the memo's last look
+    assert growth(first.copy()) == [0.0]  # the next cycle's table has it already; the class was broken
+
+
 # ---- the target workload -------------------------------------------------------------------------------
 
 

@@ -15,14 +15,15 @@ Speed: growth per node depends only on the node's free resources, its usable GPU
 memoised per request class and recomputed only for the nodes that changed since, a few per placement
 (`GradientMemo`). Within a cycle the table's change clock says which; a new table (the next cycle) is
 compared by content, so the memo carries over between cycles. Either way the result is exactly what a fresh
-computation gives. It is not thread-safe: give each thread its own profile.
+computation gives. The few nodes recomputed per placement go through `FewNodes` (plain Python loops,
+the same floats bit for bit), where numpy's per-call overhead would cost more than the arithmetic.
+It is not thread-safe: give each thread its own profile.
 The `fgd` select plugin may share the score's memo (`FgdSelect(target, memo=score.memo)`), to reuse the GPU
 the score found for the chosen node instead of computing it again.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 from typing import ClassVar
 
@@ -30,7 +31,8 @@ import numpy as np
 
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import WorkerRequest
-from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike, placement_delta
+from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike
+from gpufleet.scheduling.fragmentation_few import FewNodes
 from gpufleet.scheduling.plugins import GangContext, JobView
 from gpufleet.scheduling.state import CycleState, Evaluation
 from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable
@@ -66,38 +68,57 @@ class GradientMemo:
     free resources only through `NodeTable.apply`/`apply_many`, which keep it), and by comparing contents
     when a new table comes (a new cycle): then the usable GPUs are compared too, as node health or quota may
     have changed them. Growth depends only on those, so the result equals a fresh `placement_delta`.
+    The memo holds the last table it saw until another comes, to copy the rows that changed in it then
+    (once per table, not once per change).
     """
 
     def __init__(self, target: TargetWorkload, max_classes: int = MAX_CLASSES) -> None:
         self.target = target
+        self.few = FewNodes(target)  # the gradient of the few rows that changed, per placement
         self.max_classes = max_classes
-        self._table: weakref.ref[NodeTable] | None = None
+        # The table last seen (held: its contents are read once more when another one comes).
+        self._table: NodeTable | None = None
         self._table_clock = 0
         self._epoch = 0  # bumped whenever another table object comes
         self._names: tuple[str, ...] | None = None
         self._models: tuple[str, ...] | None = None
+        # The contents of the tables seen, as of the memo's clock `_synced`: rows changed since are copied
+        # only when another table comes, not on every change.
         self._arrays: tuple[IntArray, ...] = ()
+        self._synced = 0
         self._changed_at = np.zeros(0, dtype=np.int64)
         self._clock = 0
         self._entries: dict[tuple[object, ...], _Entry] = {}
+        self._memory_matters = bool(target.class_memory.any())
+
+    @staticmethod
+    def _contents(table: NodeTable) -> tuple[IntArray, ...]:
+        return (table.gpu_milli_free, table.gpu_model, table.cpu_free, table.mem_free)
 
     def _observe(self, table: NodeTable) -> None:
         """Note which nodes changed since the last call, and when. Other nodes or GPU models: start over
         (model ids are indices into `table.models`)."""
-        arrays = (table.gpu_milli_free, table.gpu_model, table.cpu_free, table.mem_free)
-        if self._table is not None and self._table() is table:
+        old = self._table
+        if old is table:
             if table.clock != self._table_clock:
-                self._mark(np.flatnonzero(table.version > self._table_clock), arrays)
+                self._mark(np.flatnonzero(table.version > self._table_clock))
                 self._table_clock = table.clock
             return
-        self._table = weakref.ref(table)
+        arrays = self._contents(table)
+        if old is not None and self._arrays and old.gpu_milli_free.shape == self._arrays[0].shape:
+            self._observe(old)  # its last changes, then what it holds now
+            rows = np.flatnonzero(self._changed_at > self._synced)
+            for now, seen in zip(self._contents(old), self._arrays, strict=True):
+                seen[rows] = now[rows]
+            self._synced = self._clock
+        self._table = table
         self._table_clock = table.clock
         self._epoch += 1
         if self._names != table.names or self._models != table.models or self._arrays[0].shape != arrays[0].shape:
             self._names = table.names
             self._models = table.models
             self._arrays = tuple(a.copy() for a in arrays)
-            self._clock = 1
+            self._clock = self._synced = 1
             self._changed_at = np.ones(len(table), dtype=np.int64)
             self._entries.clear()
             return
@@ -105,14 +126,12 @@ class GradientMemo:
         for now, seen in zip(arrays, self._arrays, strict=True):
             differs = now != seen
             changed |= differs.any(axis=1) if differs.ndim == 2 else differs
-        self._mark(np.flatnonzero(changed), arrays)
+        self._mark(np.flatnonzero(changed))
 
-    def _mark(self, rows: IntArray, arrays: tuple[IntArray, ...]) -> None:
+    def _mark(self, rows: IntArray) -> None:
         if len(rows):
             self._clock += 1
             self._changed_at[rows] = self._clock
-            for now, seen in zip(arrays, self._arrays, strict=True):
-                seen[rows] = now[rows]
 
     def _key(self, request: WorkerRequest, lut: BoolArray) -> tuple[object, ...]:
         """What growth depends on besides the node: GPUs, share, and CPU and memory where the target has
@@ -122,7 +141,7 @@ class GradientMemo:
             request.gpus,
             request.gpu_milli if request.gpus else 0,
             request.cpu_milli if target.needs_node_check else 0,
-            request.memory if target.class_memory.any() else 0,
+            request.memory if self._memory_matters else 0,
             lut.tobytes(),
         )
 
@@ -149,7 +168,7 @@ class GradientMemo:
         redo = rows[stale]
         if len(redo):
             wanted = evaluation.usable[redo]
-            growth, gpu = placement_delta(table, self.target, request, redo, wanted)
+            growth, gpu = self.few.placement_delta(table, request, redo, wanted)
             entry.growth[redo] = growth
             entry.gpu[redo] = gpu
             entry.usable[redo] = wanted
@@ -161,15 +180,14 @@ class GradientMemo:
         entry = self._entries.get(self._key(request, lut))
         current = (
             entry is not None
-            and self._table is not None
-            and self._table() is table
+            and self._table is table
             and table.clock == self._table_clock
             and entry.computed[node] >= self._changed_at[node]
             and bool(np.array_equal(entry.usable[node], usable))
         )
         if entry is not None and current:
             return int(entry.gpu[node])
-        _, gpu = placement_delta(table, self.target, request, np.array([node], dtype=np.int64), usable[None, :])
+        _, gpu = self.few.placement_delta(table, request, np.array([node], dtype=np.int64), usable[None, :])
         return int(gpu[0])
 
 
