@@ -362,9 +362,12 @@ class CycleState:
             group.remove(job_id)
         if job_id in self.evicting:
             self.evicting.discard(job_id)
-            for victims in self.evicting_for.values():
-                if job_id in victims:
-                    victims.remove(job_id)
+            # A preemptor whose last victim stopped drops out: forks copy this map every cycle.
+            for for_job in [f for f, victims in self.evicting_for.items() if job_id in victims]:
+                victims = self.evicting_for[for_job]
+                victims.remove(job_id)
+                if not victims:
+                    del self.evicting_for[for_job]
 
     def _log_change(self, job_id: JobId) -> None:
         if len(self.running_log) >= RUNNING_LOG_LIMIT:

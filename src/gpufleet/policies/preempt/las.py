@@ -36,22 +36,28 @@ class LasPreemption(PriorityPreemption):
         self.bands = LeastAttainedService(thresholds)
 
     def band(self, holding: Holding, state: CycleState) -> int:
-        return self.bands.band_of(attained_now(holding, state))
+        """The holding job's LAS band now; it holds for the cycle (its time and running jobs), so it is kept."""
+        known: dict[str, int] = state.per_cycle(("preempt.las.bands", self), dict)
+        band = known.get(holding.job.id)
+        if band is None:
+            band = known[holding.job.id] = self.bands.band_of(attained_now(holding, state))
+        return band
 
     def candidates(
         self, job: Job, state: CycleState, demand: dict[str, int], quota_ok: bool
     ) -> tuple[list[Holding], dict[str, str]]:
         candidates, reasons = super().candidates(job, state, demand, quota_ok)
         mine = self.bands.band_of(job.attained_gpu_seconds)
-        for (queue, _priority), members in sorted(state.preemptible_by_group.items()):
-            if queue != job.queue:
+        for (queue, priority), members in sorted(state.preemptible_by_group.items()):
+            if queue != job.queue or priority > job.priority:
                 continue
             for job_id in members:
                 holding = state.holdings.get(job_id)
                 if holding is None or job_id in state.evicting or job_id in reasons:
                     continue
-                if holding.job.priority <= job.priority and self.band(holding, state) > mine:
-                    reasons[job_id] = f"attained more service (LAS band {self.band(holding, state)} > {mine})"
+                band = self.band(holding, state)
+                if band > mine:
+                    reasons[job_id] = f"attained more service (LAS band {band} > {mine})"
                     candidates.append(holding)
         return candidates, reasons
 
