@@ -96,7 +96,8 @@ def test_preemption_stops_the_victim_with_grace_requeues_it_and_places_the_preem
     assert low.attained_gpu_seconds == pytest.approx(8 * 20.0)
     assert low.waiting_code == "unschedulable"  # back in its queue, waiting for room
     # Nothing is left of the preemption in the loop's state: every cycle copies what is there.
-    assert not loop.base.evicting and not loop.base.evicting_for
+    assert not loop.base.evicting
+    assert not loop.base.evicting_for
 
 
 def test_a_job_that_does_not_fit_is_parked_until_something_is_released() -> None:

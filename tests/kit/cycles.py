@@ -136,5 +136,5 @@ def codes(result: CycleResult) -> dict[JobId, str]:
 def run(snapshot: ClusterSnapshot, pending: Sequence[Job], profile: Profile) -> CycleResult:
     """`run_cycle`, then every invariant of the kit checked on the result."""
     result = run_cycle(snapshot, pending, profile)
-    check_all(snapshot, pending, result)
+    check_all(snapshot, pending, result, profile)
     return result

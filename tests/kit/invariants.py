@@ -16,10 +16,13 @@ from gpufleet.domain import (
     JobId,
     QueueSpec,
     Quota,
+    RunningJob,
     WorkerPlacement,
     gpu_model_key,
 )
+from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.scheduling.cycle import CycleResult
+from gpufleet.scheduling.plugins import Profile
 from gpufleet.scheduling.status import Code
 
 Usage = dict[str, dict[str, int]]  # queue -> resource key -> amount (base units)
@@ -245,9 +248,25 @@ def over_nominal(spec: QueueSpec, usage: Usage) -> bool:
 # ---- preemption -----------------------------------------------------------------------------------
 
 
-def check_victims(snapshot: ClusterSnapshot, pending: Sequence[Job], result: CycleResult) -> None:
+def _las_victim(victim: RunningJob, job: Job, now: float, las: LasPreemption) -> bool:
+    """Whether LAS preemption may stop `victim` for `job`: same queue, priority at most the job's, a higher
+    band of GPU time attained (its current run included), and running at least the plugin's minimum."""
+    ran = now - victim.started_at
+    attained = victim.job.attained_gpu_seconds + victim.job.gpu_milli_total / MILLI_PER_GPU * max(0.0, ran)
+    return (
+        victim.job.queue == job.queue
+        and victim.job.priority <= job.priority
+        and ran >= las.min_run_s
+        and las.bands.band_of(attained) > las.bands.band_of(job.attained_gpu_seconds)
+    )
+
+
+def check_victims(
+    snapshot: ClusterSnapshot, pending: Sequence[Job], result: CycleResult, profile: Profile | None = None
+) -> None:
     """Victims: running, preemptible, not already stopping, preempted once, and either of lower
-    priority than the preemptor or in another queue of its cohort that borrows (reclaim)."""
+    priority than the preemptor or in another queue of its cohort that borrows (reclaim); with LAS
+    preemption in `profile`, also a job of its queue with more GPU time by the plugin's bands."""
     running = {r.id: r for r in snapshot.running}
     jobs = _pending_by_id(pending)
     queues = {q.name: q for q in snapshot.queues}
@@ -279,16 +298,22 @@ def check_victims(snapshot: ClusterSnapshot, pending: Sequence[Job], result: Cyc
             and job_spec.cohort == victim_spec.cohort
             and over_nominal(victim_spec, usage)
         )
-        assert lower or reclaim, (
+        las = profile.preempt if profile is not None and isinstance(profile.preempt, LasPreemption) else None
+        served = las is not None and _las_victim(victim, job, snapshot.now, las)
+        assert lower or reclaim or served, (
             f"{p.victim} (priority {victim.job.priority}, queue {victim.job.queue}) preempted for "
             f"{job.id} (priority {job.priority}, queue {job.queue}): neither lower priority nor reclaim"
+            + (" nor more attained service" if las is not None else "")
         )
 
 
-def check_all(snapshot: ClusterSnapshot, pending: Sequence[Job], result: CycleResult) -> None:
+def check_all(
+    snapshot: ClusterSnapshot, pending: Sequence[Job], result: CycleResult, profile: Profile | None = None
+) -> None:
+    """Every invariant; `profile` (the one that decided) widens who may be a victim where it preempts by LAS."""
     check_partition(pending, result)
     check_worker_shapes(pending, result)
     check_capacity(snapshot, result)
     check_targets(snapshot, pending, result)
     check_quotas(snapshot, pending, result)
-    check_victims(snapshot, pending, result)
+    check_victims(snapshot, pending, result, profile)

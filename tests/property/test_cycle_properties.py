@@ -23,8 +23,9 @@ NON_STRICT = tuple(name for name in PROFILE_NAMES if not profile(name).strict_fi
 @given(worlds())
 def test_every_result_keeps_the_invariants(world: World) -> None:
     """Capacity, quota, gang, target, partition and victim invariants (tests.kit.invariants)."""
-    result = run_cycle(world.snapshot, world.pending, profile(world.profile_name))
-    check_all(world.snapshot, world.pending, result)
+    policy = profile(world.profile_name)
+    result = run_cycle(world.snapshot, world.pending, policy)
+    check_all(world.snapshot, world.pending, result, policy)
 
 
 @given(worlds(profile_names=PREEMPTING, max_pending=12))
@@ -32,7 +33,7 @@ def test_every_preemption_makes_room(world: World) -> None:
     """Once its victims stop, the preemptor fits (same profile, nothing else pending)."""
     policy = profile(world.profile_name)
     result = run_cycle(world.snapshot, world.pending, policy)
-    check_all(world.snapshot, world.pending, result)
+    check_all(world.snapshot, world.pending, result, policy)
     by_job: dict[str, list[str]] = {}
     for p in result.preemptions:
         by_job.setdefault(p.for_job, []).append(p.victim)
@@ -42,6 +43,32 @@ def test_every_preemption_makes_room(world: World) -> None:
         assert [p.job for p in after.placements] == [job_id], (
             f"{job_id} preempted {gone} and still does not fit: {after.waiting.get(job_id)}"
         )
+
+
+LAS_PREEMPTING = tuple(name for name in PROFILE_NAMES if type(profile(name).preempt).__name__ == "LasPreemption")
+
+
+@given(worlds(profile_names=LAS_PREEMPTING, max_pending=12, pressure=True), st.data())
+def test_las_preemption_keeps_the_invariants_and_makes_room(world: World, data: st.DataObject) -> None:
+    """Equal priorities and long-running jobs, so that LAS bands decide who is stopped: victims are of the
+    preemptor's queue with more service (or lower priority, or reclaimed), and the preemptor then fits."""
+    policy = profile(world.profile_name)
+    long_ago = [
+        dataclasses.replace(r, started_at=float(data.draw(st.sampled_from((0, 0, 500, 950)))))
+        for r in world.snapshot.running
+    ]
+    flat = [dataclasses.replace(r, job=dataclasses.replace(r.job, priority=0)) for r in long_ago]
+    pending = [dataclasses.replace(j, priority=0, attained_gpu_seconds=0.0) for j in world.pending]
+    snapshot = dataclasses.replace(world.snapshot, running=tuple(flat))
+    result = run_cycle(snapshot, pending, policy)
+    check_all(snapshot, pending, result, policy)
+    jobs = {j.id: j for j in pending}
+    by_job: dict[str, list[str]] = {}
+    for p in result.preemptions:
+        by_job.setdefault(p.for_job, []).append(p.victim)
+    for job_id, gone in sorted(by_job.items()):
+        after = run_cycle(without(snapshot, gone), [jobs[job_id]], policy)
+        assert [p.job for p in after.placements] == [job_id], f"{job_id} preempted {gone} and still does not fit"
 
 
 @given(worlds(), st.randoms(use_true_random=False))
@@ -100,8 +127,9 @@ def test_an_impossible_request_is_unresolvable(
         submitted_at=float(submitted_at),
     )
     pending = [job, *world.pending]
-    result = run_cycle(world.snapshot, pending, profile(world.profile_name))
-    check_all(world.snapshot, pending, result)
+    policy = profile(world.profile_name)
+    result = run_cycle(world.snapshot, pending, policy)
+    check_all(world.snapshot, pending, result, policy)
     status = result.waiting["impossible"]
     assert status.code is Code.UNRESOLVABLE, status
     assert status.reasons
@@ -117,7 +145,7 @@ def test_invariants_hold_over_several_cycles(world: World, cycles: int, data: st
     snapshot, pending = world.snapshot, list(world.pending)
     for _ in range(cycles):
         result = run_cycle(snapshot, pending, policy)
-        check_all(snapshot, pending, result)
+        check_all(snapshot, pending, result, policy)
         snapshot = advance(snapshot, result, pending, now=snapshot.now + 60.0)
         pending = still_pending(pending, result)
         evicting = sorted(r.id for r in snapshot.running if r.evicting)

@@ -26,7 +26,7 @@ def fifo(workload: Workload) -> PolicyMetrics:
     return run_policy(workload, profile("fifo")).metrics
 
 
-@pytest.mark.parametrize("name", ["qssf", "default-qssf"])
+@pytest.mark.parametrize("name", ["qssf", "default-qssf", "default"])
 def test_qssf_ignores_oracle_durations_and_beats_strict_fifo(
     workload: Workload, fifo: PolicyMetrics, name: str
 ) -> None:

@@ -5,12 +5,24 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.domain import GpufleetError, UnknownNameError
-from gpufleet.policies.catalog import ADMIT, FILTER, ORDER, PREEMPT, PROFILES, SCORE, SELECT, build_profile, profile
+from gpufleet.policies.catalog import (
+    ADMIT,
+    DEFAULT_LAS_MIN_RUN_S,
+    FILTER,
+    ORDER,
+    PREEMPT,
+    PROFILES,
+    SCORE,
+    SELECT,
+    build_profile,
+    profile,
+)
+from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.scheduling.registry import Registry
 
 EXPECTED = {
     "default": "order=fair_qssf, admit=gang+quota, filter=node_health+gpu_model+fits, "
-    "score=fgd*1+model_scarcity*0.3+best_fit*0.02+topology*1, select=fgd, preempt=priority",
+    "score=fgd*1+model_scarcity*0.3+best_fit*0.02+topology*1, select=fgd, preempt=las",
     "fair-binpack": "order=fair_share, admit=gang+quota, filter=node_health+gpu_model+fits, "
     "score=bin_pack*1+topology*1, select=pack, preempt=priority",
     "fifo": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=bin_pack*1, select=pack, "
@@ -82,6 +94,13 @@ def test_an_unknown_plugin_names_the_known_ones() -> None:
     with pytest.raises(UnknownNameError, match="no score plugin named 'magic'") as caught:
         build_profile("p", "fifo", (("magic", 1.0),))
     assert caught.value.fix == "use one of: " + ", ".join(SCORE.names())
+
+
+def test_default_suspends_for_service_only_after_its_minimum_run() -> None:
+    preempt = profile("default").preempt
+    assert isinstance(preempt, LasPreemption)
+    assert preempt.min_run_s == DEFAULT_LAS_MIN_RUN_S == 900.0
+    assert preempt.bands.thresholds == (3_600.0, 36_000.0)
 
 
 def test_each_call_builds_fresh_plugins() -> None:

@@ -145,6 +145,19 @@ BAD: list[tuple[str, Callable[[], None], str]] = [
         ),
         "neither lower priority nor reclaim",
     ),
+    (
+        "las-victim-with-less-service",
+        # Under a LAS profile, `a` (1 GPU since t=0, now 1,000 s: band 0) may not be stopped for `b` (band 0).
+        lambda: check_victims(
+            SNAP,
+            [B],
+            dataclasses.replace(
+                result_with(waiting={"b": Status(Code.WAIT, ("x",))}), preemptions=(Preemption("a", "b", "why"),)
+            ),
+            profile("tiresias"),
+        ),
+        "neither lower priority nor reclaim nor more attained service",
+    ),
 ]
 
 

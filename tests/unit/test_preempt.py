@@ -413,3 +413,56 @@ def test_the_room_a_preemptor_counts_on_is_kept_for_it() -> None:
     # Once the victim has stopped, with everything decided in that cycle running, `high` must fit.
     later = without(advance(snap, result, [HIGH8, small]), ["a"])
     assert [p.job for p in run(later, [HIGH8], profile("priority")).placements] == ["high"]
+
+
+# ---- LAS preemption (`preempt/las`, part of `default`) ----------------------------------------------------
+
+HOUR = 3_600.0
+
+
+def las_snapshot(*running: RunningJob, now: float) -> ClusterSnapshot:
+    return TWO.snapshot(running=running, now=now)
+
+
+def test_a_new_job_suspends_the_job_of_its_queue_with_hours_of_gpu_time() -> None:
+    # Both nodes busy with 8-GPU jobs of the same queue and priority: one has had 8 x 2 h, the other 8 x 6 min.
+    long_run = on(low("long"), [(0, range(8))], started_at=0.0)
+    short_run = on(low("short"), [(1, range(8))], started_at=2 * HOUR - 360.0)
+    result = decide(las_snapshot(long_run, short_run, now=2 * HOUR), low("new"), profile_name="default")
+    assert victims(result) == {"long": "new"}
+    assert result.preemptions[0].reason == "attained more service (LAS band 2 > 0)"
+
+
+def test_las_never_suspends_a_job_for_one_with_as_much_service() -> None:
+    long_run = on(low("long"), [(0, range(8))], started_at=0.0)
+    other = on(low("other"), [(1, range(8))], started_at=0.0)
+    served = make_job("served").gpus(8).attained(11 * HOUR * 8).build()  # band 2 already, as both runners
+    result = decide(las_snapshot(long_run, other, now=2 * HOUR), served, profile_name="default")
+    assert not result.preemptions
+
+
+@pytest.mark.parametrize(("ran_s", "stopped"), [(899.0, False), (900.0, True)])
+def test_default_lets_a_restarted_job_run_15_minutes_before_las_stops_it(ran_s: float, stopped: bool) -> None:
+    # Attained 2 h before this run: band 2 from its first second; the minimum run protects its restart.
+    restarted = make_job("restarted").gpus(8).attained(2 * HOUR * 8).build()
+    busy = on(low("busy", priority=9), [(1, range(8))], started_at=0.0)
+    snap = las_snapshot(on(restarted, [(0, range(8))], started_at=10 * HOUR - ran_s), busy, now=10 * HOUR)
+    result = decide(snap, low("new"), profile_name="default")
+    assert bool(result.preemptions) is stopped
+
+
+def test_las_takes_no_victims_from_other_queues_or_higher_priorities() -> None:
+    other_queue = on(make_job("theirs").gpus(8).queue("team-b").build(), [(0, range(8))], started_at=0.0)
+    higher = on(low("higher", priority=3), [(1, range(8))], started_at=0.0)
+    queues = (queue("default"), queue("team-b"))
+    snap = TWO.snapshot(running=(other_queue, higher), queues=queues, now=5 * HOUR)
+    result = decide(snap, low("new"), profile_name="default")
+    assert not result.preemptions
+
+
+def test_las_preemption_checks_its_minimum_run() -> None:
+    from gpufleet.domain.errors import SpecError
+    from gpufleet.policies.preempt.las import LasPreemption
+
+    with pytest.raises(SpecError, match="min_run_s"):
+        LasPreemption(min_run_s=-1.0)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpufleet.policies.catalog import profile
 from gpufleet.sim.engine import Simulation
-from gpufleet.sim.experiment import policy_data
+from gpufleet.sim.experiment import for_protocol, is_fgd_protocol, policy_data
 from gpufleet.sim.workload import Workload
 from gpufleet.sim.workloads import fgd_workload, load_philly
 from gpufleet.sim.workloads import openb as openb_source
@@ -28,7 +28,7 @@ BASELINES = {"openb_fgd": "best-fit", "philly": "fifo"}
 
 
 def _case(name: str, workload: Workload, policy: str, load_s: float) -> dict[str, object]:
-    prof = profile(policy, policy_data(workload))
+    prof = for_protocol(profile(policy, policy_data(workload)), is_fgd_protocol(workload))
     run = Simulation(workload, prof).run()
     wall = run.wall_seconds
     return {

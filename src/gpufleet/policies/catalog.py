@@ -4,12 +4,14 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
 `node_health`+`gpu_model`+`fits`):
 
     default        fair share between queues (DRF); inside a queue priority, then least predicted service
-                   (`fair_qssf`: run times learned online, with aging); priority preemption and quota reclaim;
-                   placement by `fgd-plus`'s scores (FGD + model scarcity 0.3 + best fit 0.02) + topology, FGD
-                   GPU selection
+                   (`fair_qssf`: run times learned online, with aging); priority preemption and quota reclaim,
+                   and inside a queue LAS preemption (`las`: a job may suspend one of its queue, priority at
+                   most its own, that has had more GPU time by Tiresias' bands, 1 and 10 GPU-hours, once that
+                   one has run 15 minutes since it started); placement by `fgd-plus`'s scores (FGD + model
+                   scarcity 0.3 + best fit 0.02) + topology, FGD GPU selection
     fair-binpack   fair share between queues, priority then FIFO inside a queue, priority preemption and
                    quota reclaim, bin_pack + topology (the default before QSSF ordering and FGD placement:
-                   90.5 % vs 95.5 % GPU allocation on openb; avg JCT ~0.58 vs 0.42 of strict FIFO on Philly)
+                   90.5 % vs 95.5 % GPU allocation on openb; avg JCT 0.58 vs 0.34 of strict FIFO on Philly)
     fifo           strict FIFO (a head that does not fit holds its queue), bin_pack
     fifo-backfill  FIFO, jobs behind a blocked head may go first, bin_pack
     priority       priority then FIFO, priority preemption, bin_pack + topology
@@ -38,7 +40,8 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
                    online (the 0.3-quantile of the last 20 of the same queue and GPU count, running jobs at
                    their run time so far; aging 0.1 GPU-second per second waited); no oracle durations, no
                    preemption; bin_pack + topology
-    default-qssf   `default`'s order (`fair_qssf`) and preemption with bin_pack + topology placement
+    default-qssf   `default`'s order (`fair_qssf`), priority preemption and reclaim only (no LAS preemption),
+                   bin_pack + topology placement
 
 Data-driven plugins (FGD's target workload, Gavel's throughput table) cannot be built from a name alone.
 Two ways to give them their data:
@@ -188,9 +191,15 @@ def _fgd_plus(data: PolicyData) -> Profile:
     )
 
 
+# A job runs this long per start before it can be stopped for a job with less attained service (`default`).
+DEFAULT_LAS_MIN_RUN_S = 900.0
+
+
 def _default(data: PolicyData) -> Profile:
-    # Order: fair share between teams, then Helios' QSSF inside a team (0.42 of strict FIFO's average JCT on
-    # Philly at load x8, without oracle durations). Placement: `fgd-plus`'s (fractional GPUs packed without
+    # Order: fair share between teams, then Helios' QSSF inside a team. Preemption: priority and reclaim, and
+    # inside a team Tiresias' LAS bands (a job that has had hours of GPU time may be suspended for a new one,
+    # after DEFAULT_LAS_MIN_RUN_S of its current run). Philly at load x8, without oracle durations: average JCT
+    # 0.35 of strict FIFO's (QSSF alone: 0.41). Placement: `fgd-plus`'s (fractional GPUs packed without
     # stranding, scarce models kept for the jobs bound to them) and topology for multi-GPU workers and gangs;
     # on openb it allocates as `fgd-plus` does.
     score = FgdScore(data.target)
@@ -199,7 +208,7 @@ def _default(data: PolicyData) -> Profile:
         "fair_qssf",
         ((score, 1.0), (ModelScarcity(data.target), 0.3), ("best_fit", 0.02), ("topology", 1.0)),
         select=FgdSelect(data.target, memo=score.memo),
-        preempt="priority",
+        preempt=LasPreemption(min_run_s=DEFAULT_LAS_MIN_RUN_S),
     )
 
 
@@ -224,8 +233,8 @@ def _gavel(data: PolicyData) -> Profile:
 
 # name -> builder from PolicyData; every builder makes fresh plugins.
 PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
-    # gpufleet's default: fair share between teams, QSSF inside one, priority preemption and reclaim, FGD
-    # placement with model scarcity.
+    # gpufleet's default: fair share between teams, QSSF inside one, priority and LAS preemption and reclaim,
+    # FGD placement with model scarcity.
     "default": _default,
     "fair-binpack": lambda _: build_profile(
         "fair-binpack", "fair_share", (("bin_pack", 1.0), ("topology", 1.0)), preempt="priority"

@@ -2,8 +2,8 @@
 
 Every policy gets the same workload (same jobs, same arrivals) and a fresh simulation; a `Recorder` observes
 the node table for per-model GPU-hours and fragmentation. A workload whose jobs all lack a run time is the
-FGD protocol (pods never leave): allocation and fragmentation are then measured at each 5 % step of arrived
-load instead of over time.
+FGD protocol (pods never leave, so no profile preempts there): allocation and fragmentation are then measured at
+each 5 % step of arrived load instead of over time.
 """
 
 from __future__ import annotations
@@ -52,6 +52,12 @@ def check_policies(names: Sequence[str]) -> tuple[str, ...]:
 def is_fgd_protocol(workload: Workload) -> bool:
     """Pods that never leave (no job has a run time): measure at arrived-load steps, as the FGD paper does."""
     return bool(workload.jobs) and all(tj.duration is None for tj in workload.jobs)
+
+
+def for_protocol(prof: Profile, fgd_protocol: bool) -> Profile:
+    """The profile as the protocol runs it: in the FGD protocol pods never leave, so nothing is preempted (a
+    profile's preemption, e.g. `default`'s LAS bands, would stop the pods placed first)."""
+    return replace(prof, preempt=None) if fgd_protocol and prof.preempt is not None else prof
 
 
 def scale_load(workload: Workload, factor: float) -> Workload:
@@ -168,6 +174,7 @@ def run_policy(
 ) -> PolicyResult:
     """Simulate `workload` under one profile, with a recorder, and compute its metrics."""
     fgd = is_fgd_protocol(workload) if fgd_protocol is None else fgd_protocol
+    prof = for_protocol(prof, fgd)
     recorder = Recorder(workload, fgd_protocol=fgd)
     name = prof.name
     callback: Callable[[int, int], None] | None = None

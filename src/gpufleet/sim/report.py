@@ -287,7 +287,7 @@ def _experiment_md(experiment: Experiment, images: dict[str, Path], heading: str
     lines += [
         f"{len(w.nodes):,} nodes, {w.gpu_count:,} GPUs ({models}), {len(w.queues)} queue(s), {len(w.jobs):,} jobs"
         + (
-            " - FGD protocol (pods never leave; measured at each 5 % of arrived load)."
+            " - FGD protocol (pods never leave, so nothing is preempted; measured at each 5 % of arrived load)."
             if experiment.fgd_protocol
             else "."
         )

@@ -9,8 +9,10 @@ small difference. Everything priority preemption allows is allowed too.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
+from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.domain.jobs import Job
 from gpufleet.policies.order.las import DEFAULT_THRESHOLDS, LeastAttainedService
 from gpufleet.policies.preempt.priority import PriorityPreemption
@@ -32,8 +34,11 @@ def attained_now(holding: Holding, state: CycleState) -> float:
 class LasPreemption(PriorityPreemption):
     name: ClassVar[str] = NAME
 
-    def __init__(self, thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS) -> None:
+    def __init__(self, thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS, *, min_run_s: float = 0.0) -> None:
+        if not (min_run_s >= 0 and math.isfinite(min_run_s)):
+            check([FieldProblem("min_run_s", f"is {min_run_s}", "give seconds >= 0 (0: no minimum)")], "las preemption")
         self.bands = LeastAttainedService(thresholds)
+        self.min_run_s = min_run_s
 
     def band(self, holding: Holding, state: CycleState) -> int:
         """The holding job's LAS band now; it holds for the cycle (its time and running jobs), so it is kept."""
@@ -55,6 +60,10 @@ class LasPreemption(PriorityPreemption):
                 holding = state.holdings.get(job_id)
                 if holding is None or job_id in state.evicting or job_id in reasons:
                     continue
+                if self.min_run_s and (
+                    holding.running is None or state.now - holding.running.started_at < self.min_run_s
+                ):
+                    continue  # just (re)started: let it run a while before it can be stopped for service
                 band = self.band(holding, state)
                 if band > mine:
                     reasons[job_id] = f"attained more service (LAS band {band} > {mine})"
