@@ -52,26 +52,46 @@ class LasPreemption(PriorityPreemption):
             band = known[holding.job.id] = self.bands.band_of(attained_now(holding, state))
         return band
 
-    def candidates(
-        self, job: Job, state: CycleState, demand: dict[str, int], quota_ok: bool
-    ) -> tuple[list[Holding], dict[str, str]]:
-        candidates, reasons = super().candidates(job, state, demand, quota_ok)
-        mine = self.bands.band_of(job.attained_gpu_seconds)
-        for (queue, priority), members in sorted(state.preemptible_by_group.items()):
-            if queue != job.queue or priority > job.priority:
-                continue
+    def _ranked(self, group: tuple[str, int], members: list[str], state: CycleState) -> list[tuple[int, str]]:
+        """(band, job id) of a preemptible group's jobs that have run their minimum, highest band first.
+        Groups, bands and run times hold for the cycle (placements of the cycle join no group), so each
+        group is ranked once per cycle instead of once per victim search."""
+        ranked_by_group: dict[tuple[str, int], list[tuple[int, str]]] = state.per_cycle(
+            ("preempt.las.ranked", self), dict
+        )
+        ranked = ranked_by_group.get(group)
+        if ranked is None:
+            ranked = []
             for job_id in members:
                 holding = state.holdings.get(job_id)
-                if holding is None or job_id in state.evicting or job_id in reasons:
+                if holding is None:
                     continue
                 if self.min_run_s and (
                     holding.running is None or state.now - holding.running.started_at < self.min_run_s
                 ):
                     continue  # just (re)started: let it run a while before it can be stopped for service
-                band = self.band(holding, state)
-                if band > mine:
-                    reasons[job_id] = f"attained more service (LAS band {band} > {mine})"
-                    candidates.append(holding)
+                ranked.append((self.band(holding, state), job_id))
+            ranked.sort(key=lambda item: -item[0])
+            ranked_by_group[group] = ranked
+        return ranked
+
+    def candidates(
+        self, job: Job, state: CycleState, demand: dict[str, int], quota_ok: bool
+    ) -> tuple[list[Holding], dict[str, str]]:
+        candidates, reasons = super().candidates(job, state, demand, quota_ok)
+        mine = self.bands.band_of(job.attained_gpu_seconds)
+        for group, members in sorted(state.preemptible_by_group.items()):
+            queue, priority = group
+            if queue != job.queue or priority > job.priority:
+                continue
+            for band, job_id in self._ranked(group, members, state):
+                if band <= mine:
+                    break
+                holding = state.holdings.get(job_id)
+                if holding is None or job_id in state.evicting or job_id in reasons:
+                    continue
+                reasons[job_id] = f"attained more service (LAS band {band} > {mine})"
+                candidates.append(holding)
         return candidates, reasons
 
     def cost(self, holding: Holding, state: CycleState) -> tuple[float, ...]:
