@@ -45,12 +45,8 @@ class LasPreemption(PriorityPreemption):
         self.min_run_s = min_run_s
 
     def band(self, holding: Holding, state: CycleState) -> int:
-        """The holding job's LAS band now; it holds for the cycle (its time and running jobs), so it is kept."""
-        known: dict[str, int] = state.per_cycle(("preempt.las.bands", self), dict)
-        band = known.get(holding.job.id)
-        if band is None:
-            band = known[holding.job.id] = self.bands.band_of(attained_now(holding, state))
-        return band
+        """The holding job's LAS band now (it holds for the cycle: its time and running jobs)."""
+        return self.bands.band_of(attained_now(holding, state))
 
     def _ranked(self, group: tuple[str, int], members: list[str], state: CycleState) -> list[tuple[int, str]]:
         """(band, job id) of a preemptible group's jobs that have run their minimum, highest band first.
@@ -62,13 +58,14 @@ class LasPreemption(PriorityPreemption):
         ranked = ranked_by_group.get(group)
         if ranked is None:
             ranked = []
+            holdings = state.holdings
+            min_run = self.min_run_s
             for job_id in members:
-                holding = state.holdings.get(job_id)
+                holding = holdings.get(job_id)
                 if holding is None:
                     continue
-                if self.min_run_s and (
-                    holding.running is None or state.now - holding.running.started_at < self.min_run_s
-                ):
+                running = holding.running
+                if min_run and (running is None or state.now - running.started_at < min_run):
                     continue  # just (re)started: let it run a while before it can be stopped for service
                 ranked.append((self.band(holding, state), job_id))
             ranked.sort(key=lambda item: -item[0])
