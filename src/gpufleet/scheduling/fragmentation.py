@@ -134,7 +134,7 @@ def _compile(classes: tuple[TaskClass, ...]) -> dict[str, object]:
             single_weight[row, offsets[e] + int(np.searchsorted(set_milli[e], c.gpu_milli))] = u
         else:
             multi_weight[row, multi.index((e, c.gpu_milli, c.gpus))] = u
-    # Where each (set, level) sits in the per-node hosting table (`_hosting`): set e takes the columns
+    # Where each (set, level) sits in the per-node hosting table (`hosting_table`): set e takes the columns
     # level_offset[e] .. level_offset[e] + len(set_milli[e]); column = prefix sum hi - prefix sum lo.
     spans = [(e, j) for e in range(len(set_milli)) for j in range(len(set_milli[e]) + 1)]
     values = np.arange(MILLI_PER_GPU + 1)
@@ -327,7 +327,7 @@ def _weights(cpu: IntArray, memory: IntArray, target: TargetWorkload) -> tuple[F
     return fits @ target.single_weight, fits @ target.multi_weight
 
 
-def _hosting(single: FloatArray, target: TargetWorkload) -> FloatArray:
+def hosting_table(single: FloatArray, target: TargetWorkload) -> FloatArray:
     """`[R, levels]`: per node, (set e, level L) -> popularity of the set's one-GPU classes a GPU of level L
     can host (the sum of its first L share columns)."""
     cumulative = np.zeros((len(single), single.shape[1] + 1), dtype=np.float64)
@@ -364,7 +364,7 @@ def _fragmentation_of(
     """F_n for rows of free shares `[R, G]`, allowed models `[R, G, E]`, free CPU and memory `[R]`."""
     levels = _levels(free, allowed, target)
     single, multi = _weights(cpu, memory, target)
-    usable = (free[:, :, None] * _hosted(_hosting(single, target), levels, target)).sum(axis=(1, 2))
+    usable = (free[:, :, None] * _hosted(hosting_table(single, target), levels, target)).sum(axis=(1, 2))
     usable += _usable_by_multi_gpu(free, levels, multi, target)
     return np.asarray(free.sum(axis=1) - usable / WEIGHT_UNITS, dtype=np.float64)
 
@@ -418,7 +418,7 @@ def placement_delta(
     levels = _levels(free, allowed, target)
     levels_left = _levels(left, allowed, target)
     single, multi = _weights(cpu_after, memory_after, target)
-    hosting = _hosting(single, target)
+    hosting = hosting_table(single, target)
     hosted = free[:, :, None] * _hosted(hosting, levels, target)
     changed = left[:, :, None] * _hosted(hosting, levels_left, target) - hosted
     usable_after = hosted.sum(axis=(1, 2))[:, None] + changed.sum(axis=2)

@@ -17,7 +17,7 @@ from bisect import bisect_right
 import numpy as np
 
 from gpufleet.domain.resources import MILLI_PER_GPU, WorkerRequest
-from gpufleet.scheduling.fragmentation import WEIGHT_UNITS, TargetWorkload, _hosting, placement_delta
+from gpufleet.scheduling.fragmentation import WEIGHT_UNITS, TargetWorkload, hosting_table, placement_delta
 from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable
 
 FEW_ROWS = 8  # up to this many rows the loops are cheaper than the vectorised kernel (measured crossover ~8)
@@ -105,7 +105,7 @@ class FewNodes:
         cached = self._per_model.get(key)
         if cached is None:
             target = self.target
-            hosting = _hosting(target.single_by_cpu[reached][None, :], target)[0]
+            hosting = hosting_table(target.single_by_cpu[reached][None, :], target)[0]
             shares = np.arange(MILLI_PER_GPU + 1)
             columns = target.level_lut[shares] + target.level_offset
             hosted = np.zeros(len(shares), dtype=np.float64)
