@@ -23,10 +23,13 @@ from gpufleet.adapters.clock import WallClock
 from gpufleet.adapters.local.backend import LocalBackend
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
 from gpufleet.control.reconciler import Reconciler, StepReport
+from gpufleet.control.target import RECENT_JOBS, learned_target
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.quotas import DEFAULT_QUEUE, QueueSpec
-from gpufleet.policies.catalog import profile
+from gpufleet.policies.catalog import PolicyData, profile
+from gpufleet.ports.admin import JobQuery
+from gpufleet.scheduling.fragmentation import TargetWorkload
 from gpufleet.server.context import ApiContext
 
 if TYPE_CHECKING:
@@ -92,7 +95,9 @@ def _hostname() -> str:
     return socket.gethostname().split(".")[0] or "localhost"
 
 
-def _telemetry(settings: UpSettings, store: SqlStore, inventory: Inventory, hostname: str) -> Telemetry:
+def _telemetry(
+    settings: UpSettings, store: SqlStore, inventory: Inventory, hostname: str, target: TargetWorkload
+) -> Telemetry:
     from gpufleet.server.telemetry import Telemetry, TelemetrySettings
 
     options = TelemetrySettings(
@@ -101,7 +106,9 @@ def _telemetry(settings: UpSettings, store: SqlStore, inventory: Inventory, host
         idle_window_s=settings.idle_window_s,
         flush_interval_s=settings.usage_flush_s,
     )
-    return Telemetry(store, inventory.nodes, emulated=inventory.emulated, hostname=hostname, settings=options)
+    return Telemetry(
+        store, inventory.nodes, emulated=inventory.emulated, hostname=hostname, settings=options, target=target
+    )
 
 
 def check_listen(host: str, port: int) -> None:
@@ -228,8 +235,14 @@ class ControlPlane:
             self.backend = LocalBackend(
                 settings.data_dir / "jobs", self.inventory.nodes, self.clock, emulated=self.inventory.emulated
             )
-            self.reconciler = Reconciler(self.store, self.backend, self.clock, profile(settings.policy))
-            self.telemetry = _telemetry(settings, self.store, self.inventory, hostname=_hostname())
+            recent = [record.job for record in self.store.jobs(JobQuery(limit=RECENT_JOBS))]
+            self.fgd_target = learned_target(recent)
+            log.info("FGD target workload: %s", self.fgd_target.source)
+            policy = profile(settings.policy, PolicyData(target=self.fgd_target.target))
+            self.reconciler = Reconciler(self.store, self.backend, self.clock, policy)
+            self.telemetry = _telemetry(
+                settings, self.store, self.inventory, hostname=_hostname(), target=self.fgd_target.target
+            )
             self.loop = LoopThread(
                 self.reconciler,
                 settings.busy_tick_s,

@@ -57,7 +57,7 @@ from gpufleet.domain.jobs import Job, JobId
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import AdminStore, Notice
 from gpufleet.ports.telemetry import ActivityLevel, GpuActivity, GpuOwner, GpuProbe, GpuSample
-from gpufleet.scheduling.fragmentation import GENERIC_TARGET, cluster_fragmentation
+from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, cluster_fragmentation
 from gpufleet.scheduling.state import Holding
 from gpufleet.scheduling.table import NodeTable
 from gpufleet.server.idle import DEFAULT_THRESHOLD_PCT, DEFAULT_WINDOW_S, GpuKey, Holder, IdleDetector, IdleFlag
@@ -276,8 +276,10 @@ class Telemetry:
         probe: GpuProbe | None = None,
         clock: Callable[[], float] = time.time,
         processes: JobProcesses | None = None,
+        target: TargetWorkload = GENERIC_TARGET,
     ) -> None:
         self.store = store
+        self.target = target  # FGD's target workload: the fragmentation metric measures against the scheduler's
         self.processes = processes  # None: the loop's executor, once the loop has stepped
         self.nodes = tuple(nodes)
         self.emulated = emulated
@@ -526,7 +528,7 @@ class Telemetry:
         marker = (id(table), table.clock)
         if marker == self._frag_clock and self.state.fragmentation is not None:
             return self.state.fragmentation
-        summary = cluster_fragmentation(table, GENERIC_TARGET)
+        summary = cluster_fragmentation(table, self.target)
         self._frag_clock = marker
         return (summary.ratio, summary.fragmented_milli / 1000.0)
 
