@@ -247,19 +247,8 @@ class CycleState:
             share_milli.extend(fact.share_milli)
             share_mems.extend(fact.share_mems)
 
-        def array(values: list[int]) -> IntArray:
-            return np.asarray(values, dtype=np.int64)
-
-        arrays = WorkerArrays(
-            array(owner),
-            array(nodes),
-            array(cpus),
-            array(mems),
-            array(share_owner),
-            array(share_nodes),
-            array(share_gpus),
-            array(share_milli),
-            array(share_mems),
+        arrays = WorkerArrays.from_lists(
+            owner, nodes, cpus, mems, share_owner, share_nodes, share_gpus, share_milli, share_mems
         )
         table.apply_flat(arrays, -1)
         # Kept for victim searches and what-ifs: `ordered` is the order of the holdings built next.

@@ -275,19 +275,36 @@ class WorkerArrays:
                 share_milli.append(share.milli)
                 share_mem.append(share.memory)
 
+        return cls.from_lists(owner, nodes, cpus, mems, share_owner, share_nodes, share_gpus, share_milli, share_mem)
+
+    @classmethod
+    def from_lists(
+        cls,
+        owner: list[int],
+        node: list[int],
+        cpu: list[int],
+        memory: list[int],
+        share_owner: list[int],
+        share_node: list[int],
+        share_gpu: list[int],
+        share_milli: list[int],
+        share_memory: list[int],
+    ) -> WorkerArrays:
+        """The constructor's columns, given as lists."""
+
         def array(values: list[int]) -> IntArray:
             return np.asarray(values, dtype=np.int64)
 
         return cls(
             array(owner),
-            array(nodes),
-            array(cpus),
-            array(mems),
+            array(node),
+            array(cpu),
+            array(memory),
             array(share_owner),
-            array(share_nodes),
-            array(share_gpus),
+            array(share_node),
+            array(share_gpu),
             array(share_milli),
-            array(share_mem),
+            array(share_memory),
         )
 
     def subset(self, owners: BoolArray) -> WorkerArrays:
