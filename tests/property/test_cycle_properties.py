@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from gpufleet.domain import Job, WorkerRequest
 from gpufleet.policies.catalog import profile
+from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.scheduling.cycle import _Trial, run_cycle
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.status import Code, unschedulable
@@ -45,7 +46,7 @@ def test_every_preemption_makes_room(world: World) -> None:
         )
 
 
-LAS_PREEMPTING = tuple(name for name in PROFILE_NAMES if type(profile(name).preempt).__name__ == "LasPreemption")
+LAS_PREEMPTING = tuple(name for name in PROFILE_NAMES if isinstance(profile(name).preempt, LasPreemption))
 
 
 @given(worlds(profile_names=LAS_PREEMPTING, max_pending=12, pressure=True), st.data())

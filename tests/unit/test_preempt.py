@@ -8,7 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from gpufleet.domain import ClusterSnapshot, Job, RunningJob
+from gpufleet.domain.errors import SpecError
 from gpufleet.policies.catalog import profile
+from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.policies.preempt.priority import PriorityPreemption
 from gpufleet.scheduling.cycle import CycleResult, _Trial
 from gpufleet.scheduling.state import CycleState
@@ -461,8 +463,5 @@ def test_las_takes_no_victims_from_other_queues_or_higher_priorities() -> None:
 
 
 def test_las_preemption_checks_its_minimum_run() -> None:
-    from gpufleet.domain.errors import SpecError
-    from gpufleet.policies.preempt.las import LasPreemption
-
     with pytest.raises(SpecError, match="min_run_s"):
         LasPreemption(min_run_s=-1.0)

@@ -77,7 +77,8 @@ class FewNodes:
             if memo is None:
                 if len(self._deltas) >= MEMO_LIMIT:
                     self._deltas.clear()
-                shapes = self._shape(table, before, tuple(models)), self._shape(table, after, tuple(models))
+                kinds = tuple(models)
+                shapes = self._shape(table, before, kinds), self._shape(table, after, kinds)
                 memo = self._deltas[key] = self._node_delta(shapes, free, request, usable_row)
             g, gpu = memo
             growth.append(g)
