@@ -11,7 +11,7 @@ from gpufleet.domain import Job, QueueSpec, WorkerRequest
 from gpufleet.domain.quotas import DEFAULT_QUEUE
 from gpufleet.policies.score.fgd import FgdScore
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload
-from gpufleet.server.runtime import ControlPlane, UpSettings
+from gpufleet.server.control_plane import ControlPlane, UpSettings
 from tests.kit import make_job
 
 

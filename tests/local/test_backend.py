@@ -9,7 +9,7 @@ import socket
 import time
 from pathlib import Path
 
-from gpufleet.adapters.local.backend import LocalBackend
+from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.local.proc import read_json
 from gpufleet.domain import GiB, GpuShare, WorkerPlacement, WorkerRequest
 from gpufleet.domain.jobs import RunSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from gpufleet.adapters.local.backend import LocalBackend
+from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.storage.memory import InMemoryStore
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings
 from gpufleet.domain import Job, JobState, WorkerRequest

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.sim.workload import WorkloadError
-from gpufleet.sim.workloads.registry import load_workload
-from gpufleet.sim.workloads.snapshot import load_snapshot
+from gpufleet.sim.workloads.live_cluster import load_snapshot
+from gpufleet.sim.workloads.sources import load_workload
 from tests.server.live import start
 
 pytestmark = pytest.mark.slow

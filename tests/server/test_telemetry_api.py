@@ -20,7 +20,7 @@ from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.resources import GiB, WorkerRequest
 from gpufleet.scheduling.state import Holding
 from gpufleet.scheduling.table import NodeTable
-from gpufleet.server.telemetry import ACTIVITY_ENV, LoopView, Telemetry, TelemetrySettings, declared_activity
+from gpufleet.server.gpu_monitor import ACTIVITY_ENV, LoopView, Telemetry, TelemetrySettings, declared_activity
 from tests.server.conftest import Api
 
 

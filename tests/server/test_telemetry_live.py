@@ -21,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.server.telemetry import ACTIVITY_ENV
+from gpufleet.server.gpu_monitor import ACTIVITY_ENV
 from tests.server.live import Live, start
 from tests.telemetry.prom import prometheus_server, promtool_check, query, wait_for
 from tests.telemetry.prom import wait_for as until

@@ -29,7 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.adapters.inventory.emulated import parse_emulate
-from gpufleet.adapters.local.backend import LocalBackend
+from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.metrics import render
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
 from gpufleet.bench.api import TOKEN, free_port
@@ -38,7 +38,7 @@ from gpufleet.domain.jobs import Job, RunningJob, RunSpec
 from gpufleet.domain.resources import WorkerRequest
 from gpufleet.ports import Launch
 from gpufleet.scheduling.state import Holding
-from gpufleet.server.telemetry import LoopView, Telemetry
+from gpufleet.server.gpu_monitor import LoopView, Telemetry
 from tests.telemetry.fakenvml import CONFIG_ENV, build_library, write_config, write_procs
 
 GiB = 1024**3

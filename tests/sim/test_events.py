@@ -16,10 +16,10 @@ from gpufleet.domain import GPU, GiB, Job, QueueSpec, Quota, WorkerRequest, make
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.policies.catalog import profile
 from gpufleet.ports import Launch
-from gpufleet.sim.backend import BackendSettings
 from gpufleet.sim.engine import SimRun, SimSettings, Simulation
 from gpufleet.sim.events import AddNodes, FailureModel, NodeDown, NodeUp, QuotaChange
 from gpufleet.sim.experiment import run_experiment
+from gpufleet.sim.simulated_backend import BackendSettings
 from gpufleet.sim.whatif import add_nodes_spec, apply_what_if, quota_spec
 from gpufleet.sim.workload import ThroughputEntry, ThroughputTable, TraceJob, Workload, WorkloadError
 from gpufleet.sim.workloads import generate_synthetic

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.adapters.metrics import QueueMetrics, SchedulerState, make_registry, render, wait_histogram
 from gpufleet.adapters.probes import RecordedProbe
-from gpufleet.ports.telemetry import GpuOwner
+from gpufleet.ports.gpu_probe import GpuOwner
 from tests.telemetry.fixture_machine import FIXTURE
 
 DASHBOARD = Path(__file__).parents[2] / "dashboards" / "gpufleet-scheduler.json"

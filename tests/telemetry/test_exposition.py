@@ -17,7 +17,7 @@ from gpufleet.adapters.metrics import (
 )
 from gpufleet.adapters.probes import EmulatedProbe, RecordedProbe
 from gpufleet.domain.cluster import make_node
-from gpufleet.ports.telemetry import ActivityLevel, GpuActivity, GpuOwner, GpuSample
+from gpufleet.ports.gpu_probe import ActivityLevel, GpuActivity, GpuOwner, GpuSample
 from tests.telemetry.fixture_machine import FIXTURE
 from tests.telemetry.prom import promtool_check
 

@@ -8,7 +8,7 @@ import pytest
 from gpufleet.adapters.probes import EmulatedProbe, RecordedProbe, load_recording
 from gpufleet.domain.cluster import make_node
 from gpufleet.domain.errors import WorkloadError
-from gpufleet.ports.telemetry import ActivityLevel, GpuActivity
+from gpufleet.ports.gpu_probe import ActivityLevel, GpuActivity
 from tests.telemetry.fixture_machine import FIXTURE
 
 GiB = 1024**3

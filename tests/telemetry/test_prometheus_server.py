@@ -12,7 +12,7 @@ from prometheus_client import start_http_server
 from gpufleet.adapters.metrics import QueueMetrics, SchedulerState, make_registry, wait_histogram
 from gpufleet.adapters.probes import EmulatedProbe, Sampler, SampleRing
 from gpufleet.domain.cluster import make_node
-from gpufleet.ports.telemetry import ActivityLevel, GpuActivity, GpuOwner
+from gpufleet.ports.gpu_probe import ActivityLevel, GpuActivity, GpuOwner
 from tests.telemetry.prom import free_port, get_json, prometheus_server, query, require, wait_for
 
 GiB = 1024**3

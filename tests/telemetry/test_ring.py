@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpufleet.adapters.probes import Sampler, SampleRing, mean_util, util_by_job, util_by_queue
-from gpufleet.ports.telemetry import GpuOwner, GpuSample
+from gpufleet.ports.gpu_probe import GpuOwner, GpuSample
 
 
 def _s(node: str, index: int, at: float, util: float | None) -> GpuSample:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from gpufleet.adapters.metrics import QueueMetrics, SchedulerState, make_registry, render, wait_histogram
 from gpufleet.adapters.probes import EmulatedProbe, RecordedProbe, Recording, SampleRing
 from gpufleet.domain.cluster import Node, make_node
-from gpufleet.ports.telemetry import ActivityLevel, GpuActivity, GpuOwner
+from gpufleet.ports.gpu_probe import ActivityLevel, GpuActivity, GpuOwner
 
 GiB = 1024**3
 GOALS = {"render_ms": 10.0, "cpu_share_pct": 1.0}

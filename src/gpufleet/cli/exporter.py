@@ -28,7 +28,7 @@ def exporter(
 
     from gpufleet.adapters.metrics import make_registry
     from gpufleet.adapters.probes import EmulatedProbe, Sampler
-    from gpufleet.ports.telemetry import GpuProbe
+    from gpufleet.ports.gpu_probe import GpuProbe
 
     name = hostname or socket.gethostname().split(".")[0] or "localhost"
     try:

@@ -27,7 +27,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpufleet.domain.errors import GpufleetError
-from gpufleet.sim.backend import BackendSettings
 from gpufleet.sim.engine import SimSettings
 from gpufleet.sim.events import FailureModel
 from gpufleet.sim.experiment import Comparison, Experiment, run_experiment, scale_load
@@ -35,10 +34,11 @@ from gpufleet.sim.experiment import Progress as ProgressFn
 from gpufleet.sim.prices import PriceTable, load_price_table, parse_price, prices_from
 from gpufleet.sim.report import FGD_REPORT_STEPS, fmt, has_cluster_events, write_report
 from gpufleet.sim.reproduce import REPRODUCTIONS, pollux_with_durations
+from gpufleet.sim.simulated_backend import BackendSettings
 from gpufleet.sim.whatif import apply_what_if
 from gpufleet.sim.workload import Workload, WorkloadError
 from gpufleet.sim.workloads import load_workload
-from gpufleet.sim.workloads.registry import SOURCES
+from gpufleet.sim.workloads.sources import SOURCES
 
 TRACES_ENV = "GPUFLEET_TRACES"
 PRICES_ENV = "GPUFLEET_PRICES"

@@ -68,7 +68,7 @@ def up(
     ] = 1800.0,
 ) -> None:
     """Start the control plane: HTTP API, scheduling loop and local executor, on embedded defaults."""
-    from gpufleet.server.runtime import ControlPlane, UpSettings
+    from gpufleet.server.control_plane import ControlPlane, UpSettings
 
     console = Console(stderr=True, soft_wrap=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

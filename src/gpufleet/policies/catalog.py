@@ -87,6 +87,7 @@ from gpufleet.policies.score.topology import Topology
 from gpufleet.policies.select.fgd import FgdSelect
 from gpufleet.policies.select.pack import PackGpus
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload
+from gpufleet.scheduling.plugin_registry import Registry
 from gpufleet.scheduling.plugins import (
     AdmitPlugin,
     FilterPlugin,
@@ -96,7 +97,6 @@ from gpufleet.scheduling.plugins import (
     ScorePlugin,
     SelectPlugin,
 )
-from gpufleet.scheduling.registry import Registry
 
 ORDER: Registry[OrderPlugin] = Registry("order")
 ADMIT: Registry[AdmitPlugin] = Registry("admit")

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -171,7 +170,3 @@ class Profile:
         parts.append(f"select={self.select.name}")
         parts.append(f"preempt={self.preempt.name if self.preempt else 'none'}")
         return ", ".join(parts)
-
-
-def weights_sum(scores: Sequence[tuple[ScorePlugin, float]]) -> float:
-    return sum(w for _, w in scores) or 1.0

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from gpufleet.domain.cluster import GpuShare, Node, WorkerPlacement
+from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import MILLI_PER_GPU
 
@@ -210,13 +210,6 @@ class NodeTable:
             and self.gpu_mem_free[i, share.index] >= share.memory
             for share in worker.gpus
         )
-
-    def share_models(self, worker: WorkerPlacement) -> tuple[str, ...]:
-        names = self.gpu_model_names[self.index[worker.node]]
-        return tuple(names[s.index] for s in worker.gpus)
-
-    def make_shares(self, node: int, indices: Iterable[int], milli: int, memory: int) -> tuple[GpuShare, ...]:
-        return tuple(GpuShare(int(g), milli, memory) for g in indices)
 
 
 class WorkerArrays:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 from gpufleet.ports.admin import Role
 from gpufleet.server.api import principal, service
 from gpufleet.server.auth import Principal
+from gpufleet.server.fleet_export import take_snapshot
 from gpufleet.server.schemas import (
     DrainOut,
     InfoOut,
@@ -23,7 +24,6 @@ from gpufleet.server.schemas import (
     TokensOut,
 )
 from gpufleet.server.service import Service
-from gpufleet.server.snapshot import take_snapshot
 
 router = APIRouter()
 

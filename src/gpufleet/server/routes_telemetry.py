@@ -16,6 +16,7 @@ from gpufleet.domain.lifecycle import JobState
 from gpufleet.server.api import principal, service
 from gpufleet.server.auth import Principal
 from gpufleet.server.errors import NotFoundError
+from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of, set_idle_policy
 from gpufleet.server.schemas import (
     GpuNowOut,
     IdleFlagOut,
@@ -30,7 +31,6 @@ from gpufleet.server.schemas import (
     UsageQueueOut,
 )
 from gpufleet.server.service import Service
-from gpufleet.server.telemetry import Telemetry, idle_policy, owner_of, set_idle_policy
 from gpufleet.server.usage import QueueUsage, usage_report
 
 router = APIRouter(tags=["telemetry"])

@@ -32,7 +32,6 @@ from gpufleet.domain.lifecycle import Transition
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.ports import Observation
 from gpufleet.scheduling.plugins import Profile
-from gpufleet.sim.backend import BackendSettings, BackendStats, SimulatedBackend
 from gpufleet.sim.events import (
     AddNodes,
     ClusterEvent,
@@ -43,6 +42,7 @@ from gpufleet.sim.events import (
     QuotaChange,
     describe,
 )
+from gpufleet.sim.simulated_backend import BackendSettings, BackendStats, SimulatedBackend
 from gpufleet.sim.workload import TraceJob, Workload
 
 ARRIVAL = 0

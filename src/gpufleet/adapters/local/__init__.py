@@ -8,14 +8,14 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from gpufleet.adapters.local.backend import LocalBackend
+    from gpufleet.adapters.local.executor import LocalBackend
 
 __all__ = ["LocalBackend"]
 
 
 def __getattr__(name: str) -> type[LocalBackend]:
     if name == "LocalBackend":
-        from gpufleet.adapters.local.backend import LocalBackend
+        from gpufleet.adapters.local.executor import LocalBackend
 
         return LocalBackend
     raise AttributeError(name)

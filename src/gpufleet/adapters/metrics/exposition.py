@@ -40,7 +40,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from gpufleet.adapters.metrics.view import SampleSource, SchedulerState, SchedulerView
-from gpufleet.ports.telemetry import GpuOwner, GpuSample
+from gpufleet.ports.gpu_probe import GpuOwner, GpuSample
 
 log = logging.getLogger("gpufleet.metrics")
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpufleet.ports.telemetry import GpuOwner, GpuSample
+from gpufleet.ports.gpu_probe import GpuOwner, GpuSample
 
 GpuKey = tuple[str, int]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpufleet.adapters.nvml.models import short_model_name
 from gpufleet.adapters.nvml.session import NvmlSession
-from gpufleet.ports.telemetry import GpuSample
+from gpufleet.ports.gpu_probe import GpuSample
 
 _KIB = 1024
 _MAX_EVENTS_PER_SAMPLE = 64  # an XID storm must not stall a sample; the rest waits for the next one

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufleet.domain.cluster import Node
-from gpufleet.ports.telemetry import ActivityLevel, GpuActivity, GpuSample
+from gpufleet.ports.gpu_probe import ActivityLevel, GpuActivity, GpuSample
 
 GpuKey = tuple[str, int]
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gpufleet.adapters.probes.ring import SampleRing
-from gpufleet.ports.telemetry import GpuProbe, GpuSample
+from gpufleet.ports.gpu_probe import GpuProbe, GpuSample
 
 log = logging.getLogger("gpufleet.telemetry")
 DEFAULT_INTERVAL_S = 5.0

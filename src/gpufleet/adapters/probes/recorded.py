@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.domain.errors import WorkloadError
-from gpufleet.ports.telemetry import GpuSample
+from gpufleet.ports.gpu_probe import GpuSample
 
 FORMAT = "gpufleet-gpu-recording/1"
 _FIELDS = {f.name for f in dataclasses.fields(GpuSample)}

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpufleet.ports.telemetry import GpuOwner, GpuSample
+from gpufleet.ports.gpu_probe import GpuOwner, GpuSample
 
 GpuKey = tuple[str, int]
 DEFAULT_RING_LENGTH = 720  # one hour at the default 5 s interval

@@ -321,10 +321,6 @@ class QuasiShortestServiceFirst:
             known = self.predicted[job.id] = Prediction(job.submitted_at, self.predictor.predict(job), uncredited)
         return known
 
-    def predicted_seconds(self, job: Job, state: CycleState) -> float:
-        """The run time predicted for `job` the first time it was ordered (learning first from `state`)."""
-        return self._prediction(job, state).seconds
-
     def remaining_service(self, job: Job, state: CycleState) -> float:
         """Predicted GPU-seconds (or seconds, without `by_service`) the job still needs."""
         prediction = self._prediction(job, state)

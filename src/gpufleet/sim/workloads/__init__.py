@@ -22,7 +22,7 @@ from gpufleet.sim.workloads.openb_fgd import (
 )
 from gpufleet.sim.workloads.philly import HeliosResult, HeliosResults, load_helios_results, load_philly, load_vc_nodes
 from gpufleet.sim.workloads.pollux import load_pollux
-from gpufleet.sim.workloads.registry import NAMES, detect_format, load_workload
+from gpufleet.sim.workloads.sources import NAMES, detect_format, load_workload
 from gpufleet.sim.workloads.synthetic import SyntheticSpec, generate_synthetic
 from gpufleet.sim.workloads.tiresias import load_cluster_spec, load_tiresias
 

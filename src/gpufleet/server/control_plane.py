@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from gpufleet.adapters.clock import WallClock
-from gpufleet.adapters.local.backend import LocalBackend
+from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
 from gpufleet.control.reconciler import Reconciler, StepReport
 from gpufleet.control.target import RECENT_JOBS, learned_target
@@ -33,7 +33,7 @@ from gpufleet.scheduling.fragmentation import TargetWorkload
 from gpufleet.server.context import ApiContext
 
 if TYPE_CHECKING:
-    from gpufleet.server.telemetry import Telemetry
+    from gpufleet.server.gpu_monitor import Telemetry
 
 log = logging.getLogger("gpufleet.up")
 
@@ -98,7 +98,7 @@ def _hostname() -> str:
 def _telemetry(
     settings: UpSettings, store: SqlStore, inventory: Inventory, hostname: str, target: TargetWorkload
 ) -> Telemetry:
-    from gpufleet.server.telemetry import Telemetry, TelemetrySettings
+    from gpufleet.server.gpu_monitor import Telemetry, TelemetrySettings
 
     options = TelemetrySettings(
         interval_s=settings.sample_interval_s,

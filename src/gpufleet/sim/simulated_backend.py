@@ -191,7 +191,3 @@ class SimulatedBackend:
     def poll(self) -> Sequence[Observation]:
         out, self._inbox = self._inbox, []
         return out
-
-
-def constant_speed(job: Job, workers: tuple[WorkerPlacement, ...]) -> float:
-    return 1.0

@@ -56,7 +56,7 @@ from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import AdminStore, Notice
-from gpufleet.ports.telemetry import ActivityLevel, GpuActivity, GpuOwner, GpuProbe, GpuSample
+from gpufleet.ports.gpu_probe import ActivityLevel, GpuActivity, GpuOwner, GpuProbe, GpuSample
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, cluster_fragmentation
 from gpufleet.scheduling.state import Holding
 from gpufleet.scheduling.table import NodeTable

@@ -11,7 +11,7 @@ from typing import Any
 from gpufleet.sim.workload import Workload, WorkloadError
 from gpufleet.sim.workloads import gavel, openb, openb_fgd, philly, pollux, synthetic, tiresias
 from gpufleet.sim.workloads._csv import read_header
-from gpufleet.sim.workloads.snapshot import is_snapshot, load_snapshot
+from gpufleet.sim.workloads.live_cluster import is_snapshot, load_snapshot
 
 
 @dataclass(frozen=True, slots=True)
