@@ -254,6 +254,7 @@ def encode_queue(spec: QueueSpec) -> Json:
         "quotas": {key: encode_quota(quota) for key, quota in sorted(spec.quotas.items())},
         "cohort": spec.cohort,
         "weight": _float_out(spec.weight),
+        "run_as": spec.run_as,
     }
 
 
@@ -262,6 +263,7 @@ _QUEUE_READERS: dict[str, Callable[[Any], Any]] = {
     "quotas": lambda quotas: {str(key): decode_quota(q) for key, q in quotas.items()},
     "cohort": lambda v: None if v is None else str(v),
     "weight": _float_in,
+    "run_as": lambda v: None if v is None else str(v),
 }
 
 
