@@ -1,5 +1,5 @@
-"""Session fixtures shared by every test folder: a private PostgreSQL server (see tests/kit/postgres.py) and
-our fake NVML library (tests/telemetry/fakenvml)."""
+"""Session fixtures shared by every test folder: a private PostgreSQL server (see tests/kit/postgres.py), our
+fake NVML library (tests/telemetry/fakenvml), and the removal of the job users the session created."""
 
 from __future__ import annotations
 
@@ -8,8 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.jobusers import job_users_and_folders
 from tests.kit.postgres import OPT_OUT, PostgresServer, PostgresUnavailableError, opted_out
 from tests.telemetry.fakenvml import build_library
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_job_users() -> Iterator[None]:
+    """A control plane run as root creates a user per queue (gpufleet-<queue>): the session removes those it
+    created, and the folders it shared with their jobs."""
+    with job_users_and_folders():
+        yield
 
 
 @pytest.fixture(scope="session")
