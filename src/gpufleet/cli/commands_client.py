@@ -286,7 +286,7 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         _print_json(listed)
         return
     table = Table(box=None, header_style="bold")
-    for column in ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS"):
+    for column in ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS", "RUN AS"):
         table.add_column(column)
     for queue in listed:
         quotas = []
@@ -304,6 +304,7 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
             str(usage["pending"]),
             _gpus(usage["gpus"]),
             " ".join(quotas) or "unlimited",
+            queue.get("run_as") or "-",
         )
     _console().print(table)
 
@@ -325,6 +326,14 @@ def quota_set(
     lending_limit: Annotated[float | None, typer.Option(help="GPUs of its nominal it may lend.")] = None,
     cohort: Annotated[str | None, typer.Option(help="Cohort whose idle quota it shares.")] = None,
     weight: Annotated[float | None, typer.Option(help="Fair-share weight.")] = None,
+    run_as: Annotated[
+        str | None,
+        typer.Option(
+            "--run-as",
+            help="OS user the queue's jobs run as (an existing, unprivileged one); '' for the queue's own "
+            "gpufleet-<queue> user.",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -358,6 +367,7 @@ def quota_set(
             "quotas": quotas,
             "cohort": cohort if cohort is not None else (current or {}).get("cohort"),
             "weight": weight if weight is not None else (current or {}).get("weight", 1.0),
+            "run_as": (run_as or None) if run_as is not None else (current or {}).get("run_as"),
         }
         saved = client.call("PUT", f"/v1/queues/{queue}", json_body=body)
     if as_json:
@@ -384,7 +394,8 @@ def quota_delete(
 def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Nodes, their GPUs, and which jobs hold each GPU."""
     with _client(url, token) as client:
-        listed = client.get("/v1/nodes")["nodes"]
+        answer = client.get("/v1/nodes")
+    listed, isolation = answer["nodes"], answer.get("isolation")
     if as_json:
         _print_json(listed)
         return
@@ -404,6 +415,11 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) 
             )
             label = ""
     _console().print(table)
+    if isolation:
+        typer.echo(f"jobs: {isolation['users']}")
+        typer.echo(f"limits: {isolation['cgroups']}")
+        for note in isolation.get("notes") or ():
+            typer.echo(f"warning: {note}")
 
 
 def _node_action(action: str, node: str, url: str | None, token: str | None, as_json: bool) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet.adapters.local.isolation import IsolationReport
 from gpufleet.domain.jobs import JobId
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import AdminStore
@@ -25,3 +26,9 @@ class ApiContext:
     # Prometheus exposition of /metrics (set by the process once telemetry is wired).
     metrics: Callable[[], tuple[bytes, str]] | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    # How jobs are isolated (None: not told, e.g. an API without an executor).
+    isolation: IsolationReport | None = None
+    # Why team tokens are refused (a control plane that runs every job as its own user); None: accepted.
+    team_tokens_refused: str | None = None
+    # Raises GpufleetError (with a fix) when a queue may not be mapped to this OS user.
+    check_run_as: Callable[[str], None] = lambda _user: None

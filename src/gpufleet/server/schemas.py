@@ -21,8 +21,19 @@ class ErrorOut(BaseModel):
     fields: list[FieldErrorOut] = Field(default_factory=list)
 
 
+class IsolationOut(BaseModel):
+    """How jobs are kept from each other and from the control plane on this machine."""
+
+    users: str  # as which OS user jobs run
+    cgroups: str  # which kernel limits apply per worker, or why none do
+    single_trust_domain: bool  # every job runs as the control plane's own user
+    team_tokens: bool  # whether team tokens are accepted
+    notes: list[str] = Field(default_factory=list)
+
+
 class HealthOut(BaseModel):
     status: Literal["ok"] = "ok"
+    isolation: IsolationOut | None = None
 
 
 class InfoOut(BaseModel):
@@ -200,6 +211,9 @@ class QueueIn(BaseModel):
     quotas: dict[str, float | str | QuotaIn] = Field(default_factory=dict)
     cohort: str | None = None
     weight: float = 1.0
+    run_as: str | None = Field(
+        None, description="OS user the queue's jobs run as (admin-mapped); null: the queue's own gpufleet-<queue>."
+    )
 
 
 class QuotaOut(BaseModel):
@@ -221,6 +235,7 @@ class QueueOut(BaseModel):
     quotas: dict[str, QuotaOut]
     cohort: str | None
     weight: float
+    run_as: str | None = None
     usage: QueueUsageOut
 
 
@@ -264,6 +279,7 @@ class NodeOut(BaseModel):
 
 class NodesOut(BaseModel):
     nodes: list[NodeOut]
+    isolation: IsolationOut | None = None  # how jobs are isolated on the local executor's machine
 
 
 class DrainOut(BaseModel):

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpufleet import __version__
 from gpufleet.domain.cluster import Node
-from gpufleet.domain.errors import FieldProblem, SpecError
+from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.quotas import DEFAULT_QUEUE, GPU_MODEL_PREFIX, QueueSpec
@@ -97,7 +97,7 @@ class Service:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
         self.store = ctx.store
-        self.auth = Authenticator(ctx.store)
+        self.auth = Authenticator(ctx.store, refuse_team=ctx.team_tokens_refused)
         self.batcher = SubmitBatcher(ctx.store, ctx.wake)
 
     # ------------------------------------------------------------------------------------ helpers
@@ -378,6 +378,11 @@ class Service:
         principal.require_admin("changing a queue")
         check_queue_name(name)
         spec = queue_spec(name, body)
+        if spec.run_as is not None:
+            try:
+                self.ctx.check_run_as(spec.run_as)
+            except GpufleetError as error:
+                raise SpecError(f"queue {name!r}", (FieldProblem("run_as", error.message, error.fix),)) from None
         self.store.set_queue(spec)
         self.ctx.wake()
         usage = queue_usage(self.store.active(), self._nodes())

@@ -180,7 +180,8 @@ def queue_spec(name: str, body: QueueIn) -> QueueSpec:
         quotas[key] = Quota(amounts.get("nominal"), amounts.get("borrowing_limit"), amounts.get("lending_limit"))
     if problems:
         raise SpecError(f"queue {name!r}", tuple(problems))
-    return QueueSpec(name=name, quotas=quotas, cohort=body.cohort or None, weight=body.weight)
+    run_as = body.run_as or None
+    return QueueSpec(name=name, quotas=quotas, cohort=body.cohort or None, weight=body.weight, run_as=run_as)
 
 
 def queue_usage(records: Sequence[JobRecord], nodes: Mapping[str, Node]) -> dict[str, dict[str, int]]:
@@ -218,6 +219,7 @@ def queue_out(spec: QueueSpec, use: Mapping[str, int]) -> QueueOut:
         },
         cohort=spec.cohort,
         weight=spec.weight,
+        run_as=spec.run_as,
         usage=QueueUsageOut(
             running=use.get("running", 0),
             pending=use.get("pending", 0),

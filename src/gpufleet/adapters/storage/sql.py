@@ -36,7 +36,9 @@ from gpufleet.adapters.storage.codec import (
 )
 from gpufleet.adapters.storage.engine import (
     READ_ONLY,
+    StoreFullError,
     StoreUnavailableError,
+    is_disk_full,
     make_engine,
     migrate,
     parse_url,
@@ -130,6 +132,8 @@ class SqlStore:
         self._engine = engine
         self.url = url  # without its password
         self._sqlite = engine.dialect.name == "sqlite"
+        # Where its disk is, in words for a "disk full at …" message.
+        self._where = str(Path(engine.url.database or "").parent) if self._sqlite else url
         # SQLite has one writer at a time. Threads of this process queue here instead of in SQLite's busy
         # handler, which sleeps and retries (up to 100 ms a try) and would cut throughput under contention.
         # Other processes still wait through the busy timeout.
@@ -175,6 +179,8 @@ class SqlStore:
                 with connection.begin():
                     yield connection
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as error:
+            if is_disk_full(error):
+                raise StoreFullError(self._where, _first_line(error)) from None
             raise StoreUnavailableError(
                 f"the database {self.url} did not answer: {_first_line(error)}",
                 "check that it runs and is reachable (SQLite: that no other program holds it locked), then retry",
@@ -636,4 +642,4 @@ if TYPE_CHECKING:
         return store
 
 
-__all__ = ["SqlStore", "StoreUnavailableError", "default_sqlite_url"]
+__all__ = ["SqlStore", "StoreFullError", "StoreUnavailableError", "default_sqlite_url"]
