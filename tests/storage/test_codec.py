@@ -133,6 +133,7 @@ queue_specs = st.builds(
     quotas=st.dictionaries(st.sampled_from([GPU, CPU, MEMORY, "gpu:A100-80GB", "gpu:H100"]), quotas(), max_size=4),
     cohort=st.none() | names.filter(str.strip),
     weight=positive,
+    run_as=st.none() | st.from_regex(r"[a-z_][a-z0-9_-]{0,31}", fullmatch=True),
 )
 
 

@@ -93,6 +93,9 @@ class LocalBackend:
             ) from exc
         self.workers = WorkerSupervisor(Path(state_dir), isolation, log_dir)
         self.layout = self.workers.layout
+        # GPU isolation is real only where the device cgroup locks the other GPUs' device files.
+        locked = "devices" in self.workers.isolation.cgroups.controls
+        self.capabilities = BackendCapabilities(multi_node=False, gpu_isolation=locked, checkpoint_signal=True)
         self._live: dict[Key, _Job] = {}
         self._finished: set[Key] = set()
         self._inbox: list[Observation] = []

@@ -9,6 +9,7 @@ records (`run/<job>/`: its command, environment and exit records) go with its lo
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable
@@ -64,7 +65,8 @@ def prune_logs(layout: Layout, retention: LogRetention, finished: Callable[[str]
 
 
 def _usage(folder: Path) -> tuple[int, float]:
-    """Bytes held and the newest modification time of the files under `folder`."""
+    """Bytes held by the log files under `folder`, and when the newest was last written (the folder's own
+    time when it holds none)."""
     size, last = 0, 0.0
     for path in folder.rglob("*"):
         try:
@@ -73,5 +75,8 @@ def _usage(folder: Path) -> tuple[int, float]:
             continue
         if path.is_file():
             size += stat.st_size
-        last = max(last, stat.st_mtime)
+            last = max(last, stat.st_mtime)
+    if last == 0.0:
+        with contextlib.suppress(OSError):
+            last = folder.stat().st_mtime
     return size, last
