@@ -5,7 +5,6 @@ Real processes; the full disk is a real tmpfs of 1 MiB."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from gpufleet.adapters.local.isolation import Isolation
 from gpufleet.adapters.local.layout import Layout
 from gpufleet.adapters.local.logs import LogRetention, prune_logs
 from gpufleet.ports import ObservationKind
+from tests.kit.small_disk import fill_up, small_disk
 from tests.local.conftest import Harness, ended, has, only, wait_for
 
 K = ObservationKind
@@ -40,23 +40,13 @@ def test_a_log_past_its_cap_keeps_its_newest_part_and_says_so(harness: Harness) 
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)]
-    done = subprocess.run(mount, capture_output=True, check=False)
-    if done.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs as root: {done.stderr.decode()}")
-    try:
+    with small_disk(tmp_path / "tiny", 4) as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 FILL_THEN = """
 import os, sys, time
-for _ in range(64):
+for _ in range(128):
     sys.stdout.write("y" * 65535 + "\\n")
 sys.stdout.flush()
 open(sys.argv[1] + ".written", "w").close()  # all of it went to the shim: more than the disk holds
@@ -70,18 +60,16 @@ sys.exit(int(sys.argv[2]))
 def test_a_worker_that_ends_on_a_full_disk_still_has_its_exit_recorded(harness: Harness, tiny_disk: Path) -> None:
     backend = harness.backend_at(tiny_disk / "state")  # the executor's state folder is on the tiny disk
     trigger = harness.root / "go"
-    backend.launch(harness.launch("full", harness.run_code(FILL_THEN, str(trigger), "3")))
+    backend.launch(harness.launch("full", harness.run("wait", str(trigger), "3")))
     wait_for(backend, has("full", K.STARTED))
-    deadline = time.monotonic() + 20
-    while os.statvfs(tiny_disk).f_bavail > 2:
-        assert time.monotonic() < deadline, "the job's output did not fill the disk"
-        time.sleep(0.02)
+    fill_up(tiny_disk)  # as another job's output would
     trigger.touch()
     seen = wait_for(backend, ended("full"))
     assert only(seen, "full", K.EXITED).exit_code == 3  # not "process vanished": the exit was not lost
 
 
 def test_output_a_full_disk_refused_is_noted_in_the_log_once_there_is_room(harness: Harness, tiny_disk: Path) -> None:
+    (tiny_disk / "room").write_bytes(b"r" * (1 << 20))  # given back later
     backend = harness.backend_at(tiny_disk / "state")
     trigger = harness.root / "go"
     backend.launch(harness.launch("lossy", harness.run_code(FILL_THEN, str(trigger), "0")))
@@ -90,7 +78,7 @@ def test_output_a_full_disk_refused_is_noted_in_the_log_once_there_is_room(harne
     while not Path(f"{trigger}.written").exists():
         assert time.monotonic() < deadline, "the job did not write its output"
         time.sleep(0.02)
-    subprocess.run(["mount", "-o", "remount,size=16m", str(tiny_disk)], check=True)
+    (tiny_disk / "room").unlink()
     trigger.touch()
     assert only(wait_for(backend, ended("lossy")), "lossy", K.EXITED).exit_code == 0
     tail = backend.log_paths("lossy")[0].read_bytes()[-200:].decode()

@@ -4,6 +4,7 @@ not even after a kill -9 and a restart. The data folder is a real 8 MiB tmpfs; t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -61,6 +62,9 @@ def fill_the_disk(live: Live, client: httpx.Client, data: Path) -> tuple[str, Pa
     job = live.submit(client, "fill", str(trigger))
     try:
         until(lambda: full(data), "the job's output to fill the disk")
+        with open(data / "filler", "ab", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:  # every last byte: nothing is left for a new file
+                filler.write(b"z" * 4096)
     except AssertionError as error:
         logs = client.get(f"/v1/jobs/{job}/logs").json().get("text", "")[-2000:]
         modes = [(str(p), oct(p.stat().st_mode), p.stat().st_uid) for p in [live.program, *live.program.parents]]

@@ -46,6 +46,8 @@ if mode == "steal":  # read each path; report what the environment holds
             with open(path, "rb") as f:
                 data = f.read()
             found[path] = "read: " + data[:200].decode(errors="replace")
+        except IsADirectoryError:
+            found[path] = "read: " + ",".join(os.listdir(path))
         except PermissionError:
             found[path] = "denied"
         except FileNotFoundError:
@@ -147,7 +149,8 @@ def test_a_team_job_reads_no_token_store_log_or_secret_that_is_not_its_own(tmp_p
                 str(b_log),  # another team's log
                 f"/proc/{b_pid}/environ",  # another team's environment
                 str(data / "jobs" / "run" / b_job / "attempt-1" / "worker-0" / "spec.json"),
-                str(Path(pwd.getpwnam("gpufleet-team-b").pw_dir) / "gpufleet-jobs" / b_job),
+                str(data / "jobs" / "jobs" / b_job),  # where a job's working folder was before per-queue users
+                str(Path("/var/lib/gpufleet-jobs/gpufleet-team-b/gpufleet-jobs") / b_job),  # where it is now
             ]
             with httpx.Client(base_url=server.url, headers=bearer(token_a), timeout=30) as team_a:
                 a_out = shared / "a.json"
