@@ -21,7 +21,9 @@ from gpufleet.adapters.local.isolation import Isolation
 from gpufleet.adapters.local.proc import read_json
 from gpufleet.adapters.local.users import queue_user
 from gpufleet.domain import GiB
-from gpufleet.ports import ObservationKind
+from gpufleet.domain.jobs import RunSpec
+from gpufleet.ports import Launch, ObservationKind
+from tests.kit.jobusers import JOB_PYTHON
 from tests.local.conftest import ended, has, only, wait_for, wait_until
 from tests.local.isolation_kit import (
     Isolated,
@@ -336,3 +338,18 @@ def cgroup_folders(groups: cg.Cgroups, job_id: str) -> list[str]:
 
 def no_cgroup(groups: cg.Cgroups, job_id: str) -> bool:
     return not any(Path(f).exists() for f in cgroup_folders(groups, job_id))
+
+
+def test_a_checkpoint_in_the_default_working_folder_survives_into_the_next_attempt(iso: Isolated) -> None:
+    require_root()
+    backend = iso.backend(iso.per_queue_users())
+    save = "open('ckpt', 'w').write('epoch 3')"
+    first = iso.launch("resume", RunSpec((JOB_PYTHON, "-c", save)))
+    backend.launch(first)
+    assert only(wait_for(backend, ended("resume")), "resume", K.EXITED).exit_code == 0
+    out = iso.out("resumed")
+    load = f"import json; json.dump({{'ckpt': open('ckpt').read()}}, open({out!r}, 'w'))"
+    second = iso.launch("resume", RunSpec((JOB_PYTHON, "-c", load)))
+    backend.launch(Launch(second.job, 2, second.workers))  # preempted, placed again: attempt 2
+    assert only(wait_for(backend, ended("resume")), "resume", K.EXITED).exit_code == 0
+    assert read_out(out) == {"ckpt": "epoch 3"}

@@ -75,6 +75,11 @@ class Live:
     ledger: Path
 
     @property
+    def shared(self) -> Path:
+        """The folder the jobs can reach (they run as their queue's own user): for files they wait for."""
+        return self.program.parent
+
+    @property
     def url(self) -> str:
         return self.server.url
 

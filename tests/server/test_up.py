@@ -106,7 +106,7 @@ def test_a_higher_priority_job_preempts_and_the_victim_goes_back_to_its_queue(li
 
 def test_a_restart_adopts_jobs_that_kept_running(tmp_path: Path) -> None:
     live = start(tmp_path)  # --keep-jobs: jobs outlive the control plane
-    gate = tmp_path / "go"
+    gate = live.shared / "go"  # where the job (its queue's own user) can see it
     try:
         with live.http() as client:
             job = live.submit(client, "wait-file", str(gate), name="long", gpus=4)
