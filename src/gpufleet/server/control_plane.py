@@ -193,7 +193,7 @@ def make_private(data_dir: Path) -> None:
 
 
 def disk_full_words(error: BaseException) -> str | None:
-    """ "disk full at …" when `error` is the disk filling up (the store's or the executor's), else None."""
+    """The words "disk full at …" when `error` is the disk filling up (the store's or the executor's)."""
     if isinstance(error, StoreFullError):
         return error.message
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
