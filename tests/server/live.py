@@ -32,18 +32,18 @@ def note(event, **more):
     with open(ledger, "a") as f:
         f.write(line + "\n")
 
-note("start", env=env)
-print(f"hello from rank {env.get('RANK')} of job {env.get('GPUFLEET_JOB_ID')}", flush=True)
-
 def on_term(signo, frame):
     note("end", how="signal")
     sys.exit(0)
 
+# Handlers first: a test may stop the job as soon as the start line is there.
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else on_term)
+note("start", env=env)
+print(f"hello from rank {env.get('RANK')} of job {env.get('GPUFLEET_JOB_ID')}", flush=True)
+
 if mode == "ignore-term":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while True:
         time.sleep(0.05)
-signal.signal(signal.SIGTERM, on_term)
 if mode == "sleep":
     time.sleep(float(arg))
 elif mode == "wait-file":
