@@ -79,12 +79,29 @@ def remove_user(name: str) -> None:
 
 @contextlib.contextmanager
 def job_users_and_folders() -> Iterator[None]:
-    """For a whole session: remove the job users it created, and its scratch folder."""
+    """For a whole session: remove the job users it created, its scratch folder, and the (empty) cgroup
+    folders its control planes made."""
+    cgroups_before = _gpufleet_cgroups()
     try:
         with users_created_here():
             yield
     finally:
         remove_scratch()
+        for folder in sorted(_gpufleet_cgroups() - cgroups_before, key=lambda p: -len(p.parts)):
+            for worker in folder.glob("*/"):
+                with contextlib.suppress(OSError):
+                    worker.rmdir()
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _gpufleet_cgroups() -> set[Path]:
+    """The `gpufleet-*` folders under the cgroup hierarchies (where control planes put their workers)."""
+    root = Path("/sys/fs/cgroup")
+    found: set[Path] = set()
+    for pattern in ("*/gpufleet-*", "*/*/*/gpufleet-*", "gpufleet-*"):
+        found.update(p for p in root.glob(pattern) if p.is_dir())
+    return found
 
 
 @contextlib.contextmanager

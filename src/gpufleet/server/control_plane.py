@@ -449,6 +449,7 @@ class ControlPlane:
             if self.settings.stop_jobs_on_exit:
                 self._stop_jobs()
             self.backend.shutdown(stop_jobs=self.settings.stop_jobs_on_exit, grace_s=self.settings.exit_grace_s)
+            self.isolation.cgroups.release()  # only if no job is left running in them
         finally:
             self.store.close()
             self.lock.release()

@@ -88,6 +88,10 @@ class Cgroups:
             raise
         return folders
 
+    def release(self) -> None:
+        """Remove the base folders if they are empty (no worker left running in them)."""
+        cgroup_ops.remove(list(dict.fromkeys(self.bases.values())))
+
     def describe(self) -> str:
         """One line for `up`, `nodes` and `/healthz`."""
         if self.version is None:

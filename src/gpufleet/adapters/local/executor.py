@@ -352,6 +352,8 @@ class LocalBackend:
 
     def _finish(self, job: _Job) -> None:
         key = (job.job_id, job.attempt)
+        for worker in job.workers:
+            self.workers.tidy(worker)
         self._live.pop(key, None)
         self._finished.add(key)
         self.ports.release(job.port, _owner(key))

@@ -48,6 +48,7 @@ _RESTORE = (signal.SIGPIPE, signal.SIGXFSZ)
 RESERVE = "exit.reserve"
 RESERVE_BYTES = 4096  # exit.json is written into this space: a full disk cannot refuse it
 DRAIN_S = 2.0  # output still arriving after the end, without a cgroup to kill its writers: read this long
+REMOVE_S = 60.0  # how long a shim keeps trying to remove its worker's cgroup after recording the exit
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -122,12 +123,21 @@ def main(argv: list[str]) -> int:
     if cgroup and cgroup_ops.oom_kills(cgroup) > 0:
         record["oom"] = True
         record["memory_limit"] = int(spec.get("memory_limit") or 0)
-    for _ in range(200):  # the killed processes leave the cgroup within moments
-        if cgroup_ops.remove(cgroup):
-            break
-        time.sleep(0.005)
+    removed = _remove_cgroup(cgroup, 1.0)  # the killed processes leave the cgroup within moments
     _record_exit(worker, record)
+    if not removed:  # on a busy machine a process may take longer to be gone: keep at it, after the record
+        _remove_cgroup(cgroup, REMOVE_S)
     return 0
+
+
+def _remove_cgroup(cgroup: list[str], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cgroup_ops.remove(cgroup):
+        if time.monotonic() > deadline:
+            return False
+        cgroup_ops.kill(cgroup, timeout_s=0.0)
+        time.sleep(0.01)
+    return True
 
 
 def _become_command(spec: dict[str, Any], cgroup: list[str], into: int, report: int) -> None:

@@ -237,6 +237,12 @@ class WorkerSupervisor:
             cgroup_ops.kill(list(worker.cgroup))
             cgroup_ops.remove(list(worker.cgroup))
 
+    def tidy(self, worker: Worker) -> None:
+        """Remove an ended worker's cgroup if it is empty and still there (its shim normally removes it; one
+        killed, or slow on a loaded machine, may leave it)."""
+        if worker.done and worker.cgroup:
+            cgroup_ops.remove(list(worker.cgroup))
+
     def orphans(self, keep: set[Path], detail: str) -> None:
         """Kill every worker found running under the state folder whose attempt is not in `keep`: no job
         may run twice (the store gave its resources to someone else, or retried it)."""
