@@ -117,15 +117,15 @@ def test_an_exit_seen_on_a_full_disk_survives_a_kill_9_and_the_job_never_runs_ag
     tmp_path: Path, small_disk: Path
 ) -> None:
     live = setup(tmp_path, small_disk)
-    with live.http() as client:
-        job, trigger = fill_the_disk(live, client, small_disk)
-        trigger.touch()
-        until(lambda: exit_recorded(small_disk, job).exists(), "the shim to record the exit")
-        assert exit_recorded(small_disk, job).stat().st_size > 0
-    live.server.kill()  # the exit was never written to the store
+    try:
+        with live.http() as client:
+            job, trigger = fill_the_disk(live, client, small_disk)
+            trigger.touch()
+            until(lambda: exit_recorded(small_disk, job).exists(), "the shim to record the exit")
+            assert exit_recorded(small_disk, job).stat().st_size > 0
+    finally:
+        live.server.kill()  # the exit was never written to the store
     grow(small_disk)
-    live.restart()
-    live.server.stop()
     live.server = LocalServer(small_disk, log_path=tmp_path / "server.log", token=live.server.token)
     try:
         with live.http() as client:
