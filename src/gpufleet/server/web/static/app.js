@@ -120,6 +120,7 @@
   function empty(el, why) {
     el.textContent = why;
     el.removeAttribute("role");
+    el.removeAttribute("aria-label");
     el.classList.add("no-plot");
   }
 
