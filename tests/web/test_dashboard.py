@@ -40,7 +40,8 @@ def test_every_page_renders_passes_axe_and_is_captured(dashboard: Dashboard, bro
         ("simulator", "/simulator"), ("job", f"/jobs/{job_id}"),
     ]:  # fmt: skip
         response = page.goto(dashboard.url + path)
-        assert response is not None and response.status == 200, path
+        assert response is not None, path
+        assert response.status == 200, path
         assert "Emulated inventory" in page.inner_text("body"), path  # every page says the GPUs are emulated
         page.wait_for_timeout(600)  # charts draw after load
         screenshot(page, name)
@@ -106,12 +107,15 @@ def test_a_team_sees_only_its_queue_and_another_teams_job_is_404(dashboard: Dash
     assert page.locator(f"#job-{theirs}").count() == 0
     assert "alice-secret" not in page.content()
     response = page.goto(f"{dashboard.url}/jobs/{theirs}")
-    assert response is not None and response.status == 404
+    assert response is not None
+    assert response.status == 404
     assert f"no job '{theirs}'" in page.inner_text("main")
     log = page.goto(f"{dashboard.url}/jobs/{theirs}/log")
-    assert log is not None and log.status == 404
+    assert log is not None
+    assert log.status == 404
     queues = page.goto(dashboard.url + "/queues")
-    assert queues is not None and "team-a" not in page.inner_text("main")
+    assert queues is not None
+    assert "team-a" not in page.inner_text("main")
     page.goto(dashboard.url + "/nodes")
     assert page.locator("button", has_text="Drain").count() == 0  # no admin actions for a team
     page.context.close()
@@ -161,7 +165,8 @@ def test_the_simulator_page_shows_a_results_file(dashboard: Dashboard, browser: 
     page.context.close()
     team = sign_in(browser, dashboard.url, dashboard.alice)
     refused = team.goto(dashboard.url + "/simulator?path=sim/run-1/results.json")
-    assert refused is not None and refused.status == 403  # the data folder is every team's: admins only
+    assert refused is not None
+    assert refused.status == 403
     team.context.close()
 
 
@@ -170,9 +175,12 @@ def test_behind_a_proxy_under_a_path_prefix(dashboard: Dashboard, browser: Any) 
     page = sign_in(browser, base, dashboard.admin)
     links = page.eval_on_selector_all("a[href], link[href], script[src]", "els => els.map(e => e.href || e.src)")
     ours = [link for link in links if link.startswith("http://127.0.0.1") and not link.startswith("data:")]
-    assert ours and all(link.startswith(base + "/") for link in ours), ours
+    assert ours
+    assert all(link.startswith(base + "/") for link in ours), ours
     cookie = next(c for c in page.context.cookies() if c["name"] == "gpufleet_session")
-    assert cookie["path"] == "/gf/" and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert cookie["path"] == "/gf/"
+    assert cookie["httpOnly"]
+    assert cookie["sameSite"] == "Strict"
     page.click("nav >> text=Jobs")
     page.wait_for_url(base + "/jobs")
     page.click("text=Sign out")  # a POST through the proxy: CSRF token and origin check pass

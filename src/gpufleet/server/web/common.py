@@ -24,7 +24,14 @@ from gpufleet.domain.errors import GpufleetError
 from gpufleet.server.api import error_status
 from gpufleet.server.errors import UnauthorizedError
 from gpufleet.server.service import Service
-from gpufleet.server.web.security import SESSION_COOKIE, CsrfKeys, SignInRequiredError, WebSession, cookie_path
+from gpufleet.server.web.security import (
+    SESSION_COOKIE,
+    CsrfError,
+    CsrfKeys,
+    SignInRequiredError,
+    WebSession,
+    cookie_path,
+)
 
 log = logging.getLogger("gpufleet.web")
 
@@ -237,7 +244,7 @@ class WebRoute(APIRoute):
             except SignInRequiredError as signin:
                 response = sign_in_redirect(request, signin.message)
             except GpufleetError as error:
-                status, _code = error_status(error)
+                status = 403 if isinstance(error, CsrfError) else error_status(error)[0]
                 session = _quiet_session(request)
                 response = error_page(request, status, error.message, error.fix, session)
             except RequestValidationError as error:
