@@ -120,6 +120,19 @@ class Service:
     def _nodes(self) -> dict[str, Node]:
         return {n.name: n for n in self.store.nodes()}
 
+    def _holding(self) -> Sequence[JobRecord]:
+        """The jobs that hold resources now: an indexed query, not every active job (pending ones can be
+        tens of thousands, and decoding them all would cost seconds)."""
+        return self.store.jobs(JobQuery(states=frozenset(HOLDING), limit=1_000_000))
+
+    def _usage(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """`queue_usage` of the holding jobs, with each queue's pending jobs counted by the store."""
+        usage = queue_usage(self._holding(), self._nodes())
+        for name in queues:
+            use = usage.setdefault(name, {"running": 0, "pending": 0})
+            use["pending"] = self.store.count_jobs(JobQuery(queue=name, states=frozenset({JobState.PENDING})))
+        return usage
+
     def _queue_names(self) -> set[str]:
         return {q.name for q in self.store.queues()}
 
@@ -238,19 +251,19 @@ class Service:
         record = self._visible(principal, job_id)
         nodes = self._nodes()
         queue = record.job.queue
-        active = self.store.active()
         position: int | None = None
         ahead: list[str] = []
         if record.state is JobState.PENDING:
+            pending = self.store.jobs(JobQuery(queue=queue, states=frozenset({JobState.PENDING}), limit=1_000_000))
             waiting = sorted(
-                (r for r in active if r.job.queue == queue and r.state is JobState.PENDING),
+                pending,
                 key=lambda r: (-r.job.priority, r.job.submit_seq, r.id),
             )
             ids = [r.id for r in waiting]
             if job_id in ids:
                 position = ids.index(job_id) + 1
                 ahead = ids[: position - 1]
-        use = queue_usage(active, nodes).get(queue, {})
+        use = queue_usage(self._holding(), nodes).get(queue, {})
         spec = next((q for q in self.store.queues() if q.name == queue), None)
         quota = self._quota_use(spec, use, record)
         events = [event_out(t) for t in self.store.history(job_id)]
@@ -563,13 +576,9 @@ class Service:
     # ------------------------------------------------------------------------------------- queues
 
     def queues(self, principal: Principal) -> list[QueueOut]:
-        active = self.store.active()
-        usage = queue_usage(active, self._nodes())
-        return [
-            queue_out(spec, usage.get(spec.name, {}))
-            for spec in sorted(self.store.queues(), key=lambda q: q.name)
-            if principal.admin or spec.name == principal.queue
-        ]
+        shown = [q for q in sorted(self.store.queues(), key=lambda q: q.name) if principal.may_see(q.name)]
+        usage = self._usage([q.name for q in shown])
+        return [queue_out(spec, usage.get(spec.name, {})) for spec in shown]
 
     def set_queue(self, principal: Principal, name: str, body: QueueIn) -> QueueOut:
         principal.require_admin("changing a queue")
@@ -577,8 +586,7 @@ class Service:
         spec = queue_spec(name, body)
         self.store.set_queue(spec)
         self.ctx.wake()
-        usage = queue_usage(self.store.active(), self._nodes())
-        return queue_out(spec, usage.get(name, {}))
+        return queue_out(spec, self._usage([name]).get(name, {}))
 
     def delete_queue(self, principal: Principal, name: str) -> None:
         principal.require_admin("deleting a queue")
@@ -596,8 +604,8 @@ class Service:
     # -------------------------------------------------------------------------------------- nodes
 
     def nodes(self) -> list[NodeOut]:
-        active = self.store.active()
-        return [node_out(n, active, self.ctx.emulated) for n in sorted(self.store.nodes(), key=lambda n: n.name)]
+        holding = self._holding()
+        return [node_out(n, holding, self.ctx.emulated) for n in sorted(self.store.nodes(), key=lambda n: n.name)]
 
     def _node(self, name: str) -> Node:
         node = self._nodes().get(name)
@@ -610,7 +618,7 @@ class Service:
         self._node(name)
         node = self.store.set_node_flags(name, cordoned=cordoned)
         self.ctx.wake()
-        return node_out(node, self.store.active(), self.ctx.emulated)
+        return node_out(node, self._holding(), self.ctx.emulated)
 
     def drain(self, principal: Principal, name: str) -> DrainOut:
         principal.require_admin("draining a node")
@@ -618,14 +626,14 @@ class Service:
         node = self.store.set_node_flags(name, cordoned=True)
         now = self.ctx.clock.now()
         requeued: list[str] = []
-        for record in self.store.active():
+        for record in self._holding():
             if record.state in HOLDING and any(w.node == name for w in record.workers):
                 self.store.request(
                     record.id, RequestKind.REQUEUE, f"node {name} drained by {principal.token.name}", now
                 )
                 requeued.append(record.id)
         self.ctx.wake()
-        return DrainOut(node=node_out(node, self.store.active(), self.ctx.emulated), requeued=requeued)
+        return DrainOut(node=node_out(node, self._holding(), self.ctx.emulated), requeued=requeued)
 
     # ------------------------------------------------------------------------------------- tokens
 
