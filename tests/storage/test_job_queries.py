@@ -71,3 +71,16 @@ def test_the_submitter_survives_a_round_trip(sql: Harness) -> None:
     other = sql.sql.get("j02")
     assert other is not None
     assert other.job.user == ""
+
+
+def test_pending_ahead_counts_and_lists_the_jobs_that_go_first(sql: Harness) -> None:
+    jobs = [make_job(f"p{i:02d}").queue("team-a").priority([0, 5, -1, 5][i % 4]).build() for i in range(20)]
+    assert all(not isinstance(r, Exception) for r in sql.sql.submit_many(jobs, 0.0))
+    sql.sql.submit_many([make_job("other").queue("default").priority(9).build()], 0.0)
+    records = sql.sql.jobs(JobQuery(queue="team-a", limit=100))
+    order = [r.id for r in sorted(records, key=lambda r: (-r.job.priority, r.job.submit_seq))]
+    for record in records:
+        count, first = sql.sql.pending_ahead("team-a", record.job.priority, record.job.submit_seq, 3)
+        place = order.index(record.id)
+        assert count == place  # the job in the other queue never counts
+        assert first == order[: min(place, 3)]

@@ -110,6 +110,11 @@ class AdminStore(StateStore, Protocol):
         """How many jobs match the query's filters (its order and page ignored)."""
         ...
 
+    def pending_ahead(self, queue: str, priority: int, submit_seq: int, limit: int) -> tuple[int, list[str]]:
+        """The pending jobs of `queue` that go before a job of `priority` submitted at `submit_seq` (higher
+        priority first, then earlier submission): how many, and the ids of the first `limit` in that order."""
+        ...
+
     def add_notice(self, notice: Notice) -> None:
         """Record a notice on a job. UnknownNameError if there is no such job."""
         ...

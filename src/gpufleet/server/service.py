@@ -70,6 +70,7 @@ from gpufleet.server.views import (
     workers_out,
 )
 
+EXPLAIN_AHEAD = 50  # ids of the jobs ahead that `explain` lists (it counts them all)
 MAX_LOG_CHUNK = 1 << 20  # bytes per logs call; clients follow with `offset`
 _ATTEMPT_RE = re.compile(r"attempt[-_.]?(\d+)", re.IGNORECASE)
 _WORKER_RE = re.compile(r"(?:worker|rank)[-_.]?(\d+)", re.IGNORECASE)
@@ -254,15 +255,8 @@ class Service:
         position: int | None = None
         ahead: list[str] = []
         if record.state is JobState.PENDING:
-            pending = self.store.jobs(JobQuery(queue=queue, states=frozenset({JobState.PENDING}), limit=1_000_000))
-            waiting = sorted(
-                pending,
-                key=lambda r: (-r.job.priority, r.job.submit_seq, r.id),
-            )
-            ids = [r.id for r in waiting]
-            if job_id in ids:
-                position = ids.index(job_id) + 1
-                ahead = ids[: position - 1]
+            count, ahead = self.store.pending_ahead(queue, record.job.priority, record.job.submit_seq, EXPLAIN_AHEAD)
+            position = count + 1
         use = queue_usage(self._holding(), nodes).get(queue, {})
         spec = next((q for q in self.store.queues() if q.name == queue), None)
         quota = self._quota_use(spec, use, record)
@@ -270,13 +264,13 @@ class Service:
         return ExplainOut(
             id=job_id,
             state=record.state.value,
-            summary=self._summary(record, position, len(ahead), spec),
+            summary=self._summary(record, position, 0 if position is None else position - 1, spec),
             reason=record.reason,
             waiting_code=record.waiting_code,
             waiting_reason=record.waiting_reason,
             queue=queue,
             position=position,
-            ahead=ahead[:50],
+            ahead=ahead,
             quota=quota,
             placement=workers_out(record.workers, nodes),
             exit_code=record.exit_code,

@@ -572,6 +572,21 @@ class SqlStore:
         with self._tx(write=False) as c:
             return int(c.execute(statement).scalar_one())
 
+    def pending_ahead(self, queue: str, priority: int, submit_seq: int, limit: int) -> tuple[int, list[str]]:
+        # Counted in the database: a queue of many thousand waiting jobs is not decoded to rank one of them.
+        prio = t.jobs.c.record["job"]["priority"].as_integer()
+        ahead = sa.and_(
+            t.jobs.c.queue == queue,
+            t.jobs.c.state == JobState.PENDING.value,
+            sa.or_(prio > priority, sa.and_(prio == priority, t.jobs.c.seq < submit_seq)),
+        )
+        with self._tx(write=False) as c:
+            count = int(c.execute(sa.select(sa.func.count()).select_from(t.jobs).where(ahead)).scalar_one())
+            first = c.execute(
+                sa.select(t.jobs.c.id).where(ahead).order_by(prio.desc(), t.jobs.c.seq.asc()).limit(limit)
+            ).scalars()
+            return count, [str(job_id) for job_id in first]
+
     def add_notice(self, notice: Notice) -> None:
         with self._tx(write=True) as c:
             if c.execute(_EXISTS, {"id": notice.job_id}).first() is None:
