@@ -129,3 +129,31 @@ def test_cookie_parses_as_a_cookie(api: Api) -> None:
     parsed = SimpleCookie()
     parsed.load(cookie)
     assert parsed["gpufleet_session"].value == api.admin
+
+
+def test_a_root_path_setting_prefixes_every_link(api: Api) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+    # uvicorn's root_path (`gpufleet up --root-path /gpufleet`) reaches the app as the ASGI root_path
+    with TestClient(api.client.app, root_path="/gpufleet") as client:  # type: ignore[arg-type]
+        form = client.get("/signin")
+        assert 'action="/gpufleet/signin"' in form.text
+        assert "path=/gpufleet/" in form.headers["set-cookie"].lower()
+        page = client.get("/jobs", follow_redirects=False)
+        assert page.headers["location"] == "/gpufleet/signin?next=%2Fjobs"
+
+
+def test_prefixes_are_plain_paths() -> None:
+    from gpufleet.server.web.prefix import clean_prefix
+
+    assert clean_prefix("/gpufleet/") == "/gpufleet"
+    assert clean_prefix("gpufleet") == "/gpufleet"
+    assert clean_prefix("/") == ""
+    assert clean_prefix("") == ""
+    assert clean_prefix("/a/b-c_d.e~f") == "/a/b-c_d.e~f"
+    for bad in ("https://x", "/a/../b", "/a?b", "/a b", "//x/.."):
+        assert clean_prefix(bad) is None, bad

@@ -92,6 +92,8 @@ _REPLACE = (
     .values(
         queue=sa.bindparam("b_queue"),
         name=sa.bindparam("b_name"),
+        priority=sa.bindparam("b_priority"),
+        username=sa.bindparam("b_username"),
         state=sa.bindparam("b_state"),
         version=sa.bindparam("b_version"),
         record=sa.bindparam("b_record", type_=sa.JSON()),
@@ -353,6 +355,8 @@ class SqlStore:
                 "b_expected": expected,
                 "b_queue": r.job.queue,
                 "b_name": r.job.name,
+                "b_priority": r.job.priority,
+                "b_username": r.job.user,
                 "b_state": r.state.value,
                 "b_version": r.version,
                 "b_record": encode_record(r),
@@ -558,7 +562,7 @@ class SqlStore:
             problems.append(FieldProblem("offset", f"is {query.offset}", "give 0 or more"))
         if problems:
             raise SpecError("job query", tuple(problems))
-        key = _ORDER_COLUMNS[JobOrder(query.order)]()
+        key = _ORDER_COLUMNS[JobOrder(query.order)]
         seq = t.jobs.c.seq.asc() if query.ascending else t.jobs.c.seq.desc()
         ordering = [seq] if key is None else [key.asc() if query.ascending else key.desc(), seq]
         statement = _filtered(sa.select(t.jobs.c.record), query).order_by(*ordering)
@@ -573,8 +577,8 @@ class SqlStore:
             return int(c.execute(statement).scalar_one())
 
     def pending_ahead(self, queue: str, priority: int, submit_seq: int, limit: int) -> tuple[int, list[str]]:
-        # Counted in the database: a queue of many thousand waiting jobs is not decoded to rank one of them.
-        prio = t.jobs.c.record["job"]["priority"].as_integer()
+        # Counted on an index: a queue of many thousand waiting jobs is not decoded to rank one of them.
+        prio = t.jobs.c.priority
         ahead = sa.and_(
             t.jobs.c.queue == queue,
             t.jobs.c.state == JobState.PENDING.value,
@@ -614,18 +618,12 @@ class SqlStore:
 # --- job queries -------------------------------------------------------------------------------------------
 
 
-def _user_column() -> sa.ColumnElement[str]:
-    # The submitter lives in the record's JSON only (no column of its own yet): fine for filters next to
-    # the indexed ones and for tens of thousands of jobs; it becomes a column when listings need more.
-    return sa.func.coalesce(t.jobs.c.record["job"]["user"].as_string(), "")
-
-
 _ORDER_COLUMNS: dict[JobOrder, Any] = {
-    JobOrder.SUBMITTED: lambda: None,
-    JobOrder.NAME: lambda: t.jobs.c.name,
-    JobOrder.QUEUE: lambda: t.jobs.c.queue,
-    JobOrder.STATE: lambda: t.jobs.c.state,
-    JobOrder.USER: _user_column,
+    JobOrder.SUBMITTED: None,
+    JobOrder.NAME: t.jobs.c.name,
+    JobOrder.QUEUE: t.jobs.c.queue,
+    JobOrder.STATE: t.jobs.c.state,
+    JobOrder.USER: t.jobs.c.username,
 }
 
 
@@ -639,7 +637,7 @@ def _filtered(statement: Any, query: JobQuery) -> Any:
     if query.name_contains:
         statement = statement.where(t.jobs.c.name.icontains(query.name_contains, autoescape=True))
     if query.user is not None:
-        statement = statement.where(_user_column() == query.user)
+        statement = statement.where(t.jobs.c.username == query.user)
     if query.before_seq is not None:
         statement = statement.where(t.jobs.c.seq < query.before_seq)
     return statement
@@ -658,6 +656,8 @@ def _job_row(record: JobRecord) -> dict[str, Any]:
         "version": record.version,
         "submitted_at": record.submitted_at,
         "record": encode_record(record),
+        "priority": record.job.priority,
+        "username": record.job.user,
     }
 
 
