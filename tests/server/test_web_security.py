@@ -157,3 +157,35 @@ def test_prefixes_are_plain_paths() -> None:
     assert clean_prefix("/a/b-c_d.e~f") == "/a/b-c_d.e~f"
     for bad in ("https://x", "/a/../b", "/a?b", "/a b", "//x/.."):
         assert clean_prefix(bad) is None, bad
+
+
+def test_a_revoked_token_signs_the_browser_out_with_a_fixed_notice(api: Api) -> None:
+    signed_in(api, api.team_a)
+    team = next(t for t in api.store.tokens() if t.name == "alice")
+    assert api.client.delete(f"/v1/tokens/{team.id}", headers=api.as_admin()).status_code == 200
+    answer = api.client.get("/jobs", follow_redirects=False)
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/signin?next=%2Fjobs&why=revoked"
+    assert 'gpufleet_session=""' in answer.headers["set-cookie"]
+    notice = api.client.get(answer.headers["location"]).text
+    assert "no longer valid" in notice
+    forged = api.client.get("/signin?why=Call+4242+to+unlock").text
+    assert "4242" not in forged  # the page never shows text from its address
+
+
+def test_after_sign_in_the_browser_goes_only_to_our_own_pages(api: Api) -> None:
+    form = api.client.get("/signin")
+    nonce = re.search(r'name="nonce" value="([^"]+)"', form.text)
+    assert nonce is not None
+    for target, expected in (("//evil.example/x", "/"), ("https://evil.example", "/"), ("/jobs/j-1:a", "/jobs/j-1:a")):
+        answer = api.client.post(
+            "/signin",
+            data={"token": api.admin, "nonce": nonce.group(1), "next": target},
+            headers={"Origin": BASE},
+            follow_redirects=False,
+        )
+        assert answer.headers["location"] == expected
+        api.client.cookies.clear()
+        form = api.client.get("/signin")
+        nonce = re.search(r'name="nonce" value="([^"]+)"', form.text)
+        assert nonce is not None

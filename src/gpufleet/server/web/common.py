@@ -173,9 +173,7 @@ def web_session(request: Request) -> WebSession:
     try:
         principal = service_of(request).auth.authenticate(f"Bearer {secret}")
     except UnauthorizedError:
-        raise SignInRequiredError(
-            "your token is no longer valid (unknown or revoked); sign in with a valid one"
-        ) from None
+        raise SignInRequiredError("revoked") from None
     return WebSession(principal, csrf_keys(request).token_for(principal))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 from typing import Annotated
 
@@ -11,9 +12,9 @@ from fastapi.responses import RedirectResponse, Response
 
 from gpufleet.server.errors import UnauthorizedError
 from gpufleet.server.web.common import WebRoute, prefix_of, render, service_of, url_for, web_session
-from gpufleet.server.web.prefix import clean_prefix
 from gpufleet.server.web.security import (
     SESSION_COOKIE,
+    SIGN_IN_REASONS,
     SIGNIN_COOKIE,
     CsrfError,
     SignInRequiredError,
@@ -27,6 +28,7 @@ from gpufleet.server.web.security import (
 router = APIRouter(route_class=WebRoute, include_in_schema=False)
 
 SIGNIN_NONCE_S = 1800  # how long a sign-in form stays usable
+_OWN_PATH = re.compile(r"(/[A-Za-z0-9._~:-]+)*/?")
 
 
 def _safe_next(next_path: str | None) -> str:
@@ -34,7 +36,7 @@ def _safe_next(next_path: str | None) -> str:
     if not next_path or not next_path.startswith("/") or next_path.startswith("//"):
         return "/"
     path, _, _query = next_path.partition("?")
-    return path if clean_prefix(path) is not None else "/"
+    return path if _OWN_PATH.fullmatch(path) else "/"
 
 
 def _signin_form(
@@ -69,13 +71,13 @@ def _signin_form(
 def signin_page(
     request: Request,
     next: Annotated[str | None, Query(max_length=2000)] = None,
-    why: Annotated[str | None, Query(max_length=300)] = None,
+    why: Annotated[str | None, Query(max_length=20)] = None,
 ) -> Response:
     target = _safe_next(next)
     try:
         web_session(request)
     except SignInRequiredError:
-        return _signin_form(request, target, notice=why)
+        return _signin_form(request, target, notice=SIGN_IN_REASONS.get(why or ""))
     return RedirectResponse(prefix_of(request) + target, status_code=303)
 
 

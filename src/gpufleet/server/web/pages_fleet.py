@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Form, Path, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from gpufleet.server.web.common import WebRoute, is_htmx, render, service_of, url_for, web_session
+from gpufleet.server.web.common import WebRoute, render, service_of, url_for, web_session
 from gpufleet.server.web.fleet import gpu_grid, overview, queue_views, telemetry_of
 from gpufleet.server.web.security import WebSession, check_csrf
 
@@ -78,6 +78,4 @@ def node_action(
     else:
         svc.set_cordon(session.principal, name, action == "cordon")
     target = url_for(request, "/nodes", {"done": action, "node": name, "requeued": requeued or None})
-    if is_htmx(request):
-        return Response(status_code=204, headers={"HX-Location": target})
     return RedirectResponse(target, status_code=303)

@@ -31,12 +31,16 @@ CSRF_FIELD = "csrf"
 CSRF_KEY_SETTING = "web:csrf_key"
 
 
-class SignInRequiredError(Exception):
-    """No session cookie, or one whose token is unknown or revoked: the browser goes to the sign-in page."""
+SIGN_IN_REASONS = {"revoked": "Your token is no longer valid (unknown or revoked): sign in with a valid one."}
 
-    def __init__(self, message: str = "") -> None:
-        super().__init__(message)
-        self.message = message
+
+class SignInRequiredError(Exception):
+    """No session cookie, or one whose token is unknown or revoked: the browser goes to the sign-in page.
+    `reason` is a key of `SIGN_IN_REASONS` (the sign-in page shows only those texts, never one from a URL)."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.message = reason
 
 
 class CsrfError(GpufleetError):
