@@ -12,12 +12,13 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from gpufleet.server.web import pages_auth, pages_fleet, pages_jobs, pages_sim
-from gpufleet.server.web.common import STATIC_DIR
+from gpufleet.server.web.common import STATIC_DIR, compile_templates
 from gpufleet.server.web.prefix import ForwardedPrefix
 from gpufleet.server.web.security import CsrfKeys
 
 
 def mount_web(app: FastAPI) -> None:
+    compile_templates()
     app.state.web_csrf = CsrfKeys(app.state.service.store)
     app.state.web_uploads = pages_sim.Uploads()
     for module in (pages_auth, pages_fleet, pages_jobs, pages_sim):

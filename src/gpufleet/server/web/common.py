@@ -130,6 +130,12 @@ _env.filters.update(
 )
 
 
+def compile_templates() -> None:
+    """Compile every template once, at start, so no visitor's first page pays for it."""
+    for name in _env.list_templates(extensions=["html"]):
+        _env.get_template(name)
+
+
 # ------------------------------------------------------------------------------------------------ links
 
 
