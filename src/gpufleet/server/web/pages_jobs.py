@@ -119,6 +119,7 @@ def job_page(request: Request, session: Session, job_id: JobIdPath, done: Litera
         log=log,
         log_error=log_error,
         workers=list(range(job.workers)),
+        attempts=list(range(1, job.attempt + 1)),
         done=done,
         can_cancel=not JobState(job.state).terminal,
     )

@@ -85,6 +85,7 @@
     var text = document.getElementById("log-text");
     if (!box || !text) return;
     var worker = document.getElementById("log-worker");
+    var attempt = document.getElementById("log-attempt");
     var follow = document.getElementById("log-follow");
     var status = document.getElementById("log-status");
     var offset = Number(box.dataset.offset || 0);
@@ -96,6 +97,7 @@
       if (busy) return;
       busy = true;
       var params = new URLSearchParams({ worker: worker.value });
+      if (attempt.value) params.set("attempt", attempt.value);
       if (!fromTail) params.set("offset", String(offset));
       fetch(box.dataset.url + "?" + params.toString(), { credentials: "same-origin", headers: { "Accept": "application/json" } })
         .then(function (r) { return r.ok ? r.json() : { error: "the log could not be read (HTTP " + r.status + ")" }; })
@@ -112,6 +114,7 @@
     }
 
     worker.addEventListener("change", function () { load(true); });
+    attempt.addEventListener("change", function () { load(true); });
     text.scrollTop = text.scrollHeight;
     window.setInterval(function () { if (follow.checked && !document.hidden) load(false); }, 1000);
   }
