@@ -109,7 +109,7 @@ def browser() -> Iterator[Any]:
 def sign_in(browser: Any, base: str, token: str) -> Any:
     """A fresh browser context signed in with `token`; returns its page."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(15_000)
+    context.set_default_timeout(30_000)  # generous: CI machines are small and often busy
     page = context.new_page()
     page.goto(base + "/")
     assert "/signin" in page.url
