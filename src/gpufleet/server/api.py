@@ -94,6 +94,7 @@ def _known_fields(request: Request) -> tuple[str, ...]:
 
 def create_app(ctx: ApiContext) -> FastAPI:
     from gpufleet.server import routes_admin, routes_jobs, routes_telemetry
+    from gpufleet.server.web import mount_web
 
     app = FastAPI(
         title="gpufleet",
@@ -166,4 +167,5 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_jobs.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_admin.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_telemetry.router, prefix="/v1", responses=ERRORS)
+    mount_web(app)  # the dashboard at `/`, over the same service
     return app

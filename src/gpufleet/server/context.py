@@ -24,4 +24,6 @@ class ApiContext:
     policy: str = "default"
     # Prometheus exposition of /metrics (set by the process once telemetry is wired).
     metrics: Callable[[], tuple[bytes, str]] | None = None
+    # Where `up` keeps its state; the dashboard opens simulation results under it (None: no such folder).
+    data_dir: Path | None = None
     extra: dict[str, object] = field(default_factory=dict)

@@ -79,6 +79,7 @@ class JobOut(BaseModel):
     id: str
     name: str
     queue: str
+    user: str = Field("", description="Who submitted it: the name of the token used (empty if unknown).")
     state: str
     reason: str
     waiting_code: str
@@ -214,6 +215,7 @@ class QueueUsageOut(BaseModel):
     gpus: float
     cpu: float
     memory: int
+    gpus_by_model: dict[str, float] = Field(default_factory=dict, description="GPUs held now, per GPU model.")
 
 
 class QueueOut(BaseModel):
