@@ -10,8 +10,7 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
                    one has run 15 minutes since it started); placement by `fgd-plus`'s scores (FGD as
                    published + model scarcity 0.3) + topology, FGD GPU selection
     fair-binpack   fair share between queues, priority then FIFO inside a queue, priority preemption and
-                   quota reclaim, bin_pack + topology (the default before QSSF ordering and FGD placement;
-                   figures beside `default` in docs/results/)
+                   quota reclaim, bin_pack + topology (the default before QSSF ordering and FGD placement)
     fifo           strict FIFO (a head that does not fit holds its queue), bin_pack
     fifo-backfill  FIFO, jobs behind a blocked head may go first, bin_pack
     priority       priority then FIFO, priority preemption, bin_pack + topology
