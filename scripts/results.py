@@ -326,7 +326,18 @@ def check(root: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="gpufleet-results-check-") as scratch:
         out = Path(scratch) / "slice"
         gpufleet(
-            ["--reproduce", "fgd", "--seeds", str(CHECK_SEED), "-p", CHECK_POLICY, "--set", f"pods={pods}"], root, out
+            [
+                "--reproduce",
+                "fgd",
+                "--seeds",
+                f"{CHECK_SEED}-{CHECK_SEED}",
+                "-p",
+                CHECK_POLICY,
+                "--set",
+                f"pods={pods}",
+            ],
+            root,
+            out,
         )
         fresh = json.loads((out / "results.json").read_text(encoding="utf-8"))
     got = fresh["experiments"][0]["policies"][CHECK_POLICY]["fgd_steps"]

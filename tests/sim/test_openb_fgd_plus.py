@@ -44,7 +44,10 @@ def committed_at_100(result_set: str, policy: str) -> list[float]:
 
 
 # The committed FGD runs of each pod list (both seed halves once scripts/results has made them).
-COMMITTED_FGD = {"default": ("fgd-default-tuning",)}
+COMMITTED_FGD = {
+    "default": ("fgd-default-tuning", "fgd-default-heldout"),  # the paper's ten seeds
+    "gpuspec33": ("fgd-gpuspec33-heldout",),
+}
 
 
 @pytest.mark.parametrize("pods", sorted(COMMITTED_FGD))
@@ -58,7 +61,7 @@ def test_fgd_is_the_published_fgd(openb_dir: Path, pods: str) -> None:
 
 @pytest.mark.parametrize(
     "result_set",
-    ["fgd-default-tuning", "fgd-gpushare40", "fgd-gpushare60"],
+    ["fgd-default-tuning", "fgd-default-heldout", "fgd-gpuspec33-heldout", "fgd-gpushare40", "fgd-gpushare60"],
 )
 def test_fgd_plus_and_default_never_fall_below_fgd(result_set: str) -> None:
     fgd = committed_at_100(result_set, "fgd")
