@@ -61,7 +61,14 @@ def test_fgd_is_the_published_fgd(openb_dir: Path, pods: str) -> None:
 
 @pytest.mark.parametrize(
     "result_set",
-    ["fgd-default-tuning", "fgd-default-heldout", "fgd-gpuspec33-heldout", "fgd-gpushare40", "fgd-gpushare60"],
+    [
+        "fgd-default-tuning",
+        "fgd-default-heldout",
+        "fgd-gpuspec33-heldout",
+        "fgd-gpushare40",
+        "fgd-gpushare60",
+        "fgd-gpushare80",
+    ],
 )
 def test_fgd_plus_and_default_never_fall_below_fgd(result_set: str) -> None:
     fgd = committed_at_100(result_set, "fgd")
