@@ -46,7 +46,7 @@ def committed_at_100(result_set: str, policy: str) -> list[float]:
 # The committed FGD runs of each pod list (both seed halves once scripts/results has made them).
 COMMITTED_FGD = {
     "default": ("fgd-default-tuning", "fgd-default-heldout"),  # the paper's ten seeds
-    "gpuspec33": ("fgd-gpuspec33-heldout",),
+    "gpuspec33": ("fgd-gpuspec33-tuning", "fgd-gpuspec33-heldout"),
 }
 
 
