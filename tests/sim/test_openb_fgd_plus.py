@@ -64,6 +64,7 @@ def test_fgd_is_the_published_fgd(openb_dir: Path, pods: str) -> None:
     [
         "fgd-default-tuning",
         "fgd-default-heldout",
+        "fgd-gpuspec33-tuning",
         "fgd-gpuspec33-heldout",
         "fgd-gpushare40",
         "fgd-gpushare60",
