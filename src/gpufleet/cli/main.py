@@ -77,6 +77,29 @@ def bench_scheduler(
     print_result(result, as_json)
 
 
+@bench_app.command("loop")
+def bench_loop(
+    nodes: int = typer.Option(1000, min=10, help="Nodes in the synthetic fleet (8 GPUs each)."),
+    pending: int | None = typer.Option(None, min=0, help="Jobs kept waiting (default: 10 per node)."),
+    steps: int = typer.Option(30, min=1, help="Steady steps measured (one simulated second each)."),
+    rate: int | None = typer.Option(None, min=1, help="Jobs arriving per step (default: one per 5 nodes)."),
+    seed: int = typer.Option(0, help="Seed of the fleet, the jobs and their durations."),
+    policy: str = typer.Option("default", help="Scheduling profile."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """The live control loop (Reconciler + SQLite store, a fake in-process backend) at a steady load."""
+    from gpufleet.bench import loop
+    from gpufleet.sim.experiment import check_policies
+
+    try:
+        check_policies([policy])
+        result = loop.run(nodes, pending, steps=steps, rate=rate, seed=seed, policy=policy)
+    except GpufleetError as error:
+        fail(error)
+        return
+    print_result(result, as_json)
+
+
 @bench_app.command("sim")
 def bench_sim(
     traces: Annotated[

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,10 @@ class ReconcilerSettings:
     grace_s: float = 30.0  # checkpoint grace period given to preemption victims
     retry_all_s: float = 300.0  # with preemption: retry every parked job this often (as Kubernetes does)
     max_cycles_per_step: int = 64
+    # A waiting job's reason is rewritten when its code changes, else at most this often: the counts in a
+    # reason ("0/1000 nodes fit: 700 too few free GPUs") change nearly every cycle, and writing every pending
+    # job's record each step made two thirds of the store's writes under a steady load.
+    reason_refresh_s: float = 10.0
 
 
 @dataclass
@@ -110,6 +115,7 @@ class Reconciler:
         self._last_retry_all = clock.now()
         self._deadlines: list[tuple[float, JobId, int]] = []  # (max runtime end, job, attempt), a heap
         self._known: dict[JobId, JobRecord] = {}  # every active job's record as last read or written
+        self._reason_at: dict[JobId, float] = {}  # when each waiting job's reason was last written
         self.base = self._rebuild()
         self.backend.adopt([Launch(r.job, r.attempt, r.workers) for r in self.store.active() if r.holds_resources])
 
@@ -257,6 +263,7 @@ class Reconciler:
         reason = f"cancelled: {request.reason}" if request.reason else "cancelled"
         if record.state is S.PENDING:
             changes.move(record, S.CANCELLED, reason, now, finished_at=now)
+            self._reason_at.pop(record.id, None)
             self.pending.remove(record.id)
             self.nominated.discard(record.id)
         elif record.state in (S.RUNNING, S.LAUNCHING):
@@ -457,6 +464,7 @@ class Reconciler:
             )
             self.pending.remove(record.id)
             self.nominated.discard(record.id)
+            self._reason_at.pop(record.id, None)
             self.base.add_running(launching.as_running())
             self._track_deadline(launching)
             launches.append(Launch(launching.job, launching.attempt, launching.workers))
@@ -477,13 +485,18 @@ class Reconciler:
             self.nominated.add(preemption.for_job)
             stops.append((evicting, preemption.reason))
             report.preempted += 1
+        refresh = self.settings.reason_refresh_s
         for job_id, status in result.waiting.items():
             record = self._latest(job_id, changes)
             if record is None or record.state is not S.PENDING:
                 continue
+            code = status.code.value
+            if record.waiting_code == code and now < self._reason_at.get(job_id, -math.inf) + refresh:
+                continue
             reason = status.message()
-            if record.waiting_code != status.code.value or record.waiting_reason != reason:
-                changes.add(record.evolve(waiting_code=status.code.value, waiting_reason=reason))
+            if record.waiting_code != code or record.waiting_reason != reason:
+                changes.add(record.evolve(waiting_code=code, waiting_reason=reason))
+                self._reason_at[job_id] = now
         self._write(changes)
         for launch in launches:
             self.backend.launch(launch)
