@@ -19,7 +19,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from gpufleet.adapters.storage import schema as t
 from gpufleet.adapters.storage.engine import READ_ONLY, StoreUnavailableError
 from gpufleet.domain.errors import GpufleetError
+from gpufleet.domain.lifecycle import TERMINAL, JobState
 
+ACTIVE_STATES = tuple(s.value for s in JobState if s not in TERMINAL)
 CHUNK = 500  # ids per IN (...) list, well under SQLite's limit on bound parameters
 _LISTED = 20  # names listed in an error message at most
 

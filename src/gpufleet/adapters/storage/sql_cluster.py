@@ -12,13 +12,11 @@ import sqlalchemy as sa
 
 from gpufleet.adapters.storage import schema as t
 from gpufleet.adapters.storage.codec import decode_node, decode_queue, encode_node, encode_queue
-from gpufleet.adapters.storage.sql_base import CHUNK, QUEUE_NAMES, SqlBase, names
+from gpufleet.adapters.storage.sql_base import ACTIVE_STATES, CHUNK, QUEUE_NAMES, SqlBase, names
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import FieldProblem, SpecError, UnknownNameError
-from gpufleet.domain.lifecycle import TERMINAL, JobState
 from gpufleet.domain.quotas import QueueSpec
 
-ACTIVE_STATES = tuple(s.value for s in JobState if s not in TERMINAL)
 _CLUSTER_VERSION = sa.select(t.meta.c.value).where(t.meta.c.key == t.CLUSTER_VERSION)
 
 

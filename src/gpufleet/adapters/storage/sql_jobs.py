@@ -18,15 +18,13 @@ import sqlalchemy as sa
 
 from gpufleet.adapters.storage import schema as t
 from gpufleet.adapters.storage.codec import decode_record, encode_record
-from gpufleet.adapters.storage.sql_base import CHUNK, QUEUE_NAMES, SqlBase, first_line, names
+from gpufleet.adapters.storage.sql_base import ACTIVE_STATES, CHUNK, QUEUE_NAMES, SqlBase, first_line, names
 from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError, UnknownNameError
 from gpufleet.domain.jobs import Job, JobId
-from gpufleet.domain.lifecycle import TERMINAL, JobState, Transition
+from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import Request, RequestKind, StaleWriteError
 from gpufleet.ports.admin import JobQuery, Notice
-
-ACTIVE_STATES = tuple(s.value for s in JobState if s not in TERMINAL)
 
 # The loop's and the API's hot paths run these statements, built once: building a statement costs more
 # than SQLite takes to run it (about 65 µs against 15 µs for a look-up by key).
