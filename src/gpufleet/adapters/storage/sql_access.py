@@ -1,7 +1,9 @@
-"""The SQL store's tokens and settings: who may call the API, and the control plane's own key-value notes."""
+"""The SQL store's tokens, settings and audit log: who may call the API, the control plane's own key-value
+notes, and what admins did."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,11 +12,11 @@ import sqlalchemy as sa
 from gpufleet.adapters.storage import schema as t
 from gpufleet.adapters.storage.sql_base import SqlBase
 from gpufleet.domain.errors import FieldProblem, SpecError, UnknownNameError
-from gpufleet.ports.admin import Role, Token
+from gpufleet.ports.admin import AuditEntry, Role, Token
 
 
 class AccessTables(SqlBase):
-    """`tokens` and `settings`."""
+    """`tokens`, `settings` and `audit`."""
 
     # --- AdminStore: tokens -------------------------------------------------------------------------------
 
@@ -79,6 +81,24 @@ class AccessTables(SqlBase):
     def set_setting(self, key: str, value: str) -> None:
         with self._tx(write=True) as c:
             self._upsert(c, t.settings, {"key": key, "value": value})
+
+    # --- AdminStore: audit log ------------------------------------------------------------------------------
+
+    def audit(self, entry: AuditEntry) -> None:
+        with self._tx(write=True) as c:
+            c.execute(sa.insert(t.audit).values(dataclasses.asdict(entry)))
+
+    def audit_log(self, since: float | None = None, limit: int = 1000) -> Sequence[AuditEntry]:
+        """Audit entries at or after `since`, oldest first; the newest `limit` of them."""
+        statement = sa.select(t.audit).order_by(t.audit.c.id.desc()).limit(max(1, limit))
+        if since is not None:
+            statement = statement.where(t.audit.c.at >= since)
+        with self._tx(write=False) as c:
+            rows = c.execute(statement).all()
+        return [
+            AuditEntry(r.at, r.actor, r.action, r.target, r.detail, r.source, r.token_id, r.outcome)
+            for r in reversed(rows)
+        ]
 
 
 def _token_row(token: Token) -> dict[str, Any]:

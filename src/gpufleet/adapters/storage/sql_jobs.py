@@ -11,7 +11,7 @@ sequence, numbers 5 and 6 may commit as 6 then 5, and a cursor at 6 would miss 5
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,12 +19,12 @@ import sqlalchemy as sa
 from gpufleet.adapters.storage import schema as t
 from gpufleet.adapters.storage.codec import decode_record, encode_record
 from gpufleet.adapters.storage.sql_base import ACTIVE_STATES, CHUNK, QUEUE_NAMES, SqlBase, first_line, names
-from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError, UnknownNameError
+from gpufleet.domain.errors import FieldProblem, GpufleetError, LimitError, SpecError, UnknownNameError
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import Request, RequestKind, StaleWriteError
-from gpufleet.ports.admin import JobQuery, Notice
+from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, JobQuery, Notice, SubmitKey
 
 # The loop's and the API's hot paths run these statements, built once: building a statement costs more
 # than SQLite takes to run it (about 65 µs against 15 µs for a look-up by key).
@@ -37,7 +37,7 @@ _ADVANCE = (
     .returning(t.meta.c.value)
 )
 # A share lock: a concurrent delete_queue waits for the submit (and then sees its job), or the other way round.
-_QUEUE_IN_USE = sa.select(t.queues.c.name).where(t.queues.c.name == sa.bindparam("name")).with_for_update(read=True)
+_QUEUE_IN_USE = sa.select(t.queues.c.spec).where(t.queues.c.name == sa.bindparam("name")).with_for_update(read=True)
 _INSERT_JOB = sa.insert(t.jobs)
 _GET = sa.select(_J.record).where(_J.id == sa.bindparam("id"))
 _EXISTS = sa.select(_J.id).where(_J.id == sa.bindparam("id"))
@@ -70,6 +70,10 @@ _NOTICES = (
     .where(t.notices.c.job_id == sa.bindparam("id"))
     .order_by(t.notices.c.id)
 )
+_K = t.idempotency_keys.c
+_PENDING_IN_QUEUE = (
+    sa.select(sa.func.count()).select_from(t.jobs).where(_J.queue == sa.bindparam("queue"), _J.state == "pending")
+)
 _REQUESTS_AFTER = sa.select(t.requests).where(t.requests.c.seq > sa.bindparam("cursor")).order_by(t.requests.c.seq)
 
 
@@ -85,72 +89,104 @@ class JobTables(SqlBase):
             raise SpecError(
                 f"job {job.id!r}", tuple(FieldProblem(f, "contains a NUL character", "remove it") for f in bad)
             )
-        try:
-            with self._tx(write=True) as c:
-                if c.execute(_QUEUE_IN_USE, {"name": job.queue}).first() is None:
-                    known = c.execute(QUEUE_NAMES).scalars().all()
-                    raise UnknownNameError(
-                        f"queue {job.queue!r} does not exist",
-                        f"submit to one of: {names(known)}" if known else "an admin must create a queue first",
-                    )
-                seq = self._next(c, t.SUBMIT_SEQ)
-                record = JobRecord(dataclasses.replace(job, submit_seq=seq), JobState.PENDING, submitted_at=at)
-                c.execute(_INSERT_JOB, _job_row(record))
-        except sa.exc.IntegrityError:
-            if self.get(job.id) is None:
-                raise
-            raise SpecError(f"job {job.id!r}", (FieldProblem("id", "is taken", "give the job a new id"),)) from None
-        return record
+        result = self._submit_one(job, None, at, IDEMPOTENCY_TTL_S)
+        if isinstance(result, GpufleetError):
+            raise result
+        return result
 
-    def submit_many(self, jobs: Sequence[Job], at: float) -> list[JobRecord | GpufleetError]:
+    def submit_many(
+        self,
+        jobs: Sequence[Job],
+        at: float,
+        keys: Sequence[SubmitKey | None] | None = None,
+        key_ttl_s: float = IDEMPOTENCY_TTL_S,
+    ) -> list[JobRecord | GpufleetError]:
         """Store several new pending jobs in one transaction (a group commit of concurrent API submits).
 
         Returns, per job in order, its record or the error that refused it (an unknown queue, a NUL in a
-        name). If the batch cannot be written as one (a job id already taken), each job is submitted on its
-        own instead, so one bad job never refuses the others."""
-        results: list[JobRecord | GpufleetError] = []
-        accepted: list[int] = []
+        name, its queue's `max_pending` reached, an idempotency key reused with another body). A job whose
+        idempotency key was used less than `key_ttl_s` ago gets the job that key made (another id). If the
+        batch cannot be written as one (a job id already taken), each job is submitted on its own instead,
+        so one bad job never refuses the others."""
+        given = list(keys) if keys is not None else [None] * len(jobs)
         try:
             with self._tx(write=True) as c:
-                known = {
-                    q: c.execute(_QUEUE_IN_USE, {"name": q}).first() is not None
-                    for q in sorted({j.queue for j in jobs})
-                }
-                queue_names = None
-                for index, job in enumerate(jobs):
-                    if any("\x00" in value for value in (job.id, job.queue, job.name)):
-                        results.append(SpecError(f"job {job.id!r}", (FieldProblem("id", "contains NUL", "remove it"),)))
-                    elif not known[job.queue]:
-                        if queue_names is None:
-                            queue_names = c.execute(QUEUE_NAMES).scalars().all()
-                        results.append(
-                            UnknownNameError(
-                                f"queue {job.queue!r} does not exist",
-                                f"submit to one of: {names(queue_names)}"
-                                if queue_names
-                                else "an admin must create a queue first",
-                            )
-                        )
-                    else:
-                        results.append(JobRecord(job, JobState.PENDING, submitted_at=at))  # seq set below
-                        accepted.append(index)
-                if accepted:
-                    last = int(c.execute(_ADVANCE, {"counter": t.SUBMIT_SEQ, "by": len(accepted)}).scalar_one())
-                    first = last - len(accepted) + 1
-                    for offset, index in enumerate(accepted):
-                        job = jobs[index]
-                        results[index] = JobRecord(
-                            dataclasses.replace(job, submit_seq=first + offset), JobState.PENDING, submitted_at=at
-                        )
-                    c.execute(_INSERT_JOB, [_job_row(results[i]) for i in accepted])  # type: ignore[arg-type]
+                return self._store(c, jobs, given, at, key_ttl_s)
         except sa.exc.IntegrityError:
-            singles: list[JobRecord | GpufleetError] = []
-            for job in jobs:
-                try:
-                    singles.append(self.submit(job, at))
-                except GpufleetError as error:
-                    singles.append(error)
-            return singles
+            return [self._submit_one(job, key, at, key_ttl_s) for job, key in zip(jobs, given, strict=True)]
+
+    def _submit_one(self, job: Job, key: SubmitKey | None, at: float, key_ttl_s: float) -> JobRecord | GpufleetError:
+        for _ in range(2):  # a second try sees a key another process stored meanwhile
+            try:
+                with self._tx(write=True) as c:
+                    return self._store(c, [job], [key], at, key_ttl_s)[0]
+            except sa.exc.IntegrityError:
+                if self.get(job.id) is not None:
+                    return SpecError(f"job {job.id!r}", (FieldProblem("id", "is taken", "give the job a new id"),))
+        raise StaleWriteError(f"job {job.id!r}: its idempotency key kept clashing with another writer's")
+
+    def _store(
+        self, c: sa.Connection, jobs: Sequence[Job], keys: Sequence[SubmitKey | None], at: float, key_ttl_s: float
+    ) -> list[JobRecord | GpufleetError]:
+        """Check and insert `jobs` (one batch) inside the transaction `c`."""
+        specs = {q: c.execute(_QUEUE_IN_USE, {"name": q}).scalar() for q in sorted({j.queue for j in jobs})}
+        room: dict[str, int | None] = {}
+        stored_keys = _stored_keys(c, [k for k in keys if k is not None], at - key_ttl_s)
+        batch_keys: dict[tuple[str, str], tuple[str, int]] = {}  # (token, key) -> body hash, first job's index
+        replays: dict[int, str | int] = {}  # index -> the job id a stored key made, or the batch index that did
+        results: list[JobRecord | GpufleetError] = []
+        accepted: list[int] = []
+        queue_names = None
+        for index, (job, key) in enumerate(zip(jobs, keys, strict=True)):
+            pair = (key.token_id, key.key) if key is not None else None
+            if any("\x00" in value for value in (job.id, job.queue, job.name)):
+                results.append(SpecError(f"job {job.id!r}", (FieldProblem("id", "contains NUL", "remove it"),)))
+                continue
+            if specs[job.queue] is None:
+                if queue_names is None:
+                    queue_names = c.execute(QUEUE_NAMES).scalars().all()
+                fix = f"submit to one of: {names(queue_names)}" if queue_names else "an admin must create a queue first"
+                results.append(UnknownNameError(f"queue {job.queue!r} does not exist", fix))
+                continue
+            if key is not None and pair is not None:
+                earlier = stored_keys.get(pair) or batch_keys.get(pair)
+                if earlier is not None:
+                    body_hash, made = earlier
+                    if body_hash != key.body_hash:
+                        results.append(_key_reused(key))
+                    else:
+                        results.append(JobRecord(job, JobState.PENDING))  # replaced below
+                        replays[index] = made
+                    continue
+            if job.queue not in room:
+                room[job.queue] = _pending_room(c, job.queue, specs[job.queue])
+            left = room[job.queue]
+            if left is not None and left <= 0:
+                results.append(_queue_full(job.queue, specs[job.queue]))
+                continue
+            if left is not None:
+                room[job.queue] = left - 1
+            if pair is not None and key is not None:
+                batch_keys[pair] = (key.body_hash, index)
+            results.append(JobRecord(job, JobState.PENDING, submitted_at=at))  # seq set below
+            accepted.append(index)
+        if accepted:
+            last = int(c.execute(_ADVANCE, {"counter": t.SUBMIT_SEQ, "by": len(accepted)}).scalar_one())
+            first = last - len(accepted) + 1
+            for offset, index in enumerate(accepted):
+                results[index] = JobRecord(
+                    dataclasses.replace(jobs[index], submit_seq=first + offset), JobState.PENDING, submitted_at=at
+                )
+            c.execute(_INSERT_JOB, [_job_row(results[i]) for i in accepted])  # type: ignore[arg-type]
+            new_keys = [(keys[i], results[i]) for i in accepted if keys[i] is not None]
+            if new_keys:
+                _insert_keys(c, new_keys, at)
+        for index, made in replays.items():
+            if isinstance(made, int):
+                results[index] = results[made]
+            else:
+                data = c.execute(_GET, {"id": made}).scalar_one()
+                results[index] = decode_record(data)
         return results
 
     def take_submissions(self, cursor: int) -> tuple[Sequence[JobRecord], int]:
@@ -280,6 +316,11 @@ class JobTables(SqlBase):
                 {"job_id": notice.job_id, "kind": notice.kind, "message": notice.message, "at": notice.at},
             )
 
+    def forget_idempotency_keys(self, before: float) -> int:
+        """Drop the idempotency keys made before `before`; returns how many."""
+        with self._tx(write=True) as c:
+            return int(c.execute(sa.delete(t.idempotency_keys).where(_K.created_at < before)).rowcount)
+
     def notices(self, job_id: JobId) -> Sequence[Notice]:
         with self._tx(write=False) as c:
             rows = c.execute(_NOTICES, {"id": job_id}).all()
@@ -301,3 +342,68 @@ def _job_row(record: JobRecord) -> dict[str, Any]:
 
 def _transition_row(tr: Transition) -> dict[str, Any]:
     return {"job_id": tr.job_id, "source": tr.source.value, "target": tr.target.value, "reason": tr.reason, "at": tr.at}
+
+
+def _stored_keys(c: sa.Connection, keys: Sequence[SubmitKey], since: float) -> dict[tuple[str, str], tuple[str, str]]:
+    """The stored keys among `keys` made at or after `since`: (token, key) -> (body hash, job id)."""
+    if not keys:
+        return {}
+    pairs = sorted({(k.token_id, k.key) for k in keys})
+    found: dict[tuple[str, str], tuple[str, str]] = {}
+    for start in range(0, len(pairs), CHUNK // 2):
+        rows = c.execute(
+            sa.select(_K.token_id, _K.key, _K.body_hash, _K.job_id).where(
+                sa.tuple_(_K.token_id, _K.key).in_(pairs[start : start + CHUNK // 2]), _K.created_at >= since
+            )
+        )
+        found.update(((row.token_id, row.key), (row.body_hash, row.job_id)) for row in rows)
+    return found
+
+
+def _insert_keys(
+    c: sa.Connection, made: Sequence[tuple[SubmitKey | None, JobRecord | GpufleetError]], at: float
+) -> None:
+    rows = [
+        {"token_id": k.token_id, "key": k.key, "body_hash": k.body_hash, "job_id": r.id, "created_at": at}
+        for k, r in made
+        if k is not None and isinstance(r, JobRecord)
+    ]
+    # An expired key of the same name is replaced: the new job is what it names from now on.
+    for start in range(0, len(rows), CHUNK // 2):
+        chunk = rows[start : start + CHUNK // 2]
+        c.execute(
+            sa.delete(t.idempotency_keys).where(
+                sa.tuple_(_K.token_id, _K.key).in_([(r["token_id"], r["key"]) for r in chunk])
+            )
+        )
+    c.execute(sa.insert(t.idempotency_keys), rows)
+
+
+def _pending_room(c: sa.Connection, queue: str, spec: Mapping[str, Any] | None) -> int | None:
+    """How many more jobs the queue may have pending (None: no cap)."""
+    cap = None if spec is None else spec.get("max_pending")
+    if cap is None:
+        return None
+    return int(cap) - int(c.execute(_PENDING_IN_QUEUE, {"queue": queue}).scalar_one())
+
+
+def _queue_full(queue: str, spec: Mapping[str, Any] | None) -> LimitError:
+    cap = None if spec is None else spec.get("max_pending")
+    return LimitError(
+        f"queue {queue!r} already has {cap} pending jobs, the most its admin allows",
+        f"wait until some of them start or cancel some; an admin may raise the cap with "
+        f"`gpufleet quota set {queue} --max-pending N`",
+    )
+
+
+def _key_reused(key: SubmitKey) -> SpecError:
+    return SpecError(
+        "request",
+        (
+            FieldProblem(
+                "Idempotency-Key",
+                f"{key.key!r} was used before with a different request body",
+                "send a new key for a new job; reuse a key only to retry exactly the same request",
+            ),
+        ),
+    )
