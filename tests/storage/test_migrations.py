@@ -127,8 +127,9 @@ def test_an_unreachable_server_is_a_clear_error() -> None:
 def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     path.write_bytes(b"this is not SQLite" * 100)
-    with pytest.raises(GpufleetError, match="cannot open the database"):
+    with pytest.raises(GpufleetError, match="is not a SQLite database") as caught:
         SqlStore.open(f"sqlite:///{path}")
+    assert "--reset-store" in caught.value.fix
 
 
 def test_default_sqlite_url_is_absolute_and_open_creates_the_folder(

@@ -10,12 +10,23 @@ them together and opens the database.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
 from gpufleet.adapters.storage.engine import StoreUnavailableError, make_engine, migrate, parse_url, safe_url
+from gpufleet.adapters.storage.health import (
+    BackupInfo,
+    StoreDamagedError,
+    backup_sqlite,
+    inspect_postgres,
+    inspect_sqlite,
+    pg_dump_hint,
+    sqlite_path,
+    verify_schema,
+)
 from gpufleet.adapters.storage.sql_access import AccessTables
 from gpufleet.adapters.storage.sql_base import first_line
 from gpufleet.adapters.storage.sql_cluster import ClusterTables
@@ -32,16 +43,27 @@ def default_sqlite_url(data_dir: Path) -> str:
 
 
 class SqlStore(JobTables, ClusterTables, AccessTables):
-    """`StateStore` and `AdminStore` on a SQL database. Thread-safe; open it once per process."""
+    """`StateStore` and `AdminStore` on a SQL database. Thread-safe; open it once per process.
+
+    `open` refuses a store that existed but cannot be trusted (StoreDamagedError, see `health.py`);
+    `existed` says whether it held gpufleet's schema before this open (False: created now)."""
+
+    existed: bool = False
 
     @classmethod
     def open(cls, url: str) -> SqlStore:
         """Connect to `url` (sqlite:///path/state.db or postgresql+psycopg://user@host:port/db) and
         migrate its schema to the newest version. Raises GpufleetError with a fix if that fails."""
         parsed = parse_url(url)
+        where = safe_url(parsed)
+        path = sqlite_path(parsed)
+        inspection = inspect_sqlite(path) if path is not None else None
         engine = make_engine(parsed)
         try:
+            if inspection is None:
+                inspection = inspect_postgres(engine, where)
             migrate(engine)
+            verify_schema(engine, where, is_sqlite=path is not None)
         except sa.exc.DBAPIError as error:
             engine.dispose()
             raise GpufleetError(
@@ -52,10 +74,24 @@ class SqlStore(JobTables, ClusterTables, AccessTables):
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine, safe_url(parsed))
+        store = cls(engine, where)
+        store.existed = inspection.existed
+        return store
 
     def close(self) -> None:
         self._engine.dispose()
+
+    def backup(self, destination: Path) -> BackupInfo:
+        """An online backup of the store into `destination` (SQLite; a consistent snapshot taken while the
+        control plane keeps writing). PostgreSQL: a GpufleetError that says how to use pg_dump instead."""
+        if not self._sqlite:
+            raise GpufleetError(
+                f"the store is PostgreSQL ({self.url}), which gpufleet does not copy itself", pg_dump_hint(self.url)
+            )
+        with self._engine.connect() as connection:
+            raw = connection.connection.driver_connection
+            assert isinstance(raw, sqlite3.Connection)
+            return backup_sqlite(raw, destination)
 
     def __enter__(self) -> SqlStore:
         return self
@@ -70,4 +106,4 @@ if TYPE_CHECKING:
         return store
 
 
-__all__ = ["SqlStore", "StoreUnavailableError", "default_sqlite_url"]
+__all__ = ["SqlStore", "StoreDamagedError", "StoreUnavailableError", "default_sqlite_url"]
