@@ -49,6 +49,14 @@ def up(
         Path | None, typer.Option(help="An emulated inventory in YAML (several nodes, models, racks).")
     ] = None,
     policy: Annotated[str, typer.Option(help="Scheduling profile (see `gpufleet sim --help`).")] = "default",
+    reset_store: Annotated[
+        bool,
+        typer.Option(
+            "--reset-store",
+            help="Start over with a new, empty store when the existing one is damaged or not this data "
+            "directory's: a SQLite file is moved aside (never deleted) and jobs still running from it are stopped.",
+        ),
+    ] = False,
     stop_jobs: Annotated[
         bool,
         typer.Option(
@@ -81,6 +89,7 @@ def up(
         emulate=emulate,
         inventory_file=inventory,
         policy=policy,
+        reset_store=reset_store,
         stop_jobs_on_exit=stop_jobs,
         sample_interval_s=sample_interval,
         idle_threshold_pct=idle_threshold,
@@ -99,6 +108,12 @@ def up(
         console.print(f"  GPUs: {gpus} on {len(plane.inventory.nodes)} node(s), {plane.inventory.source}{label}")
         console.print(f"  data: {settings.data_dir}   store: {settings.db_url or 'SQLite (WAL)'}")
         console.print(f"  policy: {settings.policy}   on exit: {'stop jobs' if stop_jobs else 'keep jobs running'}")
+        if plane.opened.reset:
+            kept = ", ".join(str(path) for path in plane.opened.moved) or "nothing to move"
+            console.print(
+                f"  [bold yellow]store reset:[/] started with a new store; the old one was moved aside ({kept}); "
+                "jobs still running from it are stopped"
+            )
         if not _is_loopback(host):
             console.print(
                 f"[bold red]warning:[/] listening on {host}, reachable from other machines; every call needs a "

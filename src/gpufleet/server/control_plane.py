@@ -31,6 +31,7 @@ from gpufleet.policies.catalog import PolicyData, profile
 from gpufleet.ports.admin import JobQuery
 from gpufleet.scheduling.fragmentation import TargetWorkload
 from gpufleet.server.context import ApiContext
+from gpufleet.server.store_guard import open_store
 
 if TYPE_CHECKING:
     from gpufleet.server.gpu_monitor import Telemetry
@@ -49,6 +50,7 @@ class UpSettings:
     emulate: str | None = None  # e.g. "8xA100-80GB": an emulated inventory instead of NVML
     inventory_file: Path | None = None  # a YAML inventory (emulated)
     policy: str = "default"
+    reset_store: bool = False  # start over: move a damaged or foreign store aside (see store_guard.py)
     stop_jobs_on_exit: bool = False
     exit_grace_s: float = 10.0
     busy_tick_s: float = 0.02  # loop period while jobs are starting or stopping
@@ -89,6 +91,15 @@ def discover_inventory(settings: UpSettings) -> Inventory:
     from gpufleet.adapters.nvml.discovery import discover_nodes
 
     return Inventory(discover_nodes(hostname), False, "nvml")
+
+
+def _os_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def _hostname() -> str:
@@ -226,7 +237,13 @@ class ControlPlane:
         try:
             self.inventory = inventory or discover_inventory(settings)
             self.clock = WallClock()
-            self.store = SqlStore.open(settings.db_url or default_sqlite_url(settings.data_dir))
+            self.opened = open_store(
+                settings.data_dir,
+                settings.db_url or default_sqlite_url(settings.data_dir),
+                reset=settings.reset_store,
+                actor=f"local:{_os_user()}",
+            )
+            self.store = self.opened.store
             self.store.set_nodes(self.inventory.nodes)
             if not self.store.queues():
                 self.store.set_queue(QueueSpec(DEFAULT_QUEUE))
