@@ -443,7 +443,7 @@ def drain(node: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOp
 @token_app.command("create")
 def token_create(
     name: Annotated[str, typer.Argument(help="Who it is for, e.g. team-a-ci.")],
-    role: Annotated[str, typer.Option(help="team (one queue) or admin.")] = "team",
+    role: Annotated[str, typer.Option(help="team (one queue), admin, or metrics (scrape /metrics only).")] = "team",
     queue: Annotated[str | None, typer.Option(help="The team's queue (team tokens).")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,

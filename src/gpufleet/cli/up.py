@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from pathlib import Path
 from typing import Annotated
@@ -19,15 +18,6 @@ def default_data_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("gpufleet"))
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def up(
@@ -49,6 +39,14 @@ def up(
         Path | None, typer.Option(help="An emulated inventory in YAML (several nodes, models, racks).")
     ] = None,
     policy: Annotated[str, typer.Option(help="Scheduling profile (see `gpufleet sim --help`).")] = "default",
+    public_metrics: Annotated[
+        bool,
+        typer.Option(
+            "--public-metrics",
+            help="Serve /metrics without a token even when --host is not loopback (it lists job ids, queues and "
+            "hostnames). Without it, a non-loopback /metrics needs a metrics or admin token.",
+        ),
+    ] = False,
     reset_store: Annotated[
         bool,
         typer.Option(
@@ -76,7 +74,7 @@ def up(
     ] = 1800.0,
 ) -> None:
     """Start the control plane: HTTP API, scheduling loop and local executor, on embedded defaults."""
-    from gpufleet.server.control_plane import ControlPlane, UpSettings
+    from gpufleet.server.control_plane import ControlPlane, UpSettings, is_loopback
 
     console = Console(stderr=True, soft_wrap=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -90,6 +88,7 @@ def up(
         inventory_file=inventory,
         policy=policy,
         reset_store=reset_store,
+        public_metrics=public_metrics,
         stop_jobs_on_exit=stop_jobs,
         sample_interval_s=sample_interval,
         idle_threshold_pct=idle_threshold,
@@ -114,11 +113,18 @@ def up(
                 f"  [bold yellow]store reset:[/] started with a new store; the old one was moved aside ({kept}); "
                 "jobs still running from it are stopped"
             )
-        if not _is_loopback(host):
+        if not is_loopback(host):
             console.print(
                 f"[bold red]warning:[/] listening on {host}, reachable from other machines; every call needs a "
                 "token, but use TLS in front of it (a reverse proxy) or bind to 127.0.0.1"
             )
+            if public_metrics:
+                console.print("  /metrics: [bold]public[/] (--public-metrics): job ids, queues and hostnames for all")
+            else:
+                console.print(
+                    "  /metrics: needs a bearer token (Prometheus: `authorization: {credentials: …}` in the scrape "
+                    "config); make one with `gpufleet token create prometheus --role metrics`"
+                )
         if plane.admin_token is not None:
             console.print(f"  admin token (shown once, keep it): [bold]{plane.admin_token}[/]")
             saved = _save_client_config(settings.url, plane.admin_token)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from gpufleet.domain.cluster import Node
@@ -22,6 +23,7 @@ class Role(enum.StrEnum):
     ADMIN = "admin"  # everything
     TEAM = "team"  # submit to, see and cancel the jobs of one queue
     METRICS = "metrics"  # scrape /metrics, nothing else (for Prometheus)
+
 
 # How long a submit's idempotency key is remembered: a retry within this time returns the job it made.
 IDEMPOTENCY_TTL_S = 24 * 3600.0
@@ -101,6 +103,11 @@ class AdminStore(StateStore, Protocol):
 
     def forget_idempotency_keys(self, before: float) -> int:
         """Drop the keys made before `before`; returns how many."""
+        ...
+
+    def backup(self, destination: Path) -> object:
+        """Write a consistent copy of the store to `destination` while it stays in use. Raises
+        GpufleetError where the store cannot copy itself (its fix names the tool that can)."""
         ...
 
     def audit(self, entry: AuditEntry) -> None:

@@ -21,10 +21,12 @@ from gpufleet.domain.errors import (
     FieldProblem,
     GpufleetError,
     InvalidTransitionError,
+    LimitError,
     SpecError,
     UnknownNameError,
     WorkloadError,
 )
+from gpufleet.ports.admin import Role
 from gpufleet.server.auth import Principal
 from gpufleet.server.context import ApiContext
 from gpufleet.server.errors import ConflictError, ForbiddenError, UnauthorizedError
@@ -60,7 +62,37 @@ async def principal(  # async: tokens are cached; a miss is one indexed read
     svc: Annotated[Service, Depends(service)],
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
 ) -> Principal:
-    return svc.auth.authenticate(request.headers.get("authorization"))
+    who = svc.auth.authenticate(request.headers.get("authorization"), client_address(request))
+    if who.token.role is Role.METRICS:
+        raise ForbiddenError(
+            f"token {who.token.name!r} is a metrics token: it may only scrape /metrics",
+            "use a team or admin token for the API",
+        )
+    return who
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+def metrics_reader(svc: Service, request: Request) -> Principal:
+    """Who may scrape /metrics beyond loopback: a metrics or admin token (a team token would see every
+    queue's job ids)."""
+    authorization = request.headers.get("authorization")
+    if not authorization:
+        raise UnauthorizedError(
+            "/metrics needs a token: this control plane listens beyond loopback and its metrics name jobs, queues "
+            "and hosts",
+            "create one with `gpufleet token create prometheus --role metrics` and give it to Prometheus "
+            "(scrape config: `authorization: {credentials: gf_…}`), or start `gpufleet up --public-metrics`",
+        )
+    who = svc.auth.authenticate(authorization, client_address(request))
+    if who.token.role is Role.TEAM:
+        raise ForbiddenError(
+            f"token {who.token.name!r} is a team token, which may not read every queue's metrics",
+            "scrape with a metrics token (`gpufleet token create prometheus --role metrics`)",
+        )
+    return who
 
 
 def error_status(error: GpufleetError) -> tuple[int, str]:
@@ -74,6 +106,8 @@ def error_status(error: GpufleetError) -> tuple[int, str]:
         return 404, "not_found"
     if isinstance(error, (ConflictError, InvalidTransitionError)):
         return 409, "conflict"
+    if isinstance(error, LimitError):
+        return 409, "limit_reached"
     if isinstance(error, (SpecError, WorkloadError)):
         return 422, "invalid"
     return 400, "bad_request"
@@ -157,7 +191,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return HealthOut()
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
+    def metrics(request: Request) -> Response:
+        if ctx.metrics_need_token:
+            metrics_reader(app.state.service, request)
         if ctx.metrics is None:
             return JSONResponse(error_body("not_found", "metrics are not enabled"), status_code=404)
         body, content_type = ctx.metrics()

@@ -24,4 +24,8 @@ class ApiContext:
     policy: str = "default"
     # Prometheus exposition of /metrics (set by the process once telemetry is wired).
     metrics: Callable[[], tuple[bytes, str]] | None = None
+    # /metrics lists job ids, queues and hostnames: beyond loopback it needs a metrics (or admin) token.
+    metrics_need_token: bool = False
     extra: dict[str, object] = field(default_factory=dict)
+    # Where the API writes temporary files (a backup on its way to the client); None: the system's temp dir.
+    scratch_dir: Path | None = None

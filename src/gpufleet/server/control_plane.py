@@ -8,6 +8,7 @@ and the local executor. API requests only write submissions and requests to the 
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import logging
 import os
 import signal
@@ -41,6 +42,16 @@ log = logging.getLogger("gpufleet.up")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class UpSettings:
     data_dir: Path
@@ -50,6 +61,7 @@ class UpSettings:
     emulate: str | None = None  # e.g. "8xA100-80GB": an emulated inventory instead of NVML
     inventory_file: Path | None = None  # a YAML inventory (emulated)
     policy: str = "default"
+    public_metrics: bool = False  # serve /metrics without a token even when listening beyond loopback
     reset_store: bool = False  # start over: move a damaged or foreign store aside (see store_guard.py)
     stop_jobs_on_exit: bool = False
     exit_grace_s: float = 10.0
@@ -277,6 +289,8 @@ class ControlPlane:
                 inventory_source=self.inventory.source,
                 policy=settings.policy,
                 metrics=self.telemetry.metrics,
+                metrics_need_token=not (settings.public_metrics or is_loopback(settings.host)),
+                scratch_dir=settings.data_dir,
                 extra={"telemetry": self.telemetry},
             )
         except BaseException:

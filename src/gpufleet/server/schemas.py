@@ -278,8 +278,10 @@ class TokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(max_length=200)
-    role: Literal["admin", "team"] = "team"
-    queue: str | None = None
+    role: Literal["admin", "team", "metrics"] = Field(
+        "team", description="admin: everything; team: one queue's jobs; metrics: scrape /metrics only"
+    )
+    queue: str | None = Field(None, max_length=63)
 
 
 class TokenOut(BaseModel):
@@ -298,6 +300,24 @@ class TokenCreatedOut(TokenOut):
 
 class TokensOut(BaseModel):
     tokens: list[TokenOut]
+
+
+# ------------------------------------------------------------------------------------------- audit
+
+
+class AuditEntryOut(BaseModel):
+    at: float
+    actor: str = Field(description="The token's name, or local:<OS user> for commands run on the machine")
+    token_id: str | None
+    action: str = Field(description="e.g. token.create, queue.set, node.drain, job.force_cancel, store.backup")
+    target: str
+    detail: str = Field(description="JSON, or empty")
+    source: str = Field(description="The client's address, or local")
+    outcome: str = Field(description="ok, or denied (a token that may not do it)")
+
+
+class AuditOut(BaseModel):
+    entries: list[AuditEntryOut]
 
 
 # --------------------------------------------------------------------------------------- telemetry

@@ -10,6 +10,8 @@ import asyncio
 import dataclasses
 import re
 import secrets
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,14 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
+from gpufleet.adapters.storage.engine import StoreUnavailableError
+from gpufleet.adapters.storage.health import BackupUnsupportedError
 from gpufleet.domain.cluster import Node
-from gpufleet.domain.errors import FieldProblem, SpecError
+from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.quotas import DEFAULT_QUEUE, GPU_MODEL_PREFIX, QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import JobQuery, Role, Token
+from gpufleet.server.audit import Auditor
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
 from gpufleet.server.context import ApiContext
@@ -99,6 +104,7 @@ class Service:
         self.store = ctx.store
         self.auth = Authenticator(ctx.store)
         self.batcher = SubmitBatcher(ctx.store, ctx.wake)
+        self.audit = Auditor(ctx.store, ctx.clock)
 
     # ------------------------------------------------------------------------------------ helpers
 
@@ -375,16 +381,17 @@ class Service:
         ]
 
     def set_queue(self, principal: Principal, name: str, body: QueueIn) -> QueueOut:
-        principal.require_admin("changing a queue")
+        self.audit.require_admin(principal, "changing a queue", "queue.set", name)
         check_queue_name(name)
         spec = queue_spec(name, body)
         self.store.set_queue(spec)
+        self.audit.record(principal, "queue.set", name, body.model_dump(exclude_none=True))
         self.ctx.wake()
         usage = queue_usage(self.store.active(), self._nodes())
         return queue_out(spec, usage.get(name, {}))
 
     def delete_queue(self, principal: Principal, name: str) -> None:
-        principal.require_admin("deleting a queue")
+        self.audit.require_admin(principal, "deleting a queue", "queue.delete", name)
         if name not in self._queue_names():
             raise NotFoundError(f"no queue named {name!r}", "list queues with `gpufleet queues`")
         try:
@@ -394,6 +401,7 @@ class Service:
                 f"queue {name!r} cannot be deleted: " + "; ".join(f.problem for f in error.fields),
                 "; ".join(f.fix for f in error.fields) or "cancel its jobs and revoke its tokens first",
             ) from None
+        self.audit.record(principal, "queue.delete", name)
         self.ctx.wake()
 
     # -------------------------------------------------------------------------------------- nodes
@@ -409,14 +417,16 @@ class Service:
         return node
 
     def set_cordon(self, principal: Principal, name: str, cordoned: bool) -> NodeOut:
-        principal.require_admin("cordoning a node" if cordoned else "uncordoning a node")
+        action = "node.cordon" if cordoned else "node.uncordon"
+        self.audit.require_admin(principal, "cordoning a node" if cordoned else "uncordoning a node", action, name)
         self._node(name)
         node = self.store.set_node_flags(name, cordoned=cordoned)
+        self.audit.record(principal, action, name)
         self.ctx.wake()
         return node_out(node, self.store.active(), self.ctx.emulated)
 
     def drain(self, principal: Principal, name: str) -> DrainOut:
-        principal.require_admin("draining a node")
+        self.audit.require_admin(principal, "draining a node", "node.drain", name)
         self._node(name)
         node = self.store.set_node_flags(name, cordoned=True)
         now = self.ctx.clock.now()
@@ -427,14 +437,16 @@ class Service:
                     record.id, RequestKind.REQUEUE, f"node {name} drained by {principal.token.name}", now
                 )
                 requeued.append(record.id)
+        self.audit.record(principal, "node.drain", name, {"requeued": requeued})
         self.ctx.wake()
         return DrainOut(node=node_out(node, self.store.active(), self.ctx.emulated), requeued=requeued)
 
     # ------------------------------------------------------------------------------------- tokens
 
     def create_token(self, principal: Principal, name: str, role: Role, queue: str | None) -> TokenCreatedOut:
-        principal.require_admin("creating tokens")
+        self.audit.require_admin(principal, "creating tokens", "token.create", name)
         token, secret = create_token(self.store, self.ctx.clock, name, role, queue)
+        self.audit.record(principal, "token.create", token.id, {"name": token.name, "role": role.value, "queue": queue})
         return TokenCreatedOut(**token_out(token).model_dump(), secret=secret)
 
     def tokens(self, principal: Principal) -> list[TokenOut]:
@@ -442,7 +454,7 @@ class Service:
         return [token_out(t) for t in sorted(self.store.tokens(), key=lambda t: (t.created_at, t.id))]
 
     def revoke_token(self, principal: Principal, token_id: str) -> TokenOut:
-        principal.require_admin("revoking tokens")
+        self.audit.require_admin(principal, "revoking tokens", "token.revoke", token_id)
         tokens: dict[str, Token] = {t.id: t for t in self.store.tokens()}
         token = tokens.get(token_id)
         if token is None:
@@ -457,7 +469,26 @@ class Service:
             )
         self.store.revoke_token(token_id)
         self.auth.forget()
+        self.audit.record(principal, "token.revoke", token_id, {"name": token.name, "role": token.role.value})
         return token_out(next(t for t in self.store.tokens() if t.id == token_id))
+
+    # ------------------------------------------------------------------------------------- backup
+
+    def backup(self, principal: Principal) -> Path:
+        """A consistent copy of the store in a private temporary folder (the caller sends it, then deletes the
+        folder). ConflictError where the store cannot copy itself (PostgreSQL: use pg_dump)."""
+        folder = Path(tempfile.mkdtemp(prefix="gpufleet-backup-", dir=self.ctx.scratch_dir))
+        path = folder / "gpufleet-backup.db"
+        try:
+            self.store.backup(path)
+        except BackupUnsupportedError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise ConflictError(error.message, error.fix) from None
+        except GpufleetError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise StoreUnavailableError(f"the backup failed on the server: {error.message}", error.fix) from None
+        self.audit.record(principal, "store.backup", "store", {"bytes": path.stat().st_size})
+        return path
 
 
 def check_queue_name(name: str) -> None:

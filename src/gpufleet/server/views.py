@@ -10,9 +10,10 @@ from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.quotas import CPU, GPU, GPU_MODEL_PREFIX, MEMORY, QueueSpec, Quota
 from gpufleet.domain.records import JobRecord
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.ports.admin import Token
+from gpufleet.ports.admin import AuditEntry, Token
 from gpufleet.server.schemas import (
     AllocationOut,
+    AuditEntryOut,
     EventOut,
     GpuOut,
     GpuShareOut,
@@ -110,6 +111,19 @@ def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
 def event_out(transition: Transition) -> EventOut:
     return EventOut(
         source=transition.source.value, target=transition.target.value, reason=transition.reason, at=transition.at
+    )
+
+
+def audit_entry_out(entry: AuditEntry) -> AuditEntryOut:
+    return AuditEntryOut(
+        at=entry.at,
+        actor=entry.actor,
+        token_id=entry.token_id,
+        action=entry.action,
+        target=entry.target,
+        detail=entry.detail,
+        source=entry.source,
+        outcome=entry.outcome,
     )
 
 

@@ -44,6 +44,10 @@ class StoreDamagedError(GpufleetError):
         super().__init__(f"the store {where} {problem}", fix)
 
 
+class BackupUnsupportedError(GpufleetError):
+    """A store gpufleet does not copy itself (PostgreSQL): the fix says which tool does."""
+
+
 @dataclass(frozen=True)
 class Inspection:
     """What a store was before this process opened it."""

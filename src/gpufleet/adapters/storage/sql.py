@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from gpufleet.adapters.storage.engine import StoreUnavailableError, make_engine, migrate, parse_url, safe_url
 from gpufleet.adapters.storage.health import (
     BackupInfo,
+    BackupUnsupportedError,
     StoreDamagedError,
     backup_sqlite,
     inspect_postgres,
@@ -85,7 +86,7 @@ class SqlStore(JobTables, ClusterTables, AccessTables):
         """An online backup of the store into `destination` (SQLite; a consistent snapshot taken while the
         control plane keeps writing). PostgreSQL: a GpufleetError that says how to use pg_dump instead."""
         if not self._sqlite:
-            raise GpufleetError(
+            raise BackupUnsupportedError(
                 f"the store is PostgreSQL ({self.url}), which gpufleet does not copy itself", pg_dump_hint(self.url)
             )
         with self._engine.connect() as connection:
