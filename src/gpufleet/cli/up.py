@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 
 from gpufleet.domain.errors import GpufleetError
+from gpufleet.server.limits import MAX_GRACE_S
+from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
 
 DATA_DIR_ENV = "GPUFLEET_DATA_DIR"
 
@@ -39,6 +41,21 @@ def up(
         Path | None, typer.Option(help="An emulated inventory in YAML (several nodes, models, racks).")
     ] = None,
     policy: Annotated[str, typer.Option(help="Scheduling profile (see `gpufleet sim --help`).")] = "default",
+    max_grace: Annotated[
+        str,
+        typer.Option(
+            help="The longest grace_period a job may ask (between its checkpoint signal and SIGKILL), in queues "
+            "whose admin set no maximum (`quota set … --max-grace`)."
+        ),
+    ] = "1h",
+    team_rate: Annotated[
+        float, typer.Option(min=0, help="Requests per second per team or metrics token, on average (0: no limit).")
+    ] = TEAM_RATE.per_s,
+    team_burst: Annotated[float, typer.Option(min=1, help="... and at most this many at once.")] = TEAM_RATE.burst,
+    admin_rate: Annotated[
+        float, typer.Option(min=0, help="Requests per second per admin token, on average (0: no limit).")
+    ] = ADMIN_RATE.per_s,
+    admin_burst: Annotated[float, typer.Option(min=1, help="... and at most this many at once.")] = ADMIN_RATE.burst,
     public_metrics: Annotated[
         bool,
         typer.Option(
@@ -79,6 +96,13 @@ def up(
     console = Console(stderr=True, soft_wrap=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    from gpufleet.server.spec import parse_duration
+
+    try:
+        max_grace_s = parse_duration(max_grace, MAX_GRACE_S)
+    except ValueError as error:
+        typer.echo(f"error: --max-grace {error}", err=True)
+        raise typer.Exit(2) from None
     settings = UpSettings(
         data_dir=(data_dir or default_data_dir()).expanduser(),
         host=host,
@@ -88,6 +112,9 @@ def up(
         inventory_file=inventory,
         policy=policy,
         reset_store=reset_store,
+        max_grace_s=max_grace_s,
+        team_rate=Rate(team_rate, team_burst),
+        admin_rate=Rate(admin_rate, admin_burst),
         public_metrics=public_metrics,
         stop_jobs_on_exit=stop_jobs,
         sample_interval_s=sample_interval,

@@ -23,7 +23,7 @@ from typing import IO, TYPE_CHECKING
 from gpufleet.adapters.clock import WallClock
 from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
-from gpufleet.control.reconciler import Reconciler, StepReport
+from gpufleet.control.reconciler import Reconciler, ReconcilerSettings, StepReport
 from gpufleet.control.target import RECENT_JOBS, learned_target
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
@@ -32,6 +32,8 @@ from gpufleet.policies.catalog import PolicyData, profile
 from gpufleet.ports.admin import JobQuery
 from gpufleet.scheduling.fragmentation import TargetWorkload
 from gpufleet.server.context import ApiContext
+from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
+from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
 from gpufleet.server.store_guard import open_store
 
 if TYPE_CHECKING:
@@ -61,6 +63,9 @@ class UpSettings:
     emulate: str | None = None  # e.g. "8xA100-80GB": an emulated inventory instead of NVML
     inventory_file: Path | None = None  # a YAML inventory (emulated)
     policy: str = "default"
+    max_grace_s: float = DEFAULT_MAX_GRACE_S  # the longest grace_period, in queues without their own maximum
+    team_rate: Rate = TEAM_RATE  # requests per team (and metrics) token: per second, burst
+    admin_rate: Rate = ADMIN_RATE
     public_metrics: bool = False  # serve /metrics without a token even when listening beyond loopback
     reset_store: bool = False  # start over: move a damaged or foreign store aside (see store_guard.py)
     stop_jobs_on_exit: bool = False
@@ -268,7 +273,8 @@ class ControlPlane:
             self.fgd_target = learned_target(recent)
             log.info("FGD target workload: %s", self.fgd_target.source)
             policy = profile(settings.policy, PolicyData(target=self.fgd_target.target))
-            self.reconciler = Reconciler(self.store, self.backend, self.clock, policy)
+            loop_settings = ReconcilerSettings(max_grace_s=settings.max_grace_s)
+            self.reconciler = Reconciler(self.store, self.backend, self.clock, policy, settings=loop_settings)
             self.telemetry = _telemetry(
                 settings, self.store, self.inventory, hostname=_hostname(), target=self.fgd_target.target
             )
@@ -291,6 +297,9 @@ class ControlPlane:
                 metrics=self.telemetry.metrics,
                 metrics_need_token=not (settings.public_metrics or is_loopback(settings.host)),
                 scratch_dir=settings.data_dir,
+                max_grace_s=settings.max_grace_s,
+                team_rate=settings.team_rate,
+                admin_rate=settings.admin_rate,
                 extra={"telemetry": self.telemetry},
             )
         except BaseException:

@@ -110,8 +110,9 @@ def revoke_token(token_id: TokenId, who: Who, svc: Svc) -> TokenOut:
 def snapshot(
     who: Who,
     svc: Svc,
-    since_s: Annotated[float, Query(ge=0, description="Window: jobs submitted in the last this many seconds")] = 7
-    * 86400,
+    since_s: Annotated[
+        float, Query(ge=0, le=1e10, description="Window: jobs submitted in the last this many seconds")
+    ] = 7 * 86400,
 ) -> dict[str, Any]:
     """The cluster for the simulator (admin): nodes, queues, every active job and every job submitted in the
     window, as stored. Replay it with `gpufleet sim --workload snapshot.json`."""

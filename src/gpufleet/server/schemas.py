@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpufleet.server.limits import MAX_PENDING_CAP, MAX_QUOTAS, MAX_WEIGHT
+
 
 class FieldErrorOut(BaseModel):
     field: str
@@ -197,9 +199,17 @@ class QueueIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    quotas: dict[str, float | str | QuotaIn] = Field(default_factory=dict)
-    cohort: str | None = None
-    weight: float = 1.0
+    quotas: dict[str, float | str | QuotaIn] = Field(default_factory=dict, max_length=MAX_QUOTAS)
+    cohort: str | None = Field(None, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, allow_inf_nan=False)
+    max_pending: int | None = Field(
+        None, ge=0, le=MAX_PENDING_CAP, description="The most jobs the queue may have pending at once (null: no cap)."
+    )
+    max_grace: float | str | None = Field(
+        None,
+        description="The longest grace_period its jobs may ask: 30s, 2h or seconds (null: the control plane's "
+        "default, 1h); at most 7d.",
+    )
 
 
 class QuotaOut(BaseModel):
@@ -221,6 +231,8 @@ class QueueOut(BaseModel):
     quotas: dict[str, QuotaOut]
     cohort: str | None
     weight: float
+    max_pending: int | None = None
+    max_grace: float | None = Field(None, description="seconds; null: the control plane's default")
     usage: QueueUsageOut
 
 

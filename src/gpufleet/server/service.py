@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
+import math
 import re
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,12 +32,13 @@ from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.quotas import DEFAULT_QUEUE, GPU_MODEL_PREFIX, QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import RequestKind
-from gpufleet.ports.admin import JobQuery, Role, Token
+from gpufleet.ports.admin import AdminStore, JobQuery, Role, SubmitKey, Token
 from gpufleet.server.audit import Auditor
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
 from gpufleet.server.context import ApiContext
 from gpufleet.server.errors import ConflictError, ForbiddenError, NotFoundError
+from gpufleet.server.ratelimit import RateLimits
 from gpufleet.server.schemas import (
     CancelOut,
     DrainOut,
@@ -51,7 +56,7 @@ from gpufleet.server.schemas import (
     TokenCreatedOut,
     TokenOut,
 )
-from gpufleet.server.spec import JobSpec
+from gpufleet.server.spec import JobSpec, format_duration
 from gpufleet.server.views import (
     HOLDING,
     event_out,
@@ -98,13 +103,36 @@ def index_logs(paths: Sequence[Path], workers: int) -> list[LogFile]:
     return [LogFile(i // per + 1, i % per, path) for i, path in enumerate(paths)]
 
 
+class QueueCache:
+    """Queue specs for checks on the submit path, read from the store at most every `ttl_s` (changes made
+    through this process apply at once; another process's within `ttl_s`)."""
+
+    def __init__(self, store: AdminStore, ttl_s: float = 2.0) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self._specs: dict[str, QueueSpec] = {}
+        self._read_at = -math.inf
+
+    def get(self, name: str) -> QueueSpec | None:
+        now = time.monotonic()
+        if now - self._read_at > self.ttl_s:
+            self._specs = {q.name: q for q in self.store.queues()}
+            self._read_at = now
+        return self._specs.get(name)
+
+    def forget(self) -> None:
+        self._read_at = -math.inf
+
+
 class Service:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
         self.store = ctx.store
         self.auth = Authenticator(ctx.store)
-        self.batcher = SubmitBatcher(ctx.store, ctx.wake)
+        self.batcher = SubmitBatcher(ctx.store, ctx.wake, key_ttl_s=ctx.idempotency_ttl_s)
         self.audit = Auditor(ctx.store, ctx.clock)
+        self.queue_specs = QueueCache(ctx.store)
+        self.limits = RateLimits(team=ctx.team_rate, admin=ctx.admin_rate)
 
     # ------------------------------------------------------------------------------------ helpers
 
@@ -141,12 +169,19 @@ class Service:
 
     # --------------------------------------------------------------------------------------- jobs
 
-    async def submit_async(self, principal: Principal, spec: JobSpec) -> JobOut:
-        """Submit from the event loop: the commit happens in the batcher's thread, grouped with others."""
+    async def submit_async(
+        self, principal: Principal, spec: JobSpec, idempotency_key: str | None = None
+    ) -> tuple[JobOut, bool]:
+        """Submit from the event loop: the commit happens in the batcher's thread, grouped with others.
+        Returns the job and whether it was made by an earlier request with the same idempotency key."""
         job = self.prepare_submit(principal, spec)
+        key = None
+        if idempotency_key is not None:
+            key = SubmitKey(principal.token.id, idempotency_key, request_hash(job.queue, spec))
         for _ in range(5):
             try:
-                return self.submitted(await asyncio.wrap_future(self.batcher.submit(job, job.submitted_at)))
+                record = await asyncio.wrap_future(self.batcher.submit(job, job.submitted_at, key))
+                return self.submitted(record), record.id != job.id
             except SpecError as error:
                 job = self._redraw(job, error)
         raise ConflictError("could not draw a free job id", "submit again")  # pragma: no cover
@@ -158,8 +193,27 @@ class Service:
                 f"token {principal.token.name!r} may submit only to queue {principal.token.queue!r}, not {queue!r}",
                 f"set `queue: {principal.token.queue}` or leave it out",
             )
+        self._check_grace(queue, float(spec.grace_period))
         now = self.ctx.clock.now()
         return spec.to_job(new_job_id(), queue, now)
+
+    def _check_grace(self, queue: str, grace_s: float) -> None:
+        spec = self.queue_specs.get(queue)
+        own = spec.max_grace_s if spec is not None else None
+        most = own if own is not None else self.ctx.max_grace_s
+        if grace_s > most:
+            whose = f"queue {queue!r}'s maximum" if own is not None else "the maximum"
+            raise SpecError(
+                "job spec",
+                (
+                    FieldProblem(
+                        "grace_period",
+                        f"is {format_duration(grace_s)}, above {whose} of {format_duration(most)}",
+                        f"give at most {format_duration(most)} (an admin may change it with "
+                        f"`gpufleet quota set {queue} --max-grace …`)",
+                    ),
+                ),
+            )
 
     @staticmethod
     def _redraw(job: Job, error: SpecError) -> Job:
@@ -310,18 +364,26 @@ class Service:
         code = f" with exit code {record.exit_code}" if record.exit_code is not None else ""
         return f"{state.value}{code}: {record.reason}"
 
-    def cancel(self, principal: Principal, job_id: JobId) -> CancelOut:
+    def cancel(self, principal: Principal, job_id: JobId, *, force: bool = False) -> CancelOut:
+        """Ask the loop to stop a job for good: with its checkpoint signal and grace period, or, `force`d (its
+        owner or an admin), with SIGKILL at once."""
         record = self._visible(principal, job_id)
         if record.state.terminal:
             raise ConflictError(
                 f"job {job_id!r} already {record.state.value}", "nothing to cancel; submit it again to rerun it"
             )
         who = principal.token.name
-        self.store.request(job_id, RequestKind.CANCEL, f"cancelled by {who}", self.ctx.clock.now())
+        kind = RequestKind.FORCE_CANCEL if force else RequestKind.CANCEL
+        self.store.request(job_id, kind, f"by {who}", self.ctx.clock.now())
+        if force:
+            self.audit.record(principal, "job.force_cancel", job_id, {"queue": record.job.queue, "was": record.state})
         self.ctx.wake()
-        return CancelOut(
-            id=job_id, state=record.state.value, requested=True, message="cancel requested; the loop stops it shortly"
+        message = (
+            "force-cancel requested; the loop kills it (SIGKILL) at once"
+            if force
+            else "cancel requested; the loop stops it shortly"
         )
+        return CancelOut(id=job_id, state=record.state.value, requested=True, message=message)
 
     def logs(self, principal: Principal, job_id: JobId, *, worker: int, attempt: int | None, offset: int) -> LogsOut:
         record = self._visible(principal, job_id)
@@ -385,6 +447,7 @@ class Service:
         check_queue_name(name)
         spec = queue_spec(name, body)
         self.store.set_queue(spec)
+        self.queue_specs.forget()
         self.audit.record(principal, "queue.set", name, body.model_dump(exclude_none=True))
         self.ctx.wake()
         usage = queue_usage(self.store.active(), self._nodes())
@@ -396,6 +459,7 @@ class Service:
             raise NotFoundError(f"no queue named {name!r}", "list queues with `gpufleet queues`")
         try:
             self.store.delete_queue(name)
+            self.queue_specs.forget()
         except SpecError as error:
             raise ConflictError(
                 f"queue {name!r} cannot be deleted: " + "; ".join(f.problem for f in error.fields),
@@ -489,6 +553,13 @@ class Service:
             raise StoreUnavailableError(f"the backup failed on the server: {error.message}", error.fix) from None
         self.audit.record(principal, "store.backup", "store", {"bytes": path.stat().st_size})
         return path
+
+
+def request_hash(queue: str, spec: JobSpec) -> str:
+    """What a submit asked for, as a SHA-256: the same spec to the same queue gives the same hash, however the
+    JSON was written."""
+    canonical = json.dumps([queue, spec.model_dump(mode="json")], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def check_queue_name(name: str) -> None:
