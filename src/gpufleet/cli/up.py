@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from gpufleet.cli.safe_text import markup, plain
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.server.limits import MAX_GRACE_S
 from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
@@ -124,7 +125,7 @@ def up(
     try:
         plane = ControlPlane(settings)
     except GpufleetError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {plain(error)}", err=True)
         raise typer.Exit(2) from None
 
     def ready() -> None:
@@ -135,7 +136,7 @@ def up(
         console.print(f"  data: {settings.data_dir}   store: {settings.db_url or 'SQLite (WAL)'}")
         console.print(f"  policy: {settings.policy}   on exit: {'stop jobs' if stop_jobs else 'keep jobs running'}")
         if plane.opened.reset:
-            kept = ", ".join(str(path) for path in plane.opened.moved) or "nothing to move"
+            kept = markup(", ".join(str(path) for path in plane.opened.moved) or "nothing to move")
             console.print(
                 f"  [bold yellow]store reset:[/] started with a new store; the old one was moved aside ({kept}); "
                 "jobs still running from it are stopped"
@@ -162,7 +163,7 @@ def up(
     try:
         plane.serve(on_ready=ready)
     except GpufleetError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {plain(error)}", err=True)
         raise typer.Exit(2) from None
 
 

@@ -19,6 +19,7 @@ import contextlib
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,6 +185,20 @@ def backup_sqlite(source: sqlite3.Connection, destination: Path) -> BackupInfo:
     """Copy a live SQLite database with SQLite's online backup API (a consistent snapshot; writers carry on),
     check the copy, and move it into place readable by its owner only (it holds job environments and token
     hashes). The destination appears whole or not at all."""
+
+    def copy(partial: Path) -> None:
+        target = sqlite3.connect(partial)
+        try:
+            source.backup(target)
+        finally:
+            target.close()
+
+    return write_backup(destination, copy)
+
+
+def write_backup(destination: Path, fill: Callable[[Path], None]) -> BackupInfo:
+    """Create `destination` (mode 0600) through a partial file that `fill` writes a SQLite database into,
+    checked (`PRAGMA quick_check`, the jobs table readable) before it is renamed into place."""
     destination = destination.expanduser()
     if destination.is_dir():
         raise GpufleetError(f"{destination} is a folder", "give the path of the backup file to write")
@@ -194,15 +209,8 @@ def backup_sqlite(source: sqlite3.Connection, destination: Path) -> BackupInfo:
     try:
         descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.close(descriptor)
-        target = sqlite3.connect(partial)
-        try:
-            source.backup(target)
-            problems = [row[0] for row in target.execute("PRAGMA quick_check")]
-            jobs = int(target.execute("SELECT count(*) FROM jobs").fetchone()[0])
-        finally:
-            target.close()
-        if problems != ["ok"]:
-            raise GpufleetError(f"the backup failed its integrity check ({problems[0]})", "check the store, then retry")
+        fill(partial)
+        jobs = _checked_jobs(partial)
         os.replace(partial, destination)
     except OSError as error:
         raise GpufleetError(
@@ -214,6 +222,18 @@ def backup_sqlite(source: sqlite3.Connection, destination: Path) -> BackupInfo:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
     return BackupInfo(destination, destination.stat().st_size, jobs)
+
+
+def _checked_jobs(path: Path) -> int:
+    """How many jobs a backup holds, once SQLite found it whole."""
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        problems = [row[0] for row in connection.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise GpufleetError(f"the backup failed its integrity check ({problems[0]})", "check the store, then retry")
+        return int(connection.execute("SELECT count(*) FROM jobs").fetchone()[0])
+    finally:
+        connection.close()
 
 
 def backup_sqlite_file(store: Path, destination: Path) -> BackupInfo:
