@@ -5,6 +5,7 @@ aside. Real server processes, real SQLite files, real job processes."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -12,18 +13,24 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.bench.api import TOKEN
 from tests.server.live import Live, alive, kill_quietly, start
 
 pytestmark = pytest.mark.slow
 
 
 def up_once(live: Live, *extra: str) -> subprocess.CompletedProcess[str]:
-    """`gpufleet up` on the live data directory, expected to refuse (it would otherwise serve until killed)."""
-    return subprocess.run(
-        [sys.executable, "-m", "gpufleet", "up", "--data-dir", str(live.root / "data"), "--emulate", "8xA100-80GB",
-         "--port", "1", *extra],
-        check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    """`gpufleet up` on the live data directory, expected to refuse. Its port is taken, so that a start that
+    does not refuse fails too, soon after it opened the store, instead of serving until killed."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        return subprocess.run(
+            [sys.executable, "-m", "gpufleet", "up", "--data-dir", str(live.root / "data"), "--emulate",
+             "8xA100-80GB", "--port", port, *extra],
+            check=False, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
 
 
 def running_job(live: Live, gate: Path, **spec: object) -> int:
@@ -57,6 +64,9 @@ def test_an_emptied_store_is_refused_and_reset_store_starts_over_keeping_the_old
         output = live.server.output()
         assert "store reset" in output
         assert "admin token" in output  # a new store: a new first admin token
+        found = TOKEN.search(output)
+        assert found is not None
+        live.server.token = found.group(1)
         moved = [p for p in store.parent.glob("state.db.reset-*") if p.name.endswith("Z")]
         assert [p.stat().st_size for p in moved] == [0]  # the emptied file, kept as it was
         deadline = time.monotonic() + 10
