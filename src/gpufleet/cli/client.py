@@ -9,6 +9,7 @@ import random
 import time
 import tomllib
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,23 +108,30 @@ class Client:
         params: Any = None,
         headers: dict[str, str] | None = None,
         retry_s: float = 0.0,
+        on_retry: Callable[[str], None] | None = None,
     ) -> Any:
         """One API call; its answer's body, or a GpufleetError. With `retry_s`, a call that could not reach the
         control plane, lost its connection, or got 429/503 is sent again (with the same headers, so an
         idempotency key makes that safe) until `retry_s` seconds have passed."""
         deadline = time.monotonic() + retry_s
         pause = 0.2
+        told = False
         while True:
             try:
                 response = self._send(method, path, json_body, params, headers)
-            except GpufleetError:
+            except GpufleetError as error:
                 if time.monotonic() + pause > deadline:
                     raise
+                why = error.message
             else:
                 retry_after = _retry_after(response)
                 if retry_after is None or time.monotonic() + retry_after > deadline:
                     return self._answer(response)
                 pause = max(pause, retry_after)
+                why = f"the control plane answered {response.status_code}"
+            if on_retry is not None and not told:
+                on_retry(f"{why}; retrying for up to {retry_s:g} s")
+                told = True
             time.sleep(pause * random.uniform(1.0, 1.25))
             pause = min(pause * 2, 5.0)
 

@@ -117,7 +117,7 @@ def submit(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it ends; exit 1 unless it succeeded.")] = False,
     retry_for: Annotated[
         float, typer.Option(min=0, help="Seconds to keep retrying when the control plane is unreachable or busy.")
-    ] = 60.0,
+    ] = 30.0,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -134,7 +134,12 @@ def submit(
             spec = spec.model_copy(update={"queue": queue})
         body = spec.model_dump(mode="json", exclude_none=True)
         job = client.call(
-            "POST", "/v1/jobs", json_body=body, headers={IDEMPOTENCY_HEADER: new_idempotency_key()}, retry_s=retry_for
+            "POST",
+            "/v1/jobs",
+            json_body=body,
+            headers={IDEMPOTENCY_HEADER: new_idempotency_key()},
+            retry_s=retry_for,
+            on_retry=lambda note: typer.echo(f"note: {plain(note)} (--retry-for 0: fail at once)", err=True),
         )
         if not as_json:
             typer.echo(f"submitted {plain(job['id'])} to queue {plain(job['queue'])}")
