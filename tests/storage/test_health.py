@@ -60,7 +60,7 @@ def test_a_file_that_is_not_sqlite_or_not_gpufleets_is_refused(tmp_path: Path) -
     other.execute("CREATE TABLE invoices (id INTEGER)")
     other.commit()
     other.close()
-    with pytest.raises(StoreDamagedError, match="not a gpufleet store .*invoices"):
+    with pytest.raises(StoreDamagedError, match=r"not a gpufleet store .*invoices"):
         SqlStore.open(f"sqlite:///{path}")
 
 
