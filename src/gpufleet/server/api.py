@@ -199,7 +199,11 @@ def create_app(ctx: ApiContext) -> FastAPI:
             403: "forbidden",
             413: "body_too_large",
         }
-        fixes = {404: "see /docs for the API's paths", 405: "see /docs for the methods this path takes"}
+        fixes = {
+            400: "send a JSON object no deeper than a job spec needs",  # a body FastAPI could not even parse
+            404: "see /docs for the API's paths",
+            405: "see /docs for the methods this path takes",
+        }
         message = str(error.detail)
         if error.status_code in fixes:
             message = f"{message}; to fix: {fixes[error.status_code]}"

@@ -393,7 +393,9 @@ class JobSpec(BaseModel):
                     raise _BadValueError(f"{key} contains a NUL character", f"remove it from {key}")
         return data
 
-    @field_validator("gpus", "cpu", "workers", "min_workers", "priority", "retries", mode="before")
+    @field_validator(
+        "gpus", "cpu", "workers", "min_workers", "priority", "retries", "memory", "gpu_memory", mode="before"
+    )
     @classmethod
     def _not_a_boolean(cls, value: object, info: ValidationInfo) -> object:
         # JSON's true would otherwise be read as 1 (a job asking `gpus: true` got one GPU).
