@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpufleet.server.limits import MAX_PENDING_CAP, MAX_QUOTAS, MAX_WEIGHT
 
@@ -185,12 +185,21 @@ class LogsOut(BaseModel):
 # ------------------------------------------------------------------------------------------ queues
 
 
+def _not_a_boolean(value: object) -> object:
+    # JSON's true would otherwise be read as 1.
+    if isinstance(value, bool):
+        raise ValueError(f"is {str(value).lower()}; to fix: give a number")
+    return value
+
+
 class QuotaIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     nominal: float | str | None = None
     borrowing_limit: float | str | None = None
     lending_limit: float | str | None = None
+
+    _numbers = field_validator("nominal", "borrowing_limit", "lending_limit", mode="before")(_not_a_boolean)
 
 
 class QueueIn(BaseModel):
@@ -210,6 +219,16 @@ class QueueIn(BaseModel):
         description="The longest grace_period its jobs may ask: 30s, 2h or seconds (null: the control plane's "
         "default, 1h); at most 7d.",
     )
+
+    _numbers = field_validator("weight", "max_pending", "max_grace", mode="before")(_not_a_boolean)
+
+    @field_validator("quotas", mode="before")
+    @classmethod
+    def _quota_numbers(cls, value: object) -> object:
+        if isinstance(value, dict):
+            for amount in value.values():
+                _not_a_boolean(amount)
+        return value
 
 
 class QuotaOut(BaseModel):

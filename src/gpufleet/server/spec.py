@@ -394,8 +394,9 @@ class JobSpec(BaseModel):
         return data
 
     @field_validator(
-        "gpus", "cpu", "workers", "min_workers", "priority", "retries", "memory", "gpu_memory", mode="before"
-    )
+        "gpus", "cpu", "workers", "min_workers", "priority", "retries", "memory", "gpu_memory", "grace_period",
+        "max_runtime", "checkpoint_interval", "expected_duration", mode="before",
+    )  # fmt: skip
     @classmethod
     def _not_a_boolean(cls, value: object, info: ValidationInfo) -> object:
         # JSON's true would otherwise be read as 1 (a job asking `gpus: true` got one GPU).
