@@ -12,6 +12,7 @@ from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import AdminStore, Role, Token
 from gpufleet.server.errors import ForbiddenError, NotFoundError, UnauthorizedError
+from gpufleet.server.spec import has_control
 
 SECRET_PREFIX = "gf_"
 # How long a looked-up token is trusted without asking the store again. Revocations made through this
@@ -36,6 +37,8 @@ def create_token(store: AdminStore, clock: Clock, name: str, role: Role, queue: 
     problems: list[FieldProblem] = []
     if not name.strip():
         problems.append(FieldProblem("name", "is empty", "name the token after its team or user, e.g. team-a-ci"))
+    elif has_control(name):
+        problems.append(FieldProblem("name", "contains control characters", "use printable characters only"))
     if role is Role.TEAM and not queue:
         problems.append(FieldProblem("queue", "is missing for a team token", "name the team's queue"))
     if role is not Role.TEAM and queue:

@@ -190,6 +190,8 @@ def backup_sqlite(source: sqlite3.Connection, destination: Path) -> BackupInfo:
         target = sqlite3.connect(partial)
         try:
             source.backup(target)
+            # One self-contained file: the copy would otherwise keep the store's WAL mode, and files beside it.
+            target.execute("PRAGMA journal_mode=DELETE")
         finally:
             target.close()
 
@@ -219,14 +221,15 @@ def write_backup(destination: Path, fill: Callable[[Path], None]) -> BackupInfo:
     except sqlite3.Error as error:
         raise GpufleetError(f"the backup failed: {error}", "check the store and the destination, then retry") from None
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
+        for leftover in (partial, *(partial.with_name(partial.name + side) for side in SIDE_FILES)):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
     return BackupInfo(destination, destination.stat().st_size, jobs)
 
 
 def _checked_jobs(path: Path) -> int:
     """How many jobs a backup holds, once SQLite found it whole."""
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    connection = sqlite3.connect(path)
     try:
         problems = [row[0] for row in connection.execute("PRAGMA quick_check")]
         if problems != ["ok"]:
