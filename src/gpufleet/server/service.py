@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
 import math
 import re
 import secrets
@@ -556,10 +555,9 @@ class Service:
 
 
 def request_hash(queue: str, spec: JobSpec) -> str:
-    """What a submit asked for, as a SHA-256: the same spec to the same queue gives the same hash, however the
-    JSON was written."""
-    canonical = json.dumps([queue, spec.model_dump(mode="json")], sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    """What a submit asked for, as a SHA-256 of the validated spec (fields in the model's order) and its queue:
+    the same request gives the same hash however its JSON was spaced or its fields ordered."""
+    return hashlib.sha256(f"{queue}\n{spec.model_dump_json()}".encode()).hexdigest()
 
 
 def check_queue_name(name: str) -> None:

@@ -71,6 +71,11 @@ _NOTICES = (
     .order_by(t.notices.c.id)
 )
 _K = t.idempotency_keys.c
+_KEYS_OF_TOKEN = sa.select(_K.key, _K.body_hash, _K.job_id, _K.created_at).where(
+    _K.token_id == sa.bindparam("token"), _K.key.in_(sa.bindparam("keys", expanding=True))
+)
+_DELETE_KEY = sa.delete(t.idempotency_keys).where(_K.token_id == sa.bindparam("token"), _K.key == sa.bindparam("key"))
+_INSERT_KEYS = sa.insert(t.idempotency_keys)
 _PENDING_IN_QUEUE = (
     sa.select(sa.func.count()).select_from(t.jobs).where(_J.queue == sa.bindparam("queue"), _J.state == "pending")
 )
@@ -131,7 +136,7 @@ class JobTables(SqlBase):
         """Check and insert `jobs` (one batch) inside the transaction `c`."""
         specs = {q: c.execute(_QUEUE_IN_USE, {"name": q}).scalar() for q in sorted({j.queue for j in jobs})}
         room: dict[str, int | None] = {}
-        stored_keys = _stored_keys(c, [k for k in keys if k is not None], at - key_ttl_s)
+        stored_keys, expired = _stored_keys(c, [k for k in keys if k is not None], at - key_ttl_s)
         batch_keys: dict[tuple[str, str], tuple[str, int]] = {}  # (token, key) -> body hash, first job's index
         replays: dict[int, str | int] = {}  # index -> the job id a stored key made, or the batch index that did
         results: list[JobRecord | GpufleetError] = []
@@ -180,7 +185,7 @@ class JobTables(SqlBase):
             c.execute(_INSERT_JOB, [_job_row(results[i]) for i in accepted])  # type: ignore[arg-type]
             new_keys = [(keys[i], results[i]) for i in accepted if keys[i] is not None]
             if new_keys:
-                _insert_keys(c, new_keys, at)
+                _insert_keys(c, new_keys, expired, at)
         for index, made in replays.items():
             if isinstance(made, int):
                 results[index] = results[made]
@@ -344,24 +349,33 @@ def _transition_row(tr: Transition) -> dict[str, Any]:
     return {"job_id": tr.job_id, "source": tr.source.value, "target": tr.target.value, "reason": tr.reason, "at": tr.at}
 
 
-def _stored_keys(c: sa.Connection, keys: Sequence[SubmitKey], since: float) -> dict[tuple[str, str], tuple[str, str]]:
-    """The stored keys among `keys` made at or after `since`: (token, key) -> (body hash, job id)."""
-    if not keys:
-        return {}
-    pairs = sorted({(k.token_id, k.key) for k in keys})
+def _stored_keys(
+    c: sa.Connection, keys: Sequence[SubmitKey], since: float
+) -> tuple[dict[tuple[str, str], tuple[str, str]], set[tuple[str, str]]]:
+    """The stored keys among `keys`: those made at or after `since`, (token, key) -> (body hash, job id); and
+    those made before it (expired: the new job replaces them). One look-up per token, on the primary key."""
+    wanted: dict[str, set[str]] = {}
+    for key in keys:
+        wanted.setdefault(key.token_id, set()).add(key.key)
     found: dict[tuple[str, str], tuple[str, str]] = {}
-    for start in range(0, len(pairs), CHUNK // 2):
-        rows = c.execute(
-            sa.select(_K.token_id, _K.key, _K.body_hash, _K.job_id).where(
-                sa.tuple_(_K.token_id, _K.key).in_(pairs[start : start + CHUNK // 2]), _K.created_at >= since
-            )
-        )
-        found.update(((row.token_id, row.key), (row.body_hash, row.job_id)) for row in rows)
-    return found
+    expired: set[tuple[str, str]] = set()
+    for token_id, token_keys in sorted(wanted.items()):
+        listed = sorted(token_keys)
+        for start in range(0, len(listed), CHUNK):
+            rows = c.execute(_KEYS_OF_TOKEN, {"token": token_id, "keys": listed[start : start + CHUNK]})
+            for row in rows:
+                if row.created_at >= since:
+                    found[(token_id, row.key)] = (row.body_hash, row.job_id)
+                else:
+                    expired.add((token_id, row.key))
+    return found, expired
 
 
 def _insert_keys(
-    c: sa.Connection, made: Sequence[tuple[SubmitKey | None, JobRecord | GpufleetError]], at: float
+    c: sa.Connection,
+    made: Sequence[tuple[SubmitKey | None, JobRecord | GpufleetError]],
+    expired: set[tuple[str, str]],
+    at: float,
 ) -> None:
     rows = [
         {"token_id": k.token_id, "key": k.key, "body_hash": k.body_hash, "job_id": r.id, "created_at": at}
@@ -369,14 +383,10 @@ def _insert_keys(
         if k is not None and isinstance(r, JobRecord)
     ]
     # An expired key of the same name is replaced: the new job is what it names from now on.
-    for start in range(0, len(rows), CHUNK // 2):
-        chunk = rows[start : start + CHUNK // 2]
-        c.execute(
-            sa.delete(t.idempotency_keys).where(
-                sa.tuple_(_K.token_id, _K.key).in_([(r["token_id"], r["key"]) for r in chunk])
-            )
-        )
-    c.execute(sa.insert(t.idempotency_keys), rows)
+    gone = [{"token": r["token_id"], "key": r["key"]} for r in rows if (r["token_id"], r["key"]) in expired]
+    if gone:
+        c.execute(_DELETE_KEY, gone)
+    c.execute(_INSERT_KEYS, rows)
 
 
 def _pending_room(c: sa.Connection, queue: str, spec: Mapping[str, Any] | None) -> int | None:

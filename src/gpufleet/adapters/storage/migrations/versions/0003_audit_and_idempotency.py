@@ -44,14 +44,12 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name="fk_idempotency_keys_job_id_jobs"),
         sa.PrimaryKeyConstraint("token_id", "key", name="pk_idempotency_keys"),
     )
-    op.create_index("ix_idempotency_keys_created_at", "idempotency_keys", ["created_at"])
 
     op.create_index("ix_jobs_queue_state", "jobs", ["queue", "state"])
 
 
 def downgrade() -> None:
     op.drop_index("ix_jobs_queue_state", table_name="jobs")
-    op.drop_index("ix_idempotency_keys_created_at", table_name="idempotency_keys")
     op.drop_table("idempotency_keys")
     op.drop_index("ix_audit_at", table_name="audit")
     op.drop_table("audit")
