@@ -71,6 +71,7 @@ def open_store(data_dir: Path, url: str, *, reset: bool = False, actor: str = "l
             error.fix,
         ) from None
     try:
+        _check_records(store, where)
         _check_identity(data_dir, store, where, reset=reset)
     except BaseException:
         store.close()
@@ -79,6 +80,24 @@ def open_store(data_dir: Path, url: str, *, reset: bool = False, actor: str = "l
         detail = json.dumps({"moved": [str(p) for p in moved]} if moved else {"store": where})
         store.audit(AuditEntry(time.time(), actor, "store.reset", where, detail))
     return OpenedStore(store, reset, tuple(moved))
+
+
+def _check_records(store: SqlStore, where: str) -> None:
+    """Every record the loop reads at start must decode: SQLite's integrity check sees pages, not the JSON in
+    them, and the executor must not be told the wrong set of running jobs."""
+    try:
+        store.nodes()
+        store.queues()
+        store.active()
+    except GpufleetError:
+        raise
+    except Exception as error:  # a record that does not decode (KeyError, ValueError, TypeError, …)
+        raise StoreRefusedError(
+            f"the store {where} holds a record that cannot be read ({type(error).__name__}: {error}); gpufleet did "
+            "not start, so that no job still running is stopped on the word of a damaged store",
+            "restore it from a backup (see `gpufleet backup`), or start over on purpose with `gpufleet up "
+            "--reset-store`",
+        ) from None
 
 
 def _check_identity(data_dir: Path, store: SqlStore, where: str, *, reset: bool) -> None:
