@@ -138,6 +138,8 @@ idempotency_keys = sa.Table(
     sa.Column("job_id", sa.String(), sa.ForeignKey("jobs.id"), nullable=False),
     # No index on created_at: a submit looks keys up by (token, key); the clean-up every 10 minutes scans.
     sa.Column("created_at", sa.Float(), nullable=False),
+    # On SQLite the rows live in the primary key's b-tree itself: one b-tree written per key, not two.
+    sqlite_with_rowid=False,
 )
 
 # Counters: `cluster_version` (bumped on any queue or node change), `submit_seq` and `request_seq` (the

@@ -43,6 +43,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name="fk_idempotency_keys_job_id_jobs"),
         sa.PrimaryKeyConstraint("token_id", "key", name="pk_idempotency_keys"),
+        sqlite_with_rowid=False,
     )
 
     op.create_index("ix_jobs_queue_state", "jobs", ["queue", "state"])
