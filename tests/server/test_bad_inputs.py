@@ -174,7 +174,14 @@ CASES = [
     Case("queue change by a team", "PUT", "/v1/queues/team-a", {"quotas": {"gpu": 99}}),
     Case("token name of 10 KB", "POST", "/v1/tokens", {"name": "t" * 10_000}, who="admin", names="name"),
     Case("token role root", "POST", "/v1/tokens", {"name": "x", "role": "root"}, who="admin", names="role"),
-    Case("token name with an escape", "POST", "/v1/tokens", {"name": "\x1b[2J"}, who="admin", names="name"),
+    Case(
+        "token name with an escape",
+        "POST",
+        "/v1/tokens",
+        {"name": "\x1b[2J", "role": "team", "queue": "team-a"},
+        who="admin",
+        names="name",
+    ),
     Case(
         "admin token with a queue",
         "POST",
