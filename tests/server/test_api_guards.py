@@ -240,3 +240,14 @@ def test_metrics_beyond_loopback_need_a_metrics_or_admin_token(api: Api) -> None
         "/v1/tokens", json={"name": "prom3", "role": "metrics", "queue": "team-a"}, headers=api.as_admin()
     )
     assert assert_error(queued, 422)["fields"][0]["field"] == "queue"
+
+
+def test_a_metrics_token_cannot_sign_in_to_the_dashboard(api: Api) -> None:
+    """The web pages use the same service as the API: a metrics token must not see jobs through them either."""
+    _, scraper = create_token(api.store, api.clock, "prometheus", Role.METRICS, None)
+    api.client.cookies.set("gpufleet_session", scraper)
+    answer = api.client.get("/jobs", follow_redirects=False)
+    assert answer.status_code in (302, 303, 307)
+    assert "why=metrics" in answer.headers["location"]
+    api.client.cookies.set("gpufleet_session", api.team_a)
+    assert api.client.get("/jobs", follow_redirects=False).status_code == 200

@@ -133,6 +133,23 @@ def bench_api(
     print_result(result, as_json)
 
 
+@bench_app.command("web")
+def bench_web(
+    jobs: int = typer.Option(10_000, min=100, help="Jobs in the store before the pages are timed."),
+    repeats: int = typer.Option(5, min=1, help="Requests per page (the first and the best are reported)."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """Server time to render each dashboard page with many jobs in the store (goal: 300 ms each)."""
+    from gpufleet.bench import web
+
+    try:
+        result = web.run(jobs, repeats)
+    except GpufleetError as error:
+        fail(error)
+        return
+    print_result(result, as_json)
+
+
 @bench_app.command("store")
 def bench_store(
     jobs: int = typer.Option(2000, min=1, help="Jobs submitted and written."),

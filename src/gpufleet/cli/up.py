@@ -90,6 +90,13 @@ def up(
     idle_window: Annotated[
         float, typer.Option(min=0.01, help="... and flagged reserved-but-idle after this many seconds.")
     ] = 1800.0,
+    root_path: Annotated[
+        str,
+        typer.Option(
+            help="The path prefix a reverse proxy serves gpufleet under, e.g. /gpufleet (a proxy may also send "
+            "X-Forwarded-Prefix); the dashboard's links and cookie use it."
+        ),
+    ] = "",
 ) -> None:
     """Start the control plane: HTTP API, scheduling loop and local executor, on embedded defaults."""
     from gpufleet.server.control_plane import ControlPlane, UpSettings, is_loopback
@@ -121,6 +128,7 @@ def up(
         sample_interval_s=sample_interval,
         idle_threshold_pct=idle_threshold,
         idle_window_s=idle_window,
+        root_path=_root_path(root_path),
     )
     try:
         plane = ControlPlane(settings)
@@ -132,6 +140,7 @@ def up(
         gpus = sum(len(node.gpus) for node in plane.inventory.nodes)
         label = " [bold yellow](EMULATED)[/]" if plane.inventory.emulated else ""
         console.print(f"gpufleet control plane at [bold]{settings.url}[/]")
+        console.print(f"  dashboard: {settings.url}/   API: {settings.url}/docs")
         console.print(f"  GPUs: {gpus} on {len(plane.inventory.nodes)} node(s), {plane.inventory.source}{label}")
         console.print(f"  data: {settings.data_dir}   store: {settings.db_url or 'SQLite (WAL)'}")
         console.print(f"  policy: {settings.policy}   on exit: {'stop jobs' if stop_jobs else 'keep jobs running'}")
@@ -165,6 +174,21 @@ def up(
     except GpufleetError as error:
         typer.echo(f"error: {plain(error)}", err=True)
         raise typer.Exit(2) from None
+
+
+def _root_path(text: str) -> str:
+    """`/gpufleet`, `gpufleet/` and `/gpufleet/` all mean the prefix `/gpufleet`; `/` or nothing, none."""
+    from gpufleet.server.web.prefix import clean_prefix
+
+    cleaned = clean_prefix(text)
+    if cleaned is None:
+        typer.echo(
+            f"error: --root-path {text!r} is not a URL path; to fix: give a path such as /gpufleet "
+            "(letters, digits, '-', '_', '.', '~' between slashes)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return cleaned
 
 
 def _save_client_config(url: str, token: str) -> Path | None:

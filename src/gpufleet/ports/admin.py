@@ -53,6 +53,16 @@ class Notice:
     at: float
 
 
+class JobOrder(enum.StrEnum):
+    """What a job listing is sorted by; ties are broken by submission order."""
+
+    SUBMITTED = "submitted"
+    NAME = "name"
+    QUEUE = "queue"
+    STATE = "state"
+    USER = "user"
+
+
 @dataclass(frozen=True, slots=True)
 class SubmitKey:
     """A submit's `Idempotency-Key`, per token, with the SHA-256 of what was asked (to tell a retry of the
@@ -80,11 +90,19 @@ class AuditEntry:
 
 @dataclass(frozen=True, slots=True)
 class JobQuery:
+    """Filters (all given ones must hold), an order and a page. `before_seq` pages newest first by keys;
+    `offset` skips that many matches in the chosen order (pages of a sorted table)."""
+
     queue: str | None = None
     states: frozenset[JobState] = frozenset()
-    name: str | None = None
+    name: str | None = None  # exact name
     limit: int = 100
     before_seq: int | None = None  # paging: jobs submitted before this `submit_seq`, newest first
+    user: str | None = None  # exact submitter (token name)
+    name_contains: str | None = None  # part of the name, any case
+    order: JobOrder = JobOrder.SUBMITTED
+    ascending: bool = False
+    offset: int = 0
 
 
 class AdminStore(StateStore, Protocol):
@@ -143,7 +161,16 @@ class AdminStore(StateStore, Protocol):
     def revoke_token(self, token_id: str) -> None: ...
 
     def jobs(self, query: JobQuery) -> Sequence[JobRecord]:
-        """Jobs matching the query, newest first."""
+        """Jobs matching the query, in its order (default newest first)."""
+        ...
+
+    def count_jobs(self, query: JobQuery) -> int:
+        """How many jobs match the query's filters (its order and page ignored)."""
+        ...
+
+    def pending_ahead(self, queue: str, priority: int, submit_seq: int, limit: int) -> tuple[int, list[str]]:
+        """The pending jobs of `queue` that go before a job of `priority` submitted at `submit_seq` (higher
+        priority first, then earlier submission): how many, and the ids of the first `limit` in that order."""
         ...
 
     def add_notice(self, notice: Notice) -> None:

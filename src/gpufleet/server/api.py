@@ -77,12 +77,12 @@ async def principal(  # async: tokens are cached; a miss is one indexed read
     return who
 
 
-def authenticate(svc: Service, request: Request) -> Principal:
-    """The caller's principal, within its token's rate limit (429 beyond it; failed attempts are limited
-    per address)."""
+def authenticate(svc: Service, request: Request, authorization: str | None = None) -> Principal:
+    """The caller's principal (from `authorization`, or the request's header), within its token's rate limit
+    (429 beyond it; failed attempts are limited per address)."""
     address = client_address(request)
     try:
-        who = svc.auth.authenticate(request.headers.get("authorization"), address)
+        who = svc.auth.authenticate(authorization or request.headers.get("authorization"), address)
     except UnauthorizedError:
         svc.limits.check_failed_auth(address)
         raise
@@ -149,6 +149,7 @@ def _known_fields(request: Request) -> tuple[str, ...]:
 
 def create_app(ctx: ApiContext) -> FastAPI:
     from gpufleet.server import routes_admin, routes_jobs, routes_telemetry
+    from gpufleet.server.web import mount_web
 
     app = FastAPI(
         title="gpufleet",
@@ -236,4 +237,5 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_jobs.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_admin.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_telemetry.router, prefix="/v1", responses=ERRORS)
+    mount_web(app)  # the dashboard at `/`, over the same service
     return app

@@ -33,6 +33,8 @@ class ApiContext:
     team_rate: Rate = TEAM_RATE  # requests per token of each role (see ratelimit.py)
     admin_rate: Rate = ADMIN_RATE
     idempotency_ttl_s: float = IDEMPOTENCY_TTL_S  # how long a submit's Idempotency-Key is remembered
+    # Where `up` keeps its state; the dashboard opens simulation results under it (None: no such folder).
+    data_dir: Path | None = None
     extra: dict[str, object] = field(default_factory=dict)
     # Where the API writes temporary files (a backup on its way to the client); None: the system's temp dir.
     scratch_dir: Path | None = None

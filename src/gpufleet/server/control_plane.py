@@ -77,6 +77,7 @@ class UpSettings:
     idle_window_s: float = 1800.0  # ... for this long is flagged reserved-but-idle
     usage_flush_s: float = 60.0  # how often measured GPU usage is added to the store
     min_step_s: float = 0.01  # under a burst of API calls, one step per this long decides them together
+    root_path: str = ""  # the path prefix a reverse proxy serves us under, e.g. /gpufleet
 
     @property
     def url(self) -> str:
@@ -300,6 +301,7 @@ class ControlPlane:
                 max_grace_s=settings.max_grace_s,
                 team_rate=settings.team_rate,
                 admin_rate=settings.admin_rate,
+                data_dir=settings.data_dir,
                 extra={"telemetry": self.telemetry},
             )
         except BaseException:
@@ -313,7 +315,13 @@ class ControlPlane:
 
         check_listen(self.settings.host, self.settings.port)
         app = create_app(self.context)
-        config = uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
+        config = uvicorn.Config(
+            app,
+            host=self.settings.host,
+            port=self.settings.port,
+            log_level="warning",
+            root_path=self.settings.root_path,
+        )
         server = uvicorn.Server(config)
         # Uvicorn re-raises the signal that stopped it once it is done; with the default handlers that
         # would kill the process before the executor is shut down. Ours only note it.

@@ -81,6 +81,7 @@ class JobOut(BaseModel):
     id: str
     name: str
     queue: str
+    user: str = Field("", description="Who submitted it: the name of the token used (empty if unknown).")
     state: str
     reason: str
     waiting_code: str
@@ -243,6 +244,7 @@ class QueueUsageOut(BaseModel):
     gpus: float
     cpu: float
     memory: int
+    gpus_by_model: dict[str, float] = Field(default_factory=dict, description="GPUs held now, per GPU model.")
 
 
 class QueueOut(BaseModel):

@@ -64,6 +64,7 @@ def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
         id=job.id,
         name=job.name,
         queue=job.queue,
+        user=job.user,
         state=record.state.value,
         reason=record.reason,
         waiting_code=record.waiting_code,
@@ -256,6 +257,11 @@ def queue_out(spec: QueueSpec, use: Mapping[str, int]) -> QueueOut:
             gpus=use.get(GPU, 0) / MILLI_PER_GPU,
             cpu=use.get(CPU, 0) / 1000,
             memory=use.get(MEMORY, 0),
+            gpus_by_model={
+                key.removeprefix(GPU_MODEL_PREFIX): milli / MILLI_PER_GPU
+                for key, milli in sorted(use.items())
+                if key.startswith(GPU_MODEL_PREFIX)
+            },
         ),
     )
 

@@ -120,6 +120,7 @@ def encode_job(job: Job) -> Json:
         "job_type": job.job_type,
         "name": job.name,
         "run": None if job.run is None else encode_run(job.run),
+        "user": job.user,
     }
 
 
@@ -139,6 +140,7 @@ _JOB_READERS: dict[str, Callable[[Any], Any]] = {
     "job_type": str,
     "name": str,
     "run": lambda v: None if v is None else decode_run(v),
+    "user": str,  # absent in records written before it existed: "" (unknown)
 }
 
 

@@ -4,7 +4,8 @@ The migrations in `migrations/versions` create these tables; a test compares the
 this metadata, so the two cannot drift apart.
 
 Each job is one row: its whole `JobRecord` as JSON (`record`, written by `codec`) plus copies of the
-fields that queries filter or order on (`seq`, `queue`, `name`, `state`, `version`), kept in step with the
+fields that queries filter or order on (`seq`, `queue`, `name`, `state`, `version`, `priority`, `username`),
+kept in step with the
 JSON by every write. `seq` is the submission order (`Job.submit_seq`), handed out from the `submit_seq`
 counter in `meta`; see `sql.py` for why a counter row and not an autoincrement.
 """
@@ -36,12 +37,16 @@ jobs = sa.Table(
     sa.Column("version", sa.Integer(), nullable=False),
     sa.Column("submitted_at", sa.Float(), nullable=False),
     sa.Column("record", sa.JSON(), nullable=False),
-    # The loop reads active jobs in submission order; the API pages by queue, state or name, newest first.
+    sa.Column("priority", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("username", sa.String(), nullable=False, server_default=""),  # who submitted it (token name)
+    # The loop reads active jobs in submission order; the API pages by queue, state, name or submitter, newest
+    # first; `explain` counts the waiting jobs ahead of one in its queue (higher priority, then earlier).
     sa.Index(None, "state", "seq"),
     sa.Index(None, "queue", "seq"),
     sa.Index(None, "name", "seq"),
-    # A queue's pending jobs are counted at each submit when an admin capped them.
-    sa.Index(None, "queue", "state"),
+    # Also what a queue's pending jobs are counted on at each submit, when an admin capped them.
+    sa.Index(None, "queue", "state", "priority", "seq"),
+    sa.Index(None, "username", "seq"),
 )
 
 transitions = sa.Table(

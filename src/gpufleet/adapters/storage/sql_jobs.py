@@ -24,7 +24,7 @@ from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import Request, RequestKind, StaleWriteError
-from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, JobQuery, Notice, SubmitKey
+from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, JobOrder, JobQuery, Notice, SubmitKey
 
 # The loop's and the API's hot paths run these statements, built once: building a statement costs more
 # than SQLite takes to run it (about 65 µs against 15 µs for a look-up by key).
@@ -53,6 +53,8 @@ _REPLACE = (
     .values(
         queue=sa.bindparam("b_queue"),
         name=sa.bindparam("b_name"),
+        priority=sa.bindparam("b_priority"),
+        username=sa.bindparam("b_username"),
         state=sa.bindparam("b_state"),
         version=sa.bindparam("b_version"),
         record=sa.bindparam("b_record", type_=sa.JSON()),
@@ -257,6 +259,8 @@ class JobTables(SqlBase):
                 "b_expected": expected,
                 "b_queue": r.job.queue,
                 "b_name": r.job.name,
+                "b_priority": r.job.priority,
+                "b_username": r.job.user,
                 "b_state": r.state.value,
                 "b_version": r.version,
                 "b_record": encode_record(r),
@@ -295,22 +299,44 @@ class JobTables(SqlBase):
     # --- AdminStore: job queries and notices -------------------------------------------------------------
 
     def jobs(self, query: JobQuery) -> Sequence[JobRecord]:
-        """Jobs matching every given filter (queue, any of the states, exact name), newest first, at most
-        `query.limit`; `before_seq` pages on from the last page's oldest `submit_seq`."""
+        """Jobs matching every given filter (queue, any of the states, exact name, submitter, part of the
+        name), in the query's order (newest first by default), at most `query.limit` after skipping
+        `query.offset`; `before_seq` pages on from the last page's oldest `submit_seq`."""
+        problems = []
         if query.limit < 1:
-            raise SpecError("job query", (FieldProblem("limit", f"is {query.limit}", "ask for 1 or more jobs"),))
-        statement = sa.select(t.jobs.c.record)
-        if query.queue is not None:
-            statement = statement.where(t.jobs.c.queue == query.queue)
-        if query.states:
-            statement = statement.where(t.jobs.c.state.in_(sorted(JobState(s).value for s in query.states)))
-        if query.name is not None:
-            statement = statement.where(t.jobs.c.name == query.name)
-        if query.before_seq is not None:
-            statement = statement.where(t.jobs.c.seq < query.before_seq)
+            problems.append(FieldProblem("limit", f"is {query.limit}", "ask for 1 or more jobs"))
+        if query.offset < 0:
+            problems.append(FieldProblem("offset", f"is {query.offset}", "give 0 or more"))
+        if problems:
+            raise SpecError("job query", tuple(problems))
+        key = _ORDER_COLUMNS[JobOrder(query.order)]
+        seq = t.jobs.c.seq.asc() if query.ascending else t.jobs.c.seq.desc()
+        ordering = [seq] if key is None else [key.asc() if query.ascending else key.desc(), seq]
+        statement = _filtered(sa.select(t.jobs.c.record), query).order_by(*ordering)
+        statement = statement.limit(query.limit).offset(query.offset or None)
         with self._tx(write=False) as c:
-            rows = c.execute(statement.order_by(t.jobs.c.seq.desc()).limit(query.limit)).scalars().all()
+            rows = c.execute(statement).scalars().all()
         return [decode_record(r) for r in rows]
+
+    def count_jobs(self, query: JobQuery) -> int:
+        statement = _filtered(sa.select(sa.func.count()).select_from(t.jobs), query)
+        with self._tx(write=False) as c:
+            return int(c.execute(statement).scalar_one())
+
+    def pending_ahead(self, queue: str, priority: int, submit_seq: int, limit: int) -> tuple[int, list[str]]:
+        # Counted on an index: a queue of many thousand waiting jobs is not decoded to rank one of them.
+        prio = t.jobs.c.priority
+        ahead = sa.and_(
+            t.jobs.c.queue == queue,
+            t.jobs.c.state == JobState.PENDING.value,
+            sa.or_(prio > priority, sa.and_(prio == priority, t.jobs.c.seq < submit_seq)),
+        )
+        with self._tx(write=False) as c:
+            count = int(c.execute(sa.select(sa.func.count()).select_from(t.jobs).where(ahead)).scalar_one())
+            first = c.execute(
+                sa.select(t.jobs.c.id).where(ahead).order_by(prio.desc(), t.jobs.c.seq.asc()).limit(limit)
+            ).scalars()
+            return count, [str(job_id) for job_id in first]
 
     def add_notice(self, notice: Notice) -> None:
         with self._tx(write=True) as c:
@@ -332,6 +358,37 @@ class JobTables(SqlBase):
         return tuple(Notice(r.job_id, r.kind, r.message, r.at) for r in rows)
 
 
+# --- job queries -------------------------------------------------------------------------------------------
+
+
+_ORDER_COLUMNS: dict[JobOrder, Any] = {
+    JobOrder.SUBMITTED: None,
+    JobOrder.NAME: t.jobs.c.name,
+    JobOrder.QUEUE: t.jobs.c.queue,
+    JobOrder.STATE: t.jobs.c.state,
+    JobOrder.USER: t.jobs.c.username,
+}
+
+
+def _filtered(statement: Any, query: JobQuery) -> Any:
+    if query.queue is not None:
+        statement = statement.where(t.jobs.c.queue == query.queue)
+    if query.states:
+        statement = statement.where(t.jobs.c.state.in_(sorted(JobState(s).value for s in query.states)))
+    if query.name is not None:
+        statement = statement.where(t.jobs.c.name == query.name)
+    if query.name_contains:
+        statement = statement.where(t.jobs.c.name.icontains(query.name_contains, autoescape=True))
+    if query.user is not None:
+        statement = statement.where(t.jobs.c.username == query.user)
+    if query.before_seq is not None:
+        statement = statement.where(t.jobs.c.seq < query.before_seq)
+    return statement
+
+
+# --- rows ----------------------------------------------------------------------------------------------------
+
+
 def _job_row(record: JobRecord) -> dict[str, Any]:
     return {
         "id": record.id,
@@ -342,6 +399,8 @@ def _job_row(record: JobRecord) -> dict[str, Any]:
         "version": record.version,
         "submitted_at": record.submitted_at,
         "record": encode_record(record),
+        "priority": record.job.priority,
+        "username": record.job.user,
     }
 
 

@@ -1,7 +1,7 @@
-"""The audit log of admin actions, idempotency keys of submits, and an index to count a queue's pending jobs.
+"""The audit log of admin actions and the idempotency keys of submits.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2027-01-15
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0003"
-down_revision: str | None = "0002"
+revision: str = "0004"
+down_revision: str | None = "0003"
 branch_labels: str | None = None
 depends_on: str | None = None
 
@@ -46,11 +46,8 @@ def upgrade() -> None:
         sqlite_with_rowid=False,
     )
 
-    op.create_index("ix_jobs_queue_state", "jobs", ["queue", "state"])
-
 
 def downgrade() -> None:
-    op.drop_index("ix_jobs_queue_state", table_name="jobs")
     op.drop_table("idempotency_keys")
     op.drop_index("ix_audit_at", table_name="audit")
     op.drop_table("audit")
