@@ -10,10 +10,12 @@ from typing import Annotated
 import typer
 
 from gpufleet import __version__
+from gpufleet.cli.commands_admin import register_admin_commands
 from gpufleet.cli.commands_client import quota_app, register_client_commands
 from gpufleet.cli.exporter import exporter as exporter_command
 from gpufleet.cli.report import idle_policy as idle_policy_command
 from gpufleet.cli.report import report_app
+from gpufleet.cli.safe_text import plain
 from gpufleet.cli.sim import TRACES_ENV, traces_root
 from gpufleet.cli.sim import sim as sim_command
 from gpufleet.cli.top import top as top_command
@@ -30,6 +32,7 @@ bench_app = typer.Typer(help="Benchmarks; each prints one JSON object.", no_args
 app.add_typer(bench_app, name="bench")
 app.command("sim")(sim_command)
 register_client_commands(app)
+register_admin_commands(app)
 app.command("up")(up_command)
 app.command("top")(top_command)
 app.command("exporter")(exporter_command)
@@ -48,7 +51,7 @@ def print_result(result: dict[str, object], as_json: bool) -> None:
 
 def fail(error: GpufleetError) -> None:
     """Print a user mistake as one clear message, no stack trace, and exit 2."""
-    typer.echo(f"error: {error}", err=True)
+    typer.echo(f"error: {plain(error)}", err=True)
     raise typer.Exit(2)
 
 
@@ -202,5 +205,5 @@ def main() -> None:  # pragma: no cover - console entry
     try:
         app()
     except GpufleetError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {plain(error)}", err=True)
         sys.exit(2)

@@ -122,6 +122,8 @@ def get_idle_policy(name: QueueName, who: Who, svc: Svc) -> IdlePolicyOut:
 @router.put("/queues/{name}/idle-policy", tags=["queues"])
 def put_idle_policy(name: QueueName, body: IdlePolicyIn, who: Who, svc: Svc) -> IdlePolicyOut:
     """Set the queue's idle policy (admin)."""
-    who.require_admin("setting an idle policy")
+    svc.audit.require_admin(who, "setting an idle policy", "queue.idle_policy", name)
     _queue_known(svc, who, name)
-    return IdlePolicyOut(queue=name, policy=set_idle_policy(svc.store, name, body.policy).value)
+    policy = set_idle_policy(svc.store, name, body.policy).value
+    svc.audit.record(who, "queue.idle_policy", name, {"policy": policy})
+    return IdlePolicyOut(queue=name, policy=policy)

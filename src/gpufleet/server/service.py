@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import math
 import re
 import secrets
+import shutil
 import statistics
+import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,19 +23,23 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
+from gpufleet.adapters.storage.engine import StoreUnavailableError
+from gpufleet.adapters.storage.health import BackupUnsupportedError
 from gpufleet.domain.cluster import Node
-from gpufleet.domain.errors import FieldProblem, SpecError
+from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.quotas import DEFAULT_QUEUE, GPU_MODEL_PREFIX, QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import RequestKind
-from gpufleet.ports.admin import JobQuery, Role, Token
+from gpufleet.ports.admin import AdminStore, JobQuery, Role, SubmitKey, Token
+from gpufleet.server.audit import Auditor
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
 from gpufleet.server.context import ApiContext
 from gpufleet.server.errors import ConflictError, ForbiddenError, NotFoundError
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of
+from gpufleet.server.ratelimit import RateLimits
 from gpufleet.server.schemas import (
     CancelOut,
     DrainOut,
@@ -55,7 +64,7 @@ from gpufleet.server.schemas import (
     TokenCreatedOut,
     TokenOut,
 )
-from gpufleet.server.spec import JobSpec
+from gpufleet.server.spec import JobSpec, format_duration
 from gpufleet.server.views import (
     HOLDING,
     event_out,
@@ -109,12 +118,36 @@ def index_logs(paths: Sequence[Path], workers: int) -> list[LogFile]:
     return [LogFile(i // per + 1, i % per, path) for i, path in enumerate(paths)]
 
 
+class QueueCache:
+    """Queue specs for checks on the submit path, read from the store at most every `ttl_s` (changes made
+    through this process apply at once; another process's within `ttl_s`)."""
+
+    def __init__(self, store: AdminStore, ttl_s: float = 2.0) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self._specs: dict[str, QueueSpec] = {}
+        self._read_at = -math.inf
+
+    def get(self, name: str) -> QueueSpec | None:
+        now = time.monotonic()
+        if now - self._read_at > self.ttl_s:
+            self._specs = {q.name: q for q in self.store.queues()}
+            self._read_at = now
+        return self._specs.get(name)
+
+    def forget(self) -> None:
+        self._read_at = -math.inf
+
+
 class Service:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
         self.store = ctx.store
         self.auth = Authenticator(ctx.store)
-        self.batcher = SubmitBatcher(ctx.store, ctx.wake)
+        self.batcher = SubmitBatcher(ctx.store, ctx.wake, key_ttl_s=ctx.idempotency_ttl_s)
+        self.audit = Auditor(ctx.store, ctx.clock)
+        self.queue_specs = QueueCache(ctx.store)
+        self.limits = RateLimits(team=ctx.team_rate, admin=ctx.admin_rate)
 
     # ------------------------------------------------------------------------------------ helpers
 
@@ -164,12 +197,19 @@ class Service:
 
     # --------------------------------------------------------------------------------------- jobs
 
-    async def submit_async(self, principal: Principal, spec: JobSpec) -> JobOut:
-        """Submit from the event loop: the commit happens in the batcher's thread, grouped with others."""
+    async def submit_async(
+        self, principal: Principal, spec: JobSpec, idempotency_key: str | None = None
+    ) -> tuple[JobOut, bool]:
+        """Submit from the event loop: the commit happens in the batcher's thread, grouped with others.
+        Returns the job and whether it was made by an earlier request with the same idempotency key."""
         job = self.prepare_submit(principal, spec)
+        key = None
+        if idempotency_key is not None:
+            key = SubmitKey(principal.token.id, idempotency_key, request_hash(job.queue, spec))
         for _ in range(5):
             try:
-                return self.submitted(await asyncio.wrap_future(self.batcher.submit(job, job.submitted_at)))
+                record = await asyncio.wrap_future(self.batcher.submit(job, job.submitted_at, key))
+                return self.submitted(record), record.id != job.id
             except SpecError as error:
                 job = self._redraw(job, error)
         raise ConflictError("could not draw a free job id", "submit again")  # pragma: no cover
@@ -181,8 +221,27 @@ class Service:
                 f"token {principal.token.name!r} may submit only to queue {principal.token.queue!r}, not {queue!r}",
                 f"set `queue: {principal.token.queue}` or leave it out",
             )
+        self._check_grace(queue, float(spec.grace_period))
         now = self.ctx.clock.now()
         return dataclasses.replace(spec.to_job(new_job_id(), queue, now), user=principal.token.name)
+
+    def _check_grace(self, queue: str, grace_s: float) -> None:
+        spec = self.queue_specs.get(queue)
+        own = spec.max_grace_s if spec is not None else None
+        most = own if own is not None else self.ctx.max_grace_s
+        if grace_s > most:
+            whose = f"queue {queue!r}'s maximum" if own is not None else "the maximum"
+            raise SpecError(
+                "job spec",
+                (
+                    FieldProblem(
+                        "grace_period",
+                        f"is {format_duration(grace_s)}, above {whose} of {format_duration(most)}",
+                        f"give at most {format_duration(most)} (an admin may change it with "
+                        f"`gpufleet quota set {queue} --max-grace …`)",
+                    ),
+                ),
+            )
 
     @staticmethod
     def _redraw(job: Job, error: SpecError) -> Job:
@@ -340,18 +399,26 @@ class Service:
         code = f" with exit code {record.exit_code}" if record.exit_code is not None else ""
         return f"{state.value}{code}: {record.reason}"
 
-    def cancel(self, principal: Principal, job_id: JobId) -> CancelOut:
+    def cancel(self, principal: Principal, job_id: JobId, *, force: bool = False) -> CancelOut:
+        """Ask the loop to stop a job for good: with its checkpoint signal and grace period, or, `force`d (its
+        owner or an admin), with SIGKILL at once."""
         record = self._visible(principal, job_id)
         if record.state.terminal:
             raise ConflictError(
                 f"job {job_id!r} already {record.state.value}", "nothing to cancel; submit it again to rerun it"
             )
         who = principal.token.name
-        self.store.request(job_id, RequestKind.CANCEL, f"cancelled by {who}", self.ctx.clock.now())
+        kind = RequestKind.FORCE_CANCEL if force else RequestKind.CANCEL
+        self.store.request(job_id, kind, f"by {who}", self.ctx.clock.now())
+        if force:
+            self.audit.record(principal, "job.force_cancel", job_id, {"queue": record.job.queue, "was": record.state})
         self.ctx.wake()
-        return CancelOut(
-            id=job_id, state=record.state.value, requested=True, message="cancel requested; the loop stops it shortly"
+        message = (
+            "force-cancel requested; the loop kills it (SIGKILL) at once"
+            if force
+            else "cancel requested; the loop stops it shortly"
         )
+        return CancelOut(id=job_id, state=record.state.value, requested=True, message=message)
 
     def logs(
         self,
@@ -575,24 +642,28 @@ class Service:
         return [queue_out(spec, usage.get(spec.name, {})) for spec in shown]
 
     def set_queue(self, principal: Principal, name: str, body: QueueIn) -> QueueOut:
-        principal.require_admin("changing a queue")
+        self.audit.require_admin(principal, "changing a queue", "queue.set", name)
         check_queue_name(name)
         spec = queue_spec(name, body)
         self.store.set_queue(spec)
+        self.queue_specs.forget()
+        self.audit.record(principal, "queue.set", name, body.model_dump(exclude_none=True))
         self.ctx.wake()
         return queue_out(spec, self._usage([name]).get(name, {}))
 
     def delete_queue(self, principal: Principal, name: str) -> None:
-        principal.require_admin("deleting a queue")
+        self.audit.require_admin(principal, "deleting a queue", "queue.delete", name)
         if name not in self._queue_names():
             raise NotFoundError(f"no queue named {name!r}", "list queues with `gpufleet queues`")
         try:
             self.store.delete_queue(name)
+            self.queue_specs.forget()
         except SpecError as error:
             raise ConflictError(
                 f"queue {name!r} cannot be deleted: " + "; ".join(f.problem for f in error.fields),
                 "; ".join(f.fix for f in error.fields) or "cancel its jobs and revoke its tokens first",
             ) from None
+        self.audit.record(principal, "queue.delete", name)
         self.ctx.wake()
 
     # -------------------------------------------------------------------------------------- nodes
@@ -608,14 +679,16 @@ class Service:
         return node
 
     def set_cordon(self, principal: Principal, name: str, cordoned: bool) -> NodeOut:
-        principal.require_admin("cordoning a node" if cordoned else "uncordoning a node")
+        action = "node.cordon" if cordoned else "node.uncordon"
+        self.audit.require_admin(principal, "cordoning a node" if cordoned else "uncordoning a node", action, name)
         self._node(name)
         node = self.store.set_node_flags(name, cordoned=cordoned)
+        self.audit.record(principal, action, name)
         self.ctx.wake()
         return node_out(node, self._holding(), self.ctx.emulated)
 
     def drain(self, principal: Principal, name: str) -> DrainOut:
-        principal.require_admin("draining a node")
+        self.audit.require_admin(principal, "draining a node", "node.drain", name)
         self._node(name)
         node = self.store.set_node_flags(name, cordoned=True)
         now = self.ctx.clock.now()
@@ -626,14 +699,16 @@ class Service:
                     record.id, RequestKind.REQUEUE, f"node {name} drained by {principal.token.name}", now
                 )
                 requeued.append(record.id)
+        self.audit.record(principal, "node.drain", name, {"requeued": requeued})
         self.ctx.wake()
         return DrainOut(node=node_out(node, self._holding(), self.ctx.emulated), requeued=requeued)
 
     # ------------------------------------------------------------------------------------- tokens
 
     def create_token(self, principal: Principal, name: str, role: Role, queue: str | None) -> TokenCreatedOut:
-        principal.require_admin("creating tokens")
+        self.audit.require_admin(principal, "creating tokens", "token.create", name)
         token, secret = create_token(self.store, self.ctx.clock, name, role, queue)
+        self.audit.record(principal, "token.create", token.id, {"name": token.name, "role": role.value, "queue": queue})
         return TokenCreatedOut(**token_out(token).model_dump(), secret=secret)
 
     def tokens(self, principal: Principal) -> list[TokenOut]:
@@ -641,7 +716,7 @@ class Service:
         return [token_out(t) for t in sorted(self.store.tokens(), key=lambda t: (t.created_at, t.id))]
 
     def revoke_token(self, principal: Principal, token_id: str) -> TokenOut:
-        principal.require_admin("revoking tokens")
+        self.audit.require_admin(principal, "revoking tokens", "token.revoke", token_id)
         tokens: dict[str, Token] = {t.id: t for t in self.store.tokens()}
         token = tokens.get(token_id)
         if token is None:
@@ -656,7 +731,32 @@ class Service:
             )
         self.store.revoke_token(token_id)
         self.auth.forget()
+        self.audit.record(principal, "token.revoke", token_id, {"name": token.name, "role": token.role.value})
         return token_out(next(t for t in self.store.tokens() if t.id == token_id))
+
+    # ------------------------------------------------------------------------------------- backup
+
+    def backup(self, principal: Principal) -> Path:
+        """A consistent copy of the store in a private temporary folder (the caller sends it, then deletes the
+        folder). ConflictError where the store cannot copy itself (PostgreSQL: use pg_dump)."""
+        folder = Path(tempfile.mkdtemp(prefix="gpufleet-backup-", dir=self.ctx.scratch_dir))
+        path = folder / "gpufleet-backup.db"
+        try:
+            self.store.backup(path)
+        except BackupUnsupportedError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise ConflictError(error.message, error.fix) from None
+        except GpufleetError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise StoreUnavailableError(f"the backup failed on the server: {error.message}", error.fix) from None
+        self.audit.record(principal, "store.backup", "store", {"bytes": path.stat().st_size})
+        return path
+
+
+def request_hash(queue: str, spec: JobSpec) -> str:
+    """What a submit asked for, as a SHA-256 of the validated spec (fields in the model's order) and its queue:
+    the same request gives the same hash however its JSON was spaced or its fields ordered."""
+    return hashlib.sha256(f"{queue}\n{spec.model_dump_json()}".encode()).hexdigest()
 
 
 def check_queue_name(name: str) -> None:

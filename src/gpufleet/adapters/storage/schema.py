@@ -44,6 +44,7 @@ jobs = sa.Table(
     sa.Index(None, "state", "seq"),
     sa.Index(None, "queue", "seq"),
     sa.Index(None, "name", "seq"),
+    # Also what a queue's pending jobs are counted on at each submit, when an admin capped them.
     sa.Index(None, "queue", "state", "priority", "seq"),
     sa.Index(None, "username", "seq"),
 )
@@ -112,6 +113,38 @@ settings = sa.Table(
     metadata,
     sa.Column("key", sa.String(), primary_key=True),
     sa.Column("value", sa.Text(), nullable=False),
+)
+
+# Admin actions (tokens, queues, nodes, force-cancels, backups, store resets): who, what, when, from where.
+# Rows are only ever added.
+audit = sa.Table(
+    "audit",
+    metadata,
+    sa.Column("id", AutoId, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float(), nullable=False),
+    sa.Column("actor", sa.String(), nullable=False),  # the token's name, or `local:<OS user>` for local commands
+    sa.Column("token_id", sa.String(), nullable=True),
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("target", sa.Text(), nullable=False),
+    sa.Column("detail", sa.Text(), nullable=False),
+    sa.Column("source", sa.String(), nullable=False),  # the client's address, or `local`
+    sa.Column("outcome", sa.String(16), nullable=False),  # ok, or denied (a token that may not do it)
+    sa.Index(None, "at"),
+)
+
+# Idempotency keys of submits, per token: the same key again returns the job it created. Kept for a bounded
+# time (`created_at`); the body's hash tells a retry from a different request under the same key.
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("token_id", sa.String(), primary_key=True),
+    sa.Column("key", sa.String(), primary_key=True),
+    sa.Column("body_hash", sa.String(64), nullable=False),
+    sa.Column("job_id", sa.String(), sa.ForeignKey("jobs.id"), nullable=False),
+    # No index on created_at: a submit looks keys up by (token, key); the clean-up every 10 minutes scans.
+    sa.Column("created_at", sa.Float(), nullable=False),
+    # On SQLite the rows live in the primary key's b-tree itself: one b-tree written per key, not two.
+    sqlite_with_rowid=False,
 )
 
 # Counters: `cluster_version` (bumped on any queue or node change), `submit_seq` and `request_seq` (the

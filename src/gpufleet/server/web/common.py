@@ -22,7 +22,8 @@ from fastapi.routing import APIRoute
 from markupsafe import Markup
 
 from gpufleet.domain.errors import GpufleetError
-from gpufleet.server.api import error_status
+from gpufleet.ports.admin import Role
+from gpufleet.server.api import authenticate, error_status
 from gpufleet.server.errors import UnauthorizedError
 from gpufleet.server.service import Service
 from gpufleet.server.web.security import (
@@ -177,9 +178,11 @@ def web_session(request: Request) -> WebSession:
     if not secret:
         raise SignInRequiredError()
     try:
-        principal = service_of(request).auth.authenticate(f"Bearer {secret}")
+        principal = authenticate(service_of(request), request, f"Bearer {secret}")
     except UnauthorizedError:
         raise SignInRequiredError("revoked") from None
+    if principal.token.role is Role.METRICS:
+        raise SignInRequiredError("metrics")
     return WebSession(principal, csrf_keys(request).token_for(principal))
 
 

@@ -10,6 +10,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
+from gpufleet.ports.admin import Role
+from gpufleet.server.api import authenticate
 from gpufleet.server.errors import UnauthorizedError
 from gpufleet.server.web.common import WebRoute, prefix_of, render, service_of, url_for, web_session
 from gpufleet.server.web.security import (
@@ -98,9 +100,12 @@ def signin(
         error = "no token given; to fix: paste your API token (gf_…)"
         return _signin_form(request, target, error=error, status_code=401)
     try:
-        service_of(request).auth.authenticate(f"Bearer {secret}")
+        who = authenticate(service_of(request), request, f"Bearer {secret}")
     except UnauthorizedError as error:
         return _signin_form(request, target, error=f"{error.message}; to fix: {error.fix}", status_code=401)
+    if who.token.role is Role.METRICS:
+        refused = "a metrics token only reads /metrics; to fix: sign in with a team or admin token"
+        return _signin_form(request, target, error=refused, status_code=403)
     response = RedirectResponse(prefix_of(request) + target, status_code=303)
     response.set_cookie(
         SESSION_COOKIE,

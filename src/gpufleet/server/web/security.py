@@ -31,7 +31,10 @@ CSRF_FIELD = "csrf"
 CSRF_KEY_SETTING = "web:csrf_key"
 
 
-SIGN_IN_REASONS = {"revoked": "Your token is no longer valid (unknown or revoked): sign in with a valid one."}
+SIGN_IN_REASONS = {
+    "revoked": "Your token is no longer valid (unknown or revoked): sign in with a valid one.",
+    "metrics": "A metrics token only reads /metrics: sign in with a team or admin token.",
+}
 
 
 class SignInRequiredError(Exception):
