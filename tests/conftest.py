@@ -1,6 +1,6 @@
-"""Session fixtures shared by every test folder: a private PostgreSQL server (see tests/kit/postgres.py) and
-our fake NVML library (tests/telemetry/fakenvml); and the closing banner when tests went without the public
-traces (tests/kit/traces.py)."""
+"""Session fixtures shared by every test folder: a private PostgreSQL server (see tests/kit/postgres.py), our
+fake NVML library (tests/telemetry/fakenvml), the removal of the job users the session created, and the
+closing banner when tests went without the public traces (tests/kit/traces.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,17 @@ from pathlib import Path
 import pytest
 
 from tests.kit import traces
+from tests.kit.jobusers import job_users_and_folders
 from tests.kit.postgres import OPT_OUT, PostgresServer, PostgresUnavailableError, opted_out
 from tests.telemetry.fakenvml import build_library
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_job_users() -> Iterator[None]:
+    """A control plane run as root creates a user per queue (gpufleet-<queue>): the session removes those it
+    created, and the folders it shared with their jobs."""
+    with job_users_and_folders():
+        yield
 
 
 @pytest.fixture(scope="session")

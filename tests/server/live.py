@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 
 from gpufleet.bench.api import LocalServer
+from tests.kit.jobusers import JOB_PYTHON, reachable_by_jobs, share, shared_ledger
 
 JOB_PROGRAM = r"""
 import json, os, signal, sys, time
@@ -53,6 +53,15 @@ elif mode == "wait-file":
 elif mode == "exit":
     note("end", how="exit")
     sys.exit(int(arg))
+elif mode == "fill":  # write 64 MiB of output (a disk may fill up), then wait for the file `arg`, exit 3
+    chunk = "y" * 65535 + "\n"
+    for _ in range(1024):
+        sys.stdout.write(chunk)
+    sys.stdout.flush()
+    while not os.path.exists(arg):
+        time.sleep(0.02)
+    note("end", how="exit")
+    sys.exit(3)
 note("end", how="done")
 """
 
@@ -67,6 +76,11 @@ class Live:
     ledger: Path
 
     @property
+    def shared(self) -> Path:
+        """The folder the jobs can reach (they run as their queue's own user): for files they wait for."""
+        return self.program.parent
+
+    @property
     def url(self) -> str:
         return self.server.url
 
@@ -74,7 +88,7 @@ class Live:
         return self.server.client()
 
     def command(self, mode: str, arg: str = "") -> list[str]:
-        return [sys.executable, str(self.program), str(self.ledger), mode, *([arg] if arg else [])]
+        return [JOB_PYTHON, str(self.program), str(self.ledger), mode, *([arg] if arg else [])]
 
     def submit(self, client: httpx.Client, mode: str, arg: str = "", **spec: Any) -> str:
         body = {"queue": "default", "command": self.command(mode, arg), **spec}
@@ -123,11 +137,14 @@ class Live:
 
 
 def start(root: Path, *extra: str, emulate: str = "8xA100-80GB") -> Live:
+    """`gpufleet up` on `root/data`; the jobs' program and ledger in `root/shared`, which jobs running as
+    their queue's own user can reach."""
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
-    program = root / "job.py"
-    program.write_text(JOB_PROGRAM)
-    return Live(LocalServer(data, emulate=emulate, extra=extra), root, program, root / "ledger.jsonl")
+    shared = reachable_by_jobs(root / "shared")
+    program = share(shared / "job.py", JOB_PROGRAM)
+    ledger = shared_ledger(shared / "ledger.jsonl")
+    return Live(LocalServer(data, emulate=emulate, extra=extra), root, program, ledger)
 
 
 def alive(pid: int) -> bool:

@@ -32,7 +32,7 @@ KILLS = 4
 def test_kill_9_during_submits_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     rng = random.Random(20270115)
     live = start(tmp_path)
-    ledger = tmp_path / "runs.txt"
+    ledger = live.shared / "runs.txt"  # where the jobs (their queue's own user) may write
     command = ["/bin/sh", "-c", f'echo "$GPUFLEET_JOB_ID $GPUFLEET_ATTEMPT" >> {ledger}']
     told: dict[str, str] = {}  # job name -> the id a client was answered with
     failed: list[str] = []

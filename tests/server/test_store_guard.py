@@ -50,7 +50,7 @@ def refused(result: subprocess.CompletedProcess[str], said: str) -> None:
 
 def test_an_emptied_store_is_refused_and_reset_store_starts_over_keeping_the_old_file(tmp_path: Path) -> None:
     live = start(tmp_path)
-    gate = tmp_path / "go"
+    gate = live.shared / "go"  # where the job (its queue's own user) can see it
     store = live.root / "data" / "state.db"
     pid = running_job(live, gate, name="long", gpus=2)
     try:
@@ -86,7 +86,7 @@ def test_an_emptied_store_is_refused_and_reset_store_starts_over_keeping_the_old
 
 def test_a_corrupt_or_lost_store_is_refused_while_its_jobs_keep_running(tmp_path: Path) -> None:
     live = start(tmp_path)
-    gate = tmp_path / "go"
+    gate = live.shared / "go"  # where the job (its queue's own user) can see it
     store = live.root / "data" / "state.db"
     pid = running_job(live, gate, name="long", gpus=1)
     try:

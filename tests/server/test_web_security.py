@@ -3,10 +3,14 @@ HTTP on the real SQL store (no browser needed for these)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from http.cookies import SimpleCookie
 
+from fastapi.testclient import TestClient
+
 from gpufleet.ports import RequestKind
+from gpufleet.server.api import create_app
 from gpufleet.server.web.common import STATIC_DIR
 from tests.server.conftest import Api
 
@@ -189,3 +193,40 @@ def test_after_sign_in_the_browser_goes_only_to_our_own_pages(api: Api) -> None:
         form = api.client.get("/signin")
         nonce = re.search(r'name="nonce" value="([^"]+)"', form.text)
         assert nonce is not None
+
+
+def test_a_control_plane_that_refuses_team_tokens_refuses_them_at_sign_in_as_the_api_does(api: Api) -> None:
+    signed_in(api, api.team_a)  # a browser signed in while the control plane still accepted team tokens
+    # The same store behind `gpufleet up` as a user that is not root, without --single-user.
+    refusing = dataclasses.replace(api.ctx, team_tokens_refused="this control plane runs every job as its own user")
+    with TestClient(create_app(refusing), raise_server_exceptions=False) as client:
+        client.cookies = api.client.cookies
+        answer = client.get("/jobs", follow_redirects=False)
+        assert answer.status_code == 303
+        assert answer.headers["location"] == "/signin?next=%2Fjobs&why=team-refused"
+        assert 'gpufleet_session=""' in answer.headers["set-cookie"]  # signed out, not stuck on an error page
+        client.cookies.delete("gpufleet_session")
+        notice = client.get(answer.headers["location"])
+        assert notice.status_code == 200
+        assert "refuses team tokens" in notice.text
+        assert 'name="nonce"' in notice.text  # the form, to sign in with an admin token instead
+        nonce = re.search(r'name="nonce" value="([^"]+)"', notice.text)
+        assert nonce is not None
+        refused = client.post("/signin", data={"token": api.team_a, "nonce": nonce.group(1)}, headers={"Origin": BASE})
+        assert refused.status_code == 403
+        assert "is refused: this control plane runs every job as its own user" in refused.text
+        assert "--single-user" in refused.text
+        assert "gpufleet_session=" not in refused.headers.get("set-cookie", "")
+        api_call = client.get("/v1/jobs", headers=api.h(api.team_a))
+        assert api_call.status_code == 403
+        assert api_call.json()["message"].startswith("team token 'alice' is refused")
+        nonce = re.search(r'name="nonce" value="([^"]+)"', refused.text)  # the form again, with a new nonce
+        assert nonce is not None
+        admin = client.post(
+            "/signin",
+            data={"token": api.admin, "nonce": nonce.group(1), "next": "/jobs"},
+            headers={"Origin": BASE},
+            follow_redirects=False,
+        )
+        assert admin.status_code == 303
+        assert client.get("/jobs").status_code == 200

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.kit.jobusers import JOB_PYTHON
 from tests.web.conftest import Dashboard, axe_violations, screenshot, sign_in
 
 pytestmark = pytest.mark.slow
@@ -44,6 +45,11 @@ def test_every_page_renders_passes_axe_and_is_captured(dashboard: Dashboard, bro
         assert response is not None, path
         assert response.status == 200, path
         assert "Emulated inventory" in page.inner_text("body"), path  # every page says the GPUs are emulated
+        if name == "nodes":  # how jobs are isolated, as `gpufleet up`, `gpufleet nodes` and /healthz say it
+            with dashboard.api() as client:
+                isolation = client.get("/healthz").json()["isolation"]
+            assert isolation["users"] in page.inner_text("main")
+            assert isolation["cgroups"] in page.inner_text("main")
         page.wait_for_timeout(600)  # charts draw after load
         screenshot(page, name)
         assert axe_violations(page) == [], path
@@ -82,7 +88,8 @@ def test_a_waiting_job_shows_the_schedulers_explanation(dashboard: Dashboard, br
 
 
 def test_a_log_is_followed_and_the_job_cancelled_from_its_page(dashboard: Dashboard, browser: Any) -> None:
-    job_id = dashboard.submit(queue="team-a", name="talker", command=[sys.executable, "-u", "-c", LOG_PROGRAM])
+    # JOB_PYTHON: the job runs as team-a's own user, who may not reach this virtual environment.
+    job_id = dashboard.submit(queue="team-a", name="talker", command=[JOB_PYTHON, "-u", "-c", LOG_PROGRAM])
     wait_api(dashboard, job_id, lambda j: j["state"] == "running")
     page = sign_in(browser, dashboard.url, dashboard.admin)
     page.goto(f"{dashboard.url}/jobs/{job_id}")

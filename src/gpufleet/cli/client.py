@@ -52,7 +52,8 @@ def read_config(path: Path | None = None) -> dict[str, str]:
 def write_config(url: str, token: str, path: Path | None = None) -> Path:
     """Save URL and token for later commands; the file is readable by its owner only (it holds a secret)."""
     file = path or config_path()
-    file.parent.mkdir(parents=True, exist_ok=True)
+    if not file.parent.exists():
+        file.parent.mkdir(mode=0o700, parents=True)  # its folder is private too (others cannot even list it)
     # json.dumps of a str is a valid TOML basic string.
     text = f"url = {json.dumps(url)}\ntoken = {json.dumps(token)}\n"
     descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

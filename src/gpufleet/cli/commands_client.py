@@ -320,7 +320,7 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         _print_json(listed)
         return
     table = Table(box=None, header_style="bold")
-    for column in ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS", "LIMITS"):
+    for column in ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS", "LIMITS", "RUN AS"):
         table.add_column(column)
     for queue in listed:
         quotas = []
@@ -344,6 +344,7 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
             _gpus(usage["gpus"]),
             cell(" ".join(quotas) or "unlimited"),
             " ".join(limits) or "-",
+            cell(queue.get("run_as") or "-"),
         )
     _console().print(table)
 
@@ -375,6 +376,14 @@ def quota_set(
     max_grace: Annotated[
         str | None,
         typer.Option(help="Longest grace_period its jobs may ask, e.g. 2h (default: the control plane's, 1h)."),
+    ] = None,
+    run_as: Annotated[
+        str | None,
+        typer.Option(
+            "--run-as",
+            help="OS user the queue's jobs run as (an existing, unprivileged one); '' for the queue's own "
+            "gpufleet-<queue> user.",
+        ),
     ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -409,6 +418,7 @@ def quota_set(
             "quotas": quotas,
             "cohort": cohort if cohort is not None else (current or {}).get("cohort"),
             "weight": weight if weight is not None else (current or {}).get("weight", 1.0),
+            "run_as": (run_as or None) if run_as is not None else (current or {}).get("run_as"),
             "max_pending": (current or {}).get("max_pending") if max_pending is None else _cap(max_pending),
             "max_grace": (current or {}).get("max_grace") if max_grace is None else max_grace,
         }
@@ -437,7 +447,8 @@ def quota_delete(
 def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Nodes, their GPUs, and which jobs hold each GPU."""
     with _client(url, token) as client:
-        listed = client.get("/v1/nodes")["nodes"]
+        answer = client.get("/v1/nodes")
+    listed, isolation = answer["nodes"], answer.get("isolation")
     if as_json:
         _print_json(listed)
         return
@@ -462,6 +473,11 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) 
             )
             label = ""
     _console().print(table)
+    if isolation:
+        typer.echo(plain(f"jobs: {isolation['users']}"))
+        typer.echo(plain(f"limits: {isolation['cgroups']}"))
+        for note in isolation.get("notes") or ():
+            typer.echo(plain(f"warning: {note}"))
 
 
 def _node_action(action: str, node: str, url: str | None, token: str | None, as_json: bool) -> None:

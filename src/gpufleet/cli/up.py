@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -97,15 +99,49 @@ def up(
             "X-Forwarded-Prefix); the dashboard's links and cookie use it."
         ),
     ] = "",
+    single_user: Annotated[
+        bool,
+        typer.Option(
+            "--single-user",
+            help="Not root: accept team tokens anyway, although every job runs as this user and can read every "
+            "team's data (one trust domain). Refused as root, where each queue's jobs run as their own user.",
+        ),
+    ] = False,
+    jobs_home: Annotated[
+        Path,
+        typer.Option(help="As root: where the per-queue users (gpufleet-<queue>) get their home folders."),
+    ] = Path("/var/lib/gpufleet-jobs"),
+    cgroups: Annotated[
+        bool,
+        typer.Option(
+            "--cgroups/--no-cgroups", help="Run each worker in a cgroup with its memory, CPU, pids and GPU limits."
+        ),
+    ] = True,
+    pids_limit: Annotated[int, typer.Option(min=1, help="Processes and threads per worker (cgroup pids.max).")] = 8192,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where job logs go (keep them off the store's file system); default: in the data dir."),
+    ] = None,
+    log_cap: Annotated[
+        str, typer.Option(help="Largest log per worker and attempt; beyond it the newest part is kept.")
+    ] = "1GiB",
+    log_max_age: Annotated[
+        str, typer.Option(help="Finished jobs' logs are deleted this long after their last line (0: never).")
+    ] = "30d",
+    log_max_total: Annotated[
+        str | None,
+        typer.Option(help="All logs together stay under this; the oldest finished jobs' logs go first."),
+    ] = None,
 ) -> None:
     """Start the control plane: HTTP API, scheduling loop and local executor, on embedded defaults."""
     from gpufleet.server.control_plane import ControlPlane, UpSettings, is_loopback
+    from gpufleet.server.spec import parse_duration, parse_size
 
     console = Console(stderr=True, soft_wrap=True)
+    # Whatever the control plane writes (store, records, logs) is its own alone unless it says otherwise.
+    os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    from gpufleet.server.spec import parse_duration
-
     try:
         max_grace_s = parse_duration(max_grace, MAX_GRACE_S)
     except ValueError as error:
@@ -129,6 +165,14 @@ def up(
         idle_threshold_pct=idle_threshold,
         idle_window_s=idle_window,
         root_path=_root_path(root_path),
+        single_user=single_user,
+        jobs_home=jobs_home,
+        use_cgroups=cgroups,
+        pids_limit=pids_limit,
+        log_dir=log_dir.expanduser().absolute() if log_dir is not None else None,
+        log_cap=_option(parse_size, log_cap, "--log-cap"),
+        log_max_age_s=_option(parse_duration, log_max_age, "--log-max-age") or None,
+        log_max_total=_option(parse_size, log_max_total, "--log-max-total") if log_max_total else None,
     )
     try:
         plane = ControlPlane(settings)
@@ -144,6 +188,11 @@ def up(
         console.print(f"  GPUs: {gpus} on {len(plane.inventory.nodes)} node(s), {plane.inventory.source}{label}")
         console.print(f"  data: {settings.data_dir}   store: {settings.db_url or 'SQLite (WAL)'}")
         console.print(f"  policy: {settings.policy}   on exit: {'stop jobs' if stop_jobs else 'keep jobs running'}")
+        report = plane.isolation_report
+        console.print(f"  jobs: {report.users}", markup=False)
+        console.print(f"  limits: {report.cgroups}", markup=False)
+        for note in report.notes:
+            console.print(f"[bold yellow]warning:[/] {markup(note)}")
         if plane.opened.reset:
             kept = markup(", ".join(str(path) for path in plane.opened.moved) or "nothing to move")
             console.print(
@@ -173,6 +222,15 @@ def up(
         plane.serve(on_ready=ready)
     except GpufleetError as error:
         typer.echo(f"error: {plain(error)}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _option(parse: Callable[[str], float | int], value: str, name: str) -> int:
+    """An option in people's units (1GiB, 30d), or exit with what was wrong and how to fix it."""
+    try:
+        return round(parse(value))
+    except ValueError as error:
+        typer.echo(f"error: {name}: {error}", err=True)
         raise typer.Exit(2) from None
 
 

@@ -118,24 +118,41 @@ class Reconciler:
         self._last_retry_all = clock.now()
         self._deadlines: list[tuple[float, JobId, int]] = []  # (max runtime end, job, attempt), a heap
         self._known: dict[JobId, JobRecord] = {}  # every active job's record as last read or written
+        # What the backend reported and the store has not taken yet: the backend reports each observation
+        # once, so one whose write failed is kept and written again, never dropped.
+        self._unwritten: list[Observation] = []
+        self._dirty = False
         self._reason_at: dict[JobId, float] = {}  # when each waiting job's reason was last written
         self.base = self._rebuild()
-        self.backend.adopt([Launch(r.job, r.attempt, r.workers) for r in self.store.active() if r.holds_resources])
+        self.backend.adopt([self._launch(r) for r in self.store.active() if r.holds_resources])
 
     # --- the loop -------------------------------------------------------------------------------
 
     def step(self) -> StepReport:
+        """One pass of the loop. A step that fails (the store refused a write: disk full, database down)
+        raises after keeping what it observed; the next step first resynchronises its working state from
+        the store, then writes those observations again."""
         report = StepReport()
+        if self._dirty:
+            self._resync()
         try:
             self._step(report)
         except StaleWriteError as error:
             # Another writer changed a job under us (a second control plane on the same store, or a
             # bug). Nothing was launched for the rejected write: resynchronise from the store.
             log.warning("store changed under the control loop (%s); resynchronising", error)
-            self.pending = PendingIndex(self.profile.strict_fifo)
-            self.nominated.clear()
-            self.base = self._rebuild()
+            self._resync()
+        except Exception:
+            # Working state may hold changes the store never took (placements, removals): rebuild it.
+            self._dirty = True
+            raise
         return report
+
+    def _resync(self) -> None:
+        self.pending = PendingIndex(self.profile.strict_fifo)
+        self.nominated.clear()
+        self.base = self._rebuild()
+        self._dirty = False
 
     def _step(self, report: StepReport) -> None:
         now = self.clock.now()
@@ -328,20 +345,26 @@ class Reconciler:
     # --- observe ----------------------------------------------------------------------------------
 
     def _observe(self, now: float, report: StepReport) -> None:
-        observations = self.backend.poll()
+        fresh = self.backend.poll()
+        report.observed += len(fresh)
+        observations = self._unwritten = [*self._unwritten, *fresh]
         if not observations:
             return
-        report.observed += len(observations)
         changes = _Changes()
         released_queues: set[str] = set()
         requeued: list[JobRecord] = []
+        outcomes: list[tuple[JobRecord, JobRecord]] = []
         for obs in observations:
             record = self._current(obs, changes)
             if record is None:
                 continue
             outcome = self._observed(record, obs, changes)
-            if outcome is None:
-                continue
+            if outcome is not None:
+                outcomes.append((record, outcome))
+        self._write(changes)
+        self._unwritten = []
+        # Working state follows the store only once the store took the change.
+        for record, outcome in outcomes:
             if not outcome.holds_resources and record.holds_resources:
                 self.base.remove_running(record.id)
                 released_queues.add(record.job.queue)
@@ -350,7 +373,6 @@ class Reconciler:
                     requeued.append(outcome)
                 else:
                     report.finished += 1
-        self._write(changes)
         for record in requeued:
             job = record.as_pending()
             self.pending.add(job, self._key(job, self.base))
@@ -490,7 +512,7 @@ class Reconciler:
             self._reason_at.pop(record.id, None)
             self.base.add_running(launching.as_running())
             self._track_deadline(launching)
-            launches.append(Launch(launching.job, launching.attempt, launching.workers))
+            launches.append(self._launch(launching))
             report.placed += 1
         for preemption in result.preemptions:
             record = self._latest(preemption.victim, changes)
@@ -525,6 +547,10 @@ class Reconciler:
             self.backend.launch(launch)
         for record, reason in stops:
             self.backend.stop(record.id, record.attempt, self._grace(record), reason)
+
+    def _launch(self, record: JobRecord) -> Launch:
+        queue = self.base.ledger.queues.get(record.job.queue)
+        return Launch(record.job, record.attempt, record.workers, run_as=queue.run_as if queue else None)
 
     def _latest(self, job_id: JobId, changes: _Changes) -> JobRecord | None:
         record = changes.latest.get(job_id)

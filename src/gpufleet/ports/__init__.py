@@ -53,6 +53,9 @@ class Launch:
     job: Job
     attempt: int
     workers: tuple[WorkerPlacement, ...]
+    # The OS user an administrator mapped the job's queue to (`QueueSpec.run_as`); None: the backend's
+    # own choice. How a worker is started as that user is the backend's business.
+    run_as: str | None = None
 
 
 class ExecutionBackend(Protocol):

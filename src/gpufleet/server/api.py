@@ -17,7 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpufleet import __version__
-from gpufleet.adapters.storage.engine import StoreUnavailableError
+from gpufleet.adapters.storage.engine import StoreFullError, StoreUnavailableError
 from gpufleet.domain.errors import (
     FieldProblem,
     GpufleetError,
@@ -34,7 +34,7 @@ from gpufleet.server.context import ApiContext
 from gpufleet.server.errors import ConflictError, ForbiddenError, UnauthorizedError
 from gpufleet.server.limits import MAX_BODY_BYTES
 from gpufleet.server.ratelimit import RateLimitedError
-from gpufleet.server.schemas import ErrorOut, HealthOut
+from gpufleet.server.schemas import ErrorOut, HealthOut, IsolationOut
 from gpufleet.server.service import Service
 from gpufleet.server.spec import JobSpec, problems_from_errors
 
@@ -115,6 +115,8 @@ def metrics_reader(svc: Service, request: Request) -> Principal:
 
 
 def error_status(error: GpufleetError) -> tuple[int, str]:
+    if isinstance(error, StoreFullError):
+        return 503, "disk_full"
     if isinstance(error, RateLimitedError):
         return 429, "rate_limited"
     if isinstance(error, StoreUnavailableError):
@@ -145,6 +147,19 @@ def error_body(code: str, message: str, fields: tuple[FieldProblem, ...] | list[
 def _known_fields(request: Request) -> tuple[str, ...]:
     # Unknown-field hints need the body model's field names; only the job spec has many to confuse.
     return tuple(JobSpec.model_fields) if request.url.path.rstrip("/") == "/v1/jobs" else ()
+
+
+def isolation_out(ctx: ApiContext) -> IsolationOut | None:
+    report = ctx.isolation
+    if report is None:
+        return None
+    return IsolationOut(
+        users=report.users,
+        cgroups=report.cgroups,
+        single_trust_domain=report.single_trust_domain,
+        team_tokens=ctx.team_tokens_refused is None,
+        notes=list(report.notes),
+    )
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
@@ -222,8 +237,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> HealthOut:
-        """Liveness; needs no token."""
-        return HealthOut()
+        """Liveness, and how jobs are isolated from each other and from the control plane; needs no token."""
+        return HealthOut(isolation=isolation_out(ctx))
 
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import AdminStore, Role, Token
-from gpufleet.server.errors import ForbiddenError, NotFoundError, UnauthorizedError
+from gpufleet.server.errors import ForbiddenError, NotFoundError, TeamTokenRefusedError, UnauthorizedError
 from gpufleet.server.spec import has_control
 
 SECRET_PREFIX = "gf_"
@@ -93,8 +93,10 @@ class Principal:
 class Authenticator:
     """Checks bearer secrets against the store, with a short cache so a submit costs one query, not two."""
 
-    def __init__(self, store: AdminStore) -> None:
+    def __init__(self, store: AdminStore, refuse_team: str | None = None) -> None:
+        """`refuse_team`: why team tokens are refused on this control plane (None: they are accepted)."""
         self._store = store
+        self._refuse_team = refuse_team
         self._cache: dict[str, tuple[Token, float]] = {}
         self._lock = threading.Lock()
 
@@ -126,6 +128,12 @@ class Authenticator:
             # One answer for unknown and revoked: the caller learns nothing about which tokens exist.
             raise UnauthorizedError(
                 "the token is not valid (unknown or revoked)", "ask an administrator for a new token"
+            )
+        if self._refuse_team is not None and token.role is Role.TEAM:
+            raise TeamTokenRefusedError(
+                f"team token {token.name!r} is refused: {self._refuse_team}",
+                "run `gpufleet up` as root, so that each queue's jobs run as an OS user of their own, or start "
+                "it with --single-user if every team may read every other team's jobs, logs and tokens",
             )
         return Principal(token, source)
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet.adapters.local.isolation import IsolationReport
 from gpufleet.domain.jobs import JobId
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, AdminStore
@@ -38,3 +39,9 @@ class ApiContext:
     extra: dict[str, object] = field(default_factory=dict)
     # Where the API writes temporary files (a backup on its way to the client); None: the system's temp dir.
     scratch_dir: Path | None = None
+    # How jobs are isolated (None: not told, e.g. an API without an executor).
+    isolation: IsolationReport | None = None
+    # Why team tokens are refused (a control plane that runs every job as its own user); None: accepted.
+    team_tokens_refused: str | None = None
+    # Raises GpufleetError (with a fix) when a queue may not be mapped to this OS user.
+    check_run_as: Callable[[str], None] = lambda _user: None

@@ -7,6 +7,7 @@ and the local executor. API requests only write submissions and requests to the 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import ipaddress
 import logging
@@ -22,6 +23,10 @@ from typing import IO, TYPE_CHECKING
 
 from gpufleet.adapters.clock import WallClock
 from gpufleet.adapters.local.executor import LocalBackend
+from gpufleet.adapters.local.isolation import DEFAULT_LOG_CAP, DEFAULT_PIDS_LIMIT, Isolation
+from gpufleet.adapters.local.logs import DAY_S, LogRetention
+from gpufleet.adapters.local.users import DEFAULT_JOBS_HOME, RunAs
+from gpufleet.adapters.storage.engine import StoreFullError
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings, StepReport
 from gpufleet.control.target import RECENT_JOBS, learned_target
@@ -78,6 +83,17 @@ class UpSettings:
     usage_flush_s: float = 60.0  # how often measured GPU usage is added to the store
     min_step_s: float = 0.01  # under a burst of API calls, one step per this long decides them together
     root_path: str = ""  # the path prefix a reverse proxy serves us under, e.g. /gpufleet
+    # How jobs are isolated (see adapters/local/isolation.py).
+    single_user: bool = False  # a control plane that is not root accepts team tokens all the same
+    jobs_home: Path = DEFAULT_JOBS_HOME  # homes of the per-queue users
+    use_cgroups: bool = True
+    pids_limit: int = DEFAULT_PIDS_LIMIT
+    # Job logs: where, how big per worker, and how long finished jobs' logs are kept.
+    log_dir: Path | None = None  # default: under the data dir
+    log_cap: int = DEFAULT_LOG_CAP
+    log_max_age_s: float | None = 30 * DAY_S
+    log_max_total: int | None = None
+    log_prune_interval_s: float = 600.0
 
     @property
     def url(self) -> str:
@@ -164,9 +180,15 @@ class DataDirLock:
     """One control plane per data directory: a second `gpufleet up` on it is refused, not run twice."""
 
     def __init__(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / "gpufleet.lock"
-        self._file: IO[str] = open(self.path, "a+")  # noqa: SIM115 - held for the process's life
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self._file: IO[str] = open(self.path, "a+")  # noqa: SIM115 - held for the process's life
+        except OSError as error:
+            raise GpufleetError(
+                f"cannot use the data folder {data_dir}: {error.strerror} ({error.filename})",
+                "give a --data-dir this user may write to",
+            ) from None
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -182,6 +204,30 @@ class DataDirLock:
     def release(self) -> None:
         fcntl.flock(self._file, fcntl.LOCK_UN)
         self._file.close()
+
+
+def make_private(data_dir: Path) -> None:
+    """The data dir is the control plane's alone (0700), and so are its store and lock files (0600): they
+    hold every job's environment and the tokens' hashes."""
+    try:
+        data_dir.chmod(0o700)
+        for path in data_dir.glob("state.db*"):
+            path.chmod(0o600)
+        (data_dir / "gpufleet.lock").chmod(0o600)
+    except PermissionError as error:
+        raise GpufleetError(
+            f"cannot make {error.filename} private to the control plane: {error.strerror}",
+            "run gpufleet up as the owner of its data folder, or give a --data-dir of your own",
+        ) from None
+
+
+def disk_full_words(error: BaseException) -> str | None:
+    """The words "disk full at …" when `error` is the disk filling up (the store's or the executor's)."""
+    if isinstance(error, StoreFullError):
+        return error.message
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full at {error.filename or 'the data folder'}"
+    return None
 
 
 class LoopThread(threading.Thread):
@@ -207,6 +253,8 @@ class LoopThread(threading.Thread):
         self.steps = 0
         self.errors = 0
         self._busy_until = 0.0
+        self._failing: str | None = None  # the failure the loop is retrying, said once
+        self._errors_before = 0
 
     def wake(self) -> None:
         self._wake.set()
@@ -225,12 +273,16 @@ class LoopThread(threading.Thread):
             self._wake.clear()
             try:
                 report = self.reconciler.step()
-            except Exception:
-                # A failing step must not kill the control plane: log it and retry after a pause.
+            except Exception as error:
+                # A failing step must not kill the control plane: say so once and retry every second. What
+                # the step observed is kept by the reconciler and written when the store takes it again.
                 self.errors += 1
-                log.exception("control loop step failed; retrying in 1 s")
+                self._say_failure(error)
                 self._halt.wait(1.0)
                 continue
+            if self._failing is not None:
+                log.warning("control loop: working again after %d failed step(s)", self.errors - self._errors_before)
+                self._failing = None
             self.steps += 1
             if self.observer is not None:
                 try:
@@ -243,6 +295,58 @@ class LoopThread(threading.Thread):
                 self._busy_until = now + 2.0
             self._wake.wait(self.busy_tick_s if now < self._busy_until else self.idle_tick_s)
 
+    def _say_failure(self, error: Exception) -> None:
+        full = disk_full_words(error)
+        what = full or f"{type(error).__name__}: {error}"
+        if what == self._failing:
+            return
+        if self._failing is None:
+            self._errors_before = self.errors - 1
+        self._failing = what
+        if full is not None:
+            log.error(
+                "%s; the control loop retries every second, keeps every exit it observed and writes it once "
+                "space is freed; the API answers 503 to writes meanwhile",
+                error if isinstance(error, StoreFullError) else full,
+            )
+        else:
+            log.exception("control loop step failed; retrying every second")
+
+
+class LogJanitor(threading.Thread):
+    """Deletes finished jobs' logs past their retention, at start and then every `interval_s`."""
+
+    def __init__(self, backend: LocalBackend, store: SqlStore, retention: LogRetention, interval_s: float) -> None:
+        super().__init__(name="gpufleet-logs", daemon=True)
+        self.backend = backend
+        self.store = store
+        self.retention = retention
+        self.interval_s = interval_s
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        while True:
+            self.prune()
+            if self._halt.wait(self.interval_s):
+                return
+
+    def prune(self) -> dict[str, int]:
+        def finished(job_id: str) -> bool:
+            record = self.store.get(job_id)
+            return record is None or record.state.terminal
+
+        try:
+            done = self.backend.prune_logs(self.retention, finished)
+        except Exception as error:  # the store may be down: the next round tries again
+            log.warning("log retention: %s; trying again in %.0f s", error, self.interval_s)
+            return {"jobs": 0, "bytes": 0}
+        if done["jobs"]:
+            log.info("log retention: removed the logs of %d finished job(s), %d bytes", done["jobs"], done["bytes"])
+        return done
+
 
 class ControlPlane:
     """Everything `gpufleet up` runs, built from settings; `serve()` runs until SIGINT/SIGTERM."""
@@ -251,8 +355,14 @@ class ControlPlane:
         from gpufleet.server.auth import bootstrap_admin
 
         self.settings = settings
+        if settings.single_user and os.geteuid() == 0:
+            raise GpufleetError(
+                "--single-user would run every job as root",
+                "leave it out: as root, gpufleet runs each queue's jobs as an unprivileged user of their own",
+            )
         self.lock = DataDirLock(settings.data_dir)
         try:
+            make_private(settings.data_dir)
             self.inventory = inventory or discover_inventory(settings)
             self.clock = WallClock()
             self.opened = open_store(
@@ -262,13 +372,40 @@ class ControlPlane:
                 actor=f"local:{_os_user()}",
             )
             self.store = self.opened.store
+            make_private(settings.data_dir)  # the store's files, just created
             self.store.set_nodes(self.inventory.nodes)
             if not self.store.queues():
                 self.store.set_queue(QueueSpec(DEFAULT_QUEUE))
             self.store.set_setting("inventory", self.inventory.source)
             self.admin_token = bootstrap_admin(self.store, self.clock)
+            self.isolation = Isolation.detect(
+                settings.data_dir / "jobs",
+                jobs_home=settings.jobs_home,
+                data_dir=settings.data_dir,
+                use_cgroups=settings.use_cgroups,
+                pids_limit=settings.pids_limit,
+                log_cap=settings.log_cap,
+            )
             self.backend = LocalBackend(
-                settings.data_dir / "jobs", self.inventory.nodes, self.clock, emulated=self.inventory.emulated
+                settings.data_dir / "jobs",
+                self.inventory.nodes,
+                self.clock,
+                emulated=self.inventory.emulated,
+                isolation=self.isolation,
+                log_dir=settings.log_dir,
+            )
+            self.isolation_report = self.backend.isolation_report(single_user_allowed=settings.single_user)
+            refused = None
+            if not self.isolation.switches_users and not settings.single_user:
+                refused = (
+                    f"this control plane runs every job as its own user {RunAs.me().name} (it is not root), so a "
+                    "team's job could read every other team's jobs and logs and the admin token"
+                )
+            self.log_janitor = LogJanitor(
+                self.backend,
+                self.store,
+                LogRetention(settings.log_max_age_s, settings.log_max_total),
+                settings.log_prune_interval_s,
             )
             recent = [record.job for record in self.store.jobs(JobQuery(limit=RECENT_JOBS))]
             self.fgd_target = learned_target(recent)
@@ -303,7 +440,12 @@ class ControlPlane:
                 admin_rate=settings.admin_rate,
                 data_dir=settings.data_dir,
                 extra={"telemetry": self.telemetry},
+                isolation=self.isolation_report,
+                team_tokens_refused=refused,
+                check_run_as=self.isolation.check_run_as,
             )
+            for line in (self.isolation_report.users, self.isolation_report.cgroups, *self.isolation_report.notes):
+                log.info("isolation: %s", line)
         except BaseException:
             self.lock.release()
             raise
@@ -330,6 +472,7 @@ class ControlPlane:
             signal.signal(sig, lambda signo, _frame: stopped_by.append(signo))
         self.loop.start()
         self.telemetry.start()
+        self.log_janitor.start()
         try:
             if on_ready is not None:
                 _call_when_started(server, on_ready)
@@ -349,10 +492,12 @@ class ControlPlane:
         if self.loop.is_alive():
             self.loop.join(timeout=10)
         self.telemetry.stop()
+        self.log_janitor.stop()
         try:
             if self.settings.stop_jobs_on_exit:
                 self._stop_jobs()
             self.backend.shutdown(stop_jobs=self.settings.stop_jobs_on_exit, grace_s=self.settings.exit_grace_s)
+            self.isolation.cgroups.release()  # only if no job is left running in them
         finally:
             self.store.close()
             self.lock.release()

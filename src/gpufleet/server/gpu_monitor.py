@@ -51,6 +51,7 @@ from gpufleet.adapters.metrics import (
     metrics_endpoint,
 )
 from gpufleet.adapters.probes import EmulatedProbe, Sampler, SampleRing
+from gpufleet.adapters.storage.engine import StoreUnavailableError
 from gpufleet.control.reconciler import Reconciler, StepReport
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import FieldProblem, SpecError
@@ -358,6 +359,8 @@ class Telemetry:
             started = time.monotonic()
             try:
                 self.tick()
+            except StoreUnavailableError as error:  # a full disk, a database down: one line, not a traceback
+                log.warning("telemetry: %s; retrying at the next interval", error.message)
             except Exception:  # telemetry must never take the control plane down
                 log.exception("telemetry tick failed; retrying at the next interval")
             self._stop.wait(max(0.0, self.settings.interval_s - (time.monotonic() - started)))

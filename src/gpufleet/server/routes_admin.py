@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
 from gpufleet.ports.admin import Role
-from gpufleet.server.api import principal, service
+from gpufleet.server.api import isolation_out, principal, service
 from gpufleet.server.auth import Principal
 from gpufleet.server.fleet_export import take_snapshot
 from gpufleet.server.schemas import (
@@ -69,7 +69,7 @@ def delete_queue(name: QueueName, who: Who, svc: Svc) -> Response:
 def nodes(who: Who, svc: Svc) -> NodesOut:
     """Nodes and their GPUs, with what is allocated on each GPU."""
     del who  # any valid token may look
-    return NodesOut(nodes=svc.nodes())
+    return NodesOut(nodes=svc.nodes(), isolation=isolation_out(svc.ctx))
 
 
 @router.post("/nodes/{name}/cordon", tags=["nodes"])

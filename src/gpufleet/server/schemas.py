@@ -23,8 +23,19 @@ class ErrorOut(BaseModel):
     fields: list[FieldErrorOut] = Field(default_factory=list)
 
 
+class IsolationOut(BaseModel):
+    """How jobs are kept from each other and from the control plane on this machine."""
+
+    users: str  # as which OS user jobs run
+    cgroups: str  # which kernel limits apply per worker, or why none do
+    single_trust_domain: bool  # every job runs as the control plane's own user
+    team_tokens: bool  # whether team tokens are accepted
+    notes: list[str] = Field(default_factory=list)
+
+
 class HealthOut(BaseModel):
     status: Literal["ok"] = "ok"
+    isolation: IsolationOut | None = None
 
 
 class InfoOut(BaseModel):
@@ -215,6 +226,11 @@ class QueueIn(BaseModel):
     max_pending: int | None = Field(
         None, ge=0, le=MAX_PENDING_CAP, description="The most jobs the queue may have pending at once (null: no cap)."
     )
+    run_as: str | None = Field(
+        None,
+        max_length=32,
+        description="OS user the queue's jobs run as (admin-mapped); null: the queue's own gpufleet-<queue>.",
+    )
     max_grace: float | str | None = Field(
         None,
         description="The longest grace_period its jobs may ask: 30s, 2h or seconds (null: the control plane's "
@@ -254,6 +270,7 @@ class QueueOut(BaseModel):
     weight: float
     max_pending: int | None = None
     max_grace: float | None = Field(None, description="seconds; null: the control plane's default")
+    run_as: str | None = None
     usage: QueueUsageOut
 
 
@@ -297,6 +314,7 @@ class NodeOut(BaseModel):
 
 class NodesOut(BaseModel):
     nodes: list[NodeOut]
+    isolation: IsolationOut | None = None  # how jobs are isolated on the local executor's machine
 
 
 class DrainOut(BaseModel):

@@ -143,7 +143,7 @@ class Service:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
         self.store = ctx.store
-        self.auth = Authenticator(ctx.store)
+        self.auth = Authenticator(ctx.store, refuse_team=ctx.team_tokens_refused)
         self.batcher = SubmitBatcher(ctx.store, ctx.wake, key_ttl_s=ctx.idempotency_ttl_s)
         self.audit = Auditor(ctx.store, ctx.clock)
         self.queue_specs = QueueCache(ctx.store)
@@ -645,6 +645,11 @@ class Service:
         self.audit.require_admin(principal, "changing a queue", "queue.set", name)
         check_queue_name(name)
         spec = queue_spec(name, body)
+        if spec.run_as is not None:
+            try:
+                self.ctx.check_run_as(spec.run_as)
+            except GpufleetError as error:
+                raise SpecError(f"queue {name!r}", (FieldProblem("run_as", error.message, error.fix),)) from None
         self.store.set_queue(spec)
         self.queue_specs.forget()
         self.audit.record(principal, "queue.set", name, body.model_dump(exclude_none=True))

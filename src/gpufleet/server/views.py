@@ -211,6 +211,7 @@ def queue_spec(name: str, body: QueueIn) -> QueueSpec:
         weight=body.weight,
         max_pending=body.max_pending,
         max_grace_s=max_grace,
+        run_as=body.run_as or None,
     )
 
 
@@ -251,6 +252,7 @@ def queue_out(spec: QueueSpec, use: Mapping[str, int]) -> QueueOut:
         weight=spec.weight,
         max_pending=spec.max_pending,
         max_grace=spec.max_grace_s,
+        run_as=spec.run_as,
         usage=QueueUsageOut(
             running=use.get("running", 0),
             pending=use.get("pending", 0),

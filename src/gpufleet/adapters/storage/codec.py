@@ -262,6 +262,8 @@ def encode_queue(spec: QueueSpec) -> Json:
         data["max_pending"] = spec.max_pending
     if spec.max_grace_s is not None:
         data["max_grace_s"] = _float_out(spec.max_grace_s)
+    if spec.run_as is not None:
+        data["run_as"] = spec.run_as
     return data
 
 
@@ -270,6 +272,7 @@ _QUEUE_READERS: dict[str, Callable[[Any], Any]] = {
     "quotas": lambda quotas: {str(key): decode_quota(q) for key, q in quotas.items()},
     "cohort": lambda v: None if v is None else str(v),
     "weight": _float_in,
+    "run_as": lambda v: None if v is None else str(v),
     "max_pending": _opt_int,
     "max_grace_s": _opt_float_in,
 }

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from gpufleet.adapters.storage.engine import StoreUnavailableError, make_engine, migrate, parse_url, safe_url
+from gpufleet.adapters.storage.engine import (
+    StoreFullError,
+    StoreUnavailableError,
+    make_engine,
+    migrate,
+    parse_url,
+    safe_url,
+)
 from gpufleet.adapters.storage.health import (
     BackupInfo,
     BackupUnsupportedError,
@@ -107,4 +114,4 @@ if TYPE_CHECKING:
         return store
 
 
-__all__ = ["SqlStore", "StoreDamagedError", "StoreUnavailableError", "default_sqlite_url"]
+__all__ = ["SqlStore", "StoreDamagedError", "StoreFullError", "StoreUnavailableError", "default_sqlite_url"]

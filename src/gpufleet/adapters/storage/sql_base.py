@@ -11,13 +11,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gpufleet.adapters.storage import schema as t
-from gpufleet.adapters.storage.engine import READ_ONLY, StoreUnavailableError
+from gpufleet.adapters.storage.engine import READ_ONLY, StoreFullError, StoreUnavailableError, is_disk_full
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.lifecycle import TERMINAL, JobState
 
@@ -54,6 +55,8 @@ class SqlBase:
         self._engine = engine
         self.url = url  # without its password
         self._sqlite = engine.dialect.name == "sqlite"
+        # Where its disk is, in words for a "disk full at …" message.
+        self._where = str(Path(engine.url.database or "").parent) if self._sqlite else url
         # SQLite has one writer at a time. Threads of this process queue here instead of in SQLite's busy
         # handler, which sleeps and retries (up to 100 ms a try) and would cut throughput under contention.
         # Other processes still wait through the busy timeout.
@@ -70,6 +73,8 @@ class SqlBase:
                 with connection.begin():
                     yield connection
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as error:
+            if is_disk_full(error):
+                raise StoreFullError(self._where, first_line(error)) from None
             raise StoreUnavailableError(
                 f"the database {self.url} did not answer: {first_line(error)}",
                 "check that it runs and is reachable (SQLite: that no other program holds it locked), then retry",

@@ -24,7 +24,7 @@ from markupsafe import Markup
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.ports.admin import Role
 from gpufleet.server.api import authenticate, error_status
-from gpufleet.server.errors import UnauthorizedError
+from gpufleet.server.errors import TeamTokenRefusedError, UnauthorizedError
 from gpufleet.server.service import Service
 from gpufleet.server.web.security import (
     SESSION_COOKIE,
@@ -181,6 +181,8 @@ def web_session(request: Request) -> WebSession:
         principal = authenticate(service_of(request), request, f"Bearer {secret}")
     except UnauthorizedError:
         raise SignInRequiredError("revoked") from None
+    except TeamTokenRefusedError:  # the same rule as the API's (--single-user); the cookie is dropped
+        raise SignInRequiredError("team-refused") from None
     if principal.token.role is Role.METRICS:
         raise SignInRequiredError("metrics")
     return WebSession(principal, csrf_keys(request).token_for(principal))

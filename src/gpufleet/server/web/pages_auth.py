@@ -12,7 +12,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from gpufleet.ports.admin import Role
 from gpufleet.server.api import authenticate
-from gpufleet.server.errors import UnauthorizedError
+from gpufleet.server.errors import TeamTokenRefusedError, UnauthorizedError
 from gpufleet.server.web.common import WebRoute, prefix_of, render, service_of, url_for, web_session
 from gpufleet.server.web.security import (
     SESSION_COOKIE,
@@ -103,6 +103,8 @@ def signin(
         who = authenticate(service_of(request), request, f"Bearer {secret}")
     except UnauthorizedError as error:
         return _signin_form(request, target, error=f"{error.message}; to fix: {error.fix}", status_code=401)
+    except TeamTokenRefusedError as error:
+        return _signin_form(request, target, error=f"{error.message}; to fix: {error.fix}", status_code=403)
     if who.token.role is Role.METRICS:
         refused = "a metrics token only reads /metrics; to fix: sign in with a team or admin token"
         return _signin_form(request, target, error=refused, status_code=403)

@@ -34,11 +34,14 @@ CSRF_KEY_SETTING = "web:csrf_key"
 SIGN_IN_REASONS = {
     "revoked": "Your token is no longer valid (unknown or revoked): sign in with a valid one.",
     "metrics": "A metrics token only reads /metrics: sign in with a team or admin token.",
+    "team-refused": "This control plane refuses team tokens: it runs every job as its own user, so teams are not "
+    "kept apart (start it as root, or with --single-user if every team may read every other's jobs). Sign in "
+    "with an admin token.",
 }
 
 
 class SignInRequiredError(Exception):
-    """No session cookie, or one whose token is unknown or revoked: the browser goes to the sign-in page.
+    """No session cookie, or one whose token is unknown, revoked or refused: the browser goes to the sign-in page.
     `reason` is a key of `SIGN_IN_REASONS` (the sign-in page shows only those texts, never one from a URL)."""
 
     def __init__(self, reason: str = "") -> None:
