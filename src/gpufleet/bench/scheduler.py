@@ -3,7 +3,9 @@
 The fleet is heterogeneous (several GPU models, 8 GPUs per node in two NVLink groups, racks of 16),
 starts with some fractional load, and the pending jobs mix fractional, 1/2/4/8-GPU jobs and gangs
 (10 %), model constraints and priorities, spread over several team queues with quotas in one cohort.
-Cycles run, placed jobs becoming running ones, until a cycle places nothing more.
+Cycles run, placed jobs becoming running ones, until a cycle places nothing more; they share one
+`InventoryCache` (the fleet's table and capacity memo, and what was derived from each running job), as the
+control loop's cycles do.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gpufleet.domain import (
 from gpufleet.domain.snapshot import Placement
 from gpufleet.policies.catalog import profile as named_profile
 from gpufleet.scheduling.cycle import run_cycle
+from gpufleet.scheduling.state import InventoryCache
 
 MODELS: tuple[tuple[str, int, float], ...] = (
     ("H100-80GB", 80, 0.2),
@@ -122,12 +125,14 @@ def run(nodes: int, pending: int, seed: int = 0, policy: str = "default", max_cy
     cycle_seconds: list[float] = []
     now = 0.0
     nominated: set[str] = set()
+    # The node inventory's table and memo, kept across cycles as a control loop keeps them.
+    inventory = InventoryCache()
     while cycles < max_cycles:
         snapshot = ClusterSnapshot(
             fleet.nodes, tuple(running.values()), fleet.queues, now=now, nominated=tuple(sorted(nominated))
         )
         start = time.perf_counter()
-        result = run_cycle(snapshot, tuple(waiting.values()), profile)
+        result = run_cycle(snapshot, tuple(waiting.values()), profile, inventory=inventory)
         elapsed = time.perf_counter() - start
         seconds += elapsed
         cycle_seconds.append(elapsed)

@@ -5,8 +5,9 @@ clock and backend, in-memory store): only the ports passed in differ.
 
 - Observe: what the backend reports (started, exited, stopped, lost) becomes transitions; so do the
   users' requests (cancel, requeue) and attempts that ran past their max runtime.
-- Snapshot: a base working state is kept in step with the store and forked for each cycle.
-- Decide: the pure core (`decide`) on the jobs that need a decision now (see `PendingIndex`).
+- Snapshot: a working state is kept in step with the store and forked for each cycle (`LoopState`).
+- Decide: the pure core (`decide`) on the jobs that need a decision now (see `PendingIndex`), with what
+  the profile's learner estimated for them as data (`Learning`).
 - Apply: first the intents are written (placements as Launching, victims as Evicting) in one
   short write with version checks, then, outside it, the backend is asked to launch and stop.
 """
@@ -20,6 +21,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gpufleet.control.learning import Learning
+from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition, transition
@@ -37,10 +40,9 @@ from gpufleet.ports import (
     StaleWriteError,
     StateStore,
 )
+from gpufleet.scheduling.api import Profile, SortKey, Wake
 from gpufleet.scheduling.cycle import CycleResult, decide
-from gpufleet.scheduling.plugins import Profile
-from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.status import Wake
+from gpufleet.scheduling.state import InventoryCache
 
 S = JobState
 log = logging.getLogger(__name__)
@@ -103,6 +105,8 @@ class Reconciler:
         self.events = events
         self.settings = settings or ReconcilerSettings()
         self.pending = PendingIndex(profile.strict_fifo)
+        self.learning = Learning(profile.learner)
+        self.inventory = InventoryCache()  # the node inventory's table and memo, kept across rebuilds
         self.nominated: set[JobId] = set()
         self._cursor = 0
         self._request_cursor = 0
@@ -110,7 +114,7 @@ class Reconciler:
         self._last_retry_all = clock.now()
         self._deadlines: list[tuple[float, JobId, int]] = []  # (max runtime end, job, attempt), a heap
         self._known: dict[JobId, JobRecord] = {}  # every active job's record as last read or written
-        self.base = self._rebuild()
+        self._rebuild()
         self.backend.adopt([Launch(r.job, r.attempt, r.workers) for r in self.store.active() if r.holds_resources])
 
     # --- the loop -------------------------------------------------------------------------------
@@ -125,18 +129,18 @@ class Reconciler:
             log.warning("store changed under the control loop (%s); resynchronising", error)
             self.pending = PendingIndex(self.profile.strict_fifo)
             self.nominated.clear()
-            self.base = self._rebuild()
+            self._rebuild()
         return report
 
     def _step(self, report: StepReport) -> None:
         now = self.clock.now()
         if self.store.cluster_version() != self._cluster_version:
-            self.base = self._rebuild()
+            self._rebuild()
             self.pending.wake_all()
         # Order plugins key new and requeued jobs against the base state: it must read this step's time.
-        self.base.now = now
+        self.base.set_now(now)
         self._observe(now, report)
-        self._intake()
+        self._intake(now)
         self._requests(now, report)
         self._timeouts(now, report)
         if self.profile.preempt is not None and now >= self._last_retry_all + self.settings.retry_all_s:
@@ -186,7 +190,7 @@ class Reconciler:
 
     # --- snapshot ---------------------------------------------------------------------------------
 
-    def _rebuild(self) -> CycleState:
+    def _rebuild(self) -> None:
         """The base state from the store (at start, and when nodes or queues change)."""
         self._cluster_version = self.store.cluster_version()
         if self._cursor == 0:
@@ -194,32 +198,36 @@ class Reconciler:
             self._cursor = self.store.submission_cursor()
         records = self.store.active()
         running = tuple(r.as_running() for r in records if r.holds_resources)
-        snapshot = ClusterSnapshot(self.store.nodes(), running, self.store.queues(), now=self.clock.now())
-        base = CycleState(snapshot)
+        now = self.clock.now()
+        snapshot = ClusterSnapshot(self.store.nodes(), running, self.store.queues(), now=now)
+        self.base = LoopState(snapshot, self.inventory, self.learning.estimates)
         self._deadlines = []
         self._known = {record.id: record for record in records}
+        for run in running:
+            self.learning.started(run)
         for record in records:
             if record.state is S.PENDING and record.id not in self.pending:
-                self.pending.add(record.as_pending(), self._key(record.as_pending(), base))
+                self._add_pending(record.as_pending(), now)
             elif record.holds_resources:
                 self._track_deadline(record)
-        return base
 
     def _track_deadline(self, record: JobRecord) -> None:
         run = record.job.run
         if run is not None and run.max_runtime_s is not None and record.started_at is not None:
             heapq.heappush(self._deadlines, (record.started_at + run.max_runtime_s, record.id, record.attempt))
 
-    def _key(self, job: Job, base: CycleState) -> tuple[float | int | str, ...]:
-        return self.profile.order.job_key(job, base)
+    def _add_pending(self, job: Job, now: float) -> None:
+        """A job becomes pending: the learner estimates it, the order keys it against the base state."""
+        self.learning.pending(job, now)
+        key: SortKey = self.profile.order.job_key(job, self.base.view)
+        self.pending.add(job, key)
 
-    def _intake(self) -> None:
+    def _intake(self, now: float) -> None:
         submitted, self._cursor = self.store.take_submissions(self._cursor)
         for record in submitted:
             self._known.setdefault(record.id, record)
             if record.state is S.PENDING and record.id not in self.pending:
-                job = record.as_pending()
-                self.pending.add(job, self._key(job, self.base))
+                self._add_pending(record.as_pending(), now)
 
     # --- requests and timeouts ---------------------------------------------------------------------
 
@@ -314,6 +322,9 @@ class Reconciler:
                 continue
             if not outcome.holds_resources and record.holds_resources:
                 self.base.remove_running(record.id)
+                # A run ended on its own when the job exited without having been asked to stop.
+                finished = obs.kind is ObservationKind.EXITED and record.state is not S.EVICTING
+                self.learning.ended(record.id, now, finished=finished)
                 released_queues.add(record.job.queue)
                 self.nominated.discard(record.id)
                 if outcome.state is S.PENDING:
@@ -322,8 +333,7 @@ class Reconciler:
                     report.finished += 1
         self._write(changes)
         for record in requeued:
-            job = record.as_pending()
-            self.pending.add(job, self._key(job, self.base))
+            self._add_pending(record.as_pending(), now)
         if released_queues:
             self.pending.wake(Wake.RELEASE)
             self.pending.wake(Wake.QUOTA, self._cohort_mates(released_queues))
@@ -429,7 +439,7 @@ class Reconciler:
         )
 
     def _cohort_mates(self, queues: set[str]) -> set[str]:
-        specs = self.base.ledger.queues
+        specs = self.base.queues
         cohorts = {specs[q].cohort for q in queues if q in specs and specs[q].cohort is not None}
         return queues | {name for name, spec in specs.items() if spec.cohort in cohorts}
 
@@ -457,7 +467,9 @@ class Reconciler:
             )
             self.pending.remove(record.id)
             self.nominated.discard(record.id)
-            self.base.add_running(launching.as_running())
+            run = launching.as_running()
+            self.base.add_running(run)
+            self.learning.started(run)
             self._track_deadline(launching)
             launches.append(Launch(launching.job, launching.attempt, launching.workers))
             report.placed += 1
@@ -505,6 +517,7 @@ class Reconciler:
         for record in changes.latest.values():
             if record.state.terminal:
                 self._known.pop(record.id, None)
+                self.learning.forget(record.id)
             else:
                 self._known[record.id] = record
         if self.events is not None:

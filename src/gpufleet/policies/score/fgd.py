@@ -31,11 +31,20 @@ import numpy as np
 
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import WorkerRequest
-from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike
-from gpufleet.scheduling.fragmentation_few import FewNodes
-from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState, Evaluation
-from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable
+from gpufleet.scheduling.api import (
+    GENERIC_TARGET,
+    BoolArray,
+    ClusterView,
+    EvaluationView,
+    FewNodes,
+    FloatArray,
+    GangContext,
+    IntArray,
+    JobView,
+    NodeInfo,
+    TargetWorkload,
+    TaskLike,
+)
 
 NAME = "fgd"
 MAX_CLASSES = 512  # request classes memoised before the memo starts over (~40 kB each on 1,213 nodes)
@@ -77,7 +86,7 @@ class GradientMemo:
         self.few = FewNodes(target)  # the gradient of the few rows that changed, per placement
         self.max_classes = max_classes
         # The table last seen (held: its contents are read once more when another one comes).
-        self._table: NodeTable | None = None
+        self._table: NodeInfo | None = None
         self._table_clock = 0
         self._epoch = 0  # bumped whenever another table object comes
         self._names: tuple[str, ...] | None = None
@@ -92,10 +101,10 @@ class GradientMemo:
         self._memory_matters = bool(target.class_memory.any())
 
     @staticmethod
-    def _contents(table: NodeTable) -> tuple[IntArray, ...]:
+    def _contents(table: NodeInfo) -> tuple[IntArray, ...]:
         return (table.gpu_milli_free, table.gpu_model, table.cpu_free, table.mem_free)
 
-    def _observe(self, table: NodeTable) -> None:
+    def _observe(self, table: NodeInfo) -> None:
         """Note which nodes changed since the last call, and when. Other nodes or GPU models: start over
         (model ids are indices into `table.models`)."""
         old = self._table
@@ -145,7 +154,7 @@ class GradientMemo:
             lut.tobytes(),
         )
 
-    def _entry(self, table: NodeTable, request: WorkerRequest, lut: BoolArray) -> _Entry:
+    def _entry(self, table: NodeInfo, request: WorkerRequest, lut: BoolArray) -> _Entry:
         key = self._key(request, lut)
         entry = self._entries.get(key)
         if entry is None:
@@ -155,7 +164,7 @@ class GradientMemo:
         return entry
 
     def growth(
-        self, table: NodeTable, request: WorkerRequest, lut: BoolArray, evaluation: Evaluation, rows: IntArray
+        self, table: NodeInfo, request: WorkerRequest, lut: BoolArray, evaluation: EvaluationView, rows: IntArray
     ) -> tuple[FloatArray, IntArray]:
         """(growth, best GPU) for `rows`: `placement_delta(table, target, request, rows, usable[rows])`."""
         self._observe(table)
@@ -175,7 +184,7 @@ class GradientMemo:
             entry.computed[redo] = self._clock
         return entry.growth[rows], entry.gpu[rows]
 
-    def best_gpu(self, table: NodeTable, request: WorkerRequest, lut: BoolArray, node: int, usable: BoolArray) -> int:
+    def best_gpu(self, table: NodeInfo, request: WorkerRequest, lut: BoolArray, node: int, usable: BoolArray) -> int:
         """The GPU a fractional worker should take on `node` (-1: none), from the memo when it is current."""
         entry = self._entries.get(self._key(request, lut))
         current = (
@@ -214,7 +223,7 @@ class FgdScore:
         self.memo = shared_memo(memo, self.target)
 
     def score(
-        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+        self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
-        growth, _ = self.memo.growth(state.table, view.job.request, view.model_lut, evaluation, candidates)
+        growth, _ = self.memo.growth(cluster.nodes, view.job.request, view.model_lut, evaluation, candidates)
         return growth_score(growth)

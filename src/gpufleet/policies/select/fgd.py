@@ -16,9 +16,7 @@ from typing import ClassVar
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.policies.score.fgd import GradientMemo, shared_memo
 from gpufleet.policies.select.pack import PackGpus
-from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike
-from gpufleet.scheduling.plugins import JobView
-from gpufleet.scheduling.table import BoolArray, NodeTable
+from gpufleet.scheduling.api import GENERIC_TARGET, BoolArray, JobView, NodeInfo, TargetWorkload, TaskLike
 
 NAME = "fgd"
 
@@ -33,7 +31,7 @@ class FgdSelect:
         self.memo = shared_memo(memo, self.target)
         self._whole = PackGpus()
 
-    def select(self, view: JobView, table: NodeTable, node: int, usable: BoolArray) -> tuple[int, ...]:
+    def select(self, view: JobView, table: NodeInfo, node: int, usable: BoolArray) -> tuple[int, ...]:
         request = view.job.request
         if not request.fractional:
             return self._whole.select(view, table, node, usable)
