@@ -12,6 +12,7 @@ import typer
 from gpufleet import __version__
 from gpufleet.cli.commands_client import quota_app, register_client_commands
 from gpufleet.cli.exporter import exporter as exporter_command
+from gpufleet.cli.extras import command_name, missing_extra
 from gpufleet.cli.report import idle_policy as idle_policy_command
 from gpufleet.cli.report import report_app
 from gpufleet.cli.sim import TRACES_ENV, traces_root
@@ -158,9 +159,17 @@ def bench_telemetry(
     print_result(run_telemetry_bench(repeats), as_json)
 
 
-def main() -> None:  # pragma: no cover - console entry
+def main() -> None:
+    """The console entry: the commands, with a user's mistake or a missing optional part (an extra not
+    installed) said in one line with its fix, exit status 2, instead of a stack trace."""
     try:
         app()
     except GpufleetError as error:
         typer.echo(f"error: {error}", err=True)
+        sys.exit(2)
+    except ModuleNotFoundError as error:
+        missing = missing_extra(error, command_name(sys.argv))
+        if missing is None:
+            raise
+        typer.echo(f"error: {missing}", err=True)
         sys.exit(2)

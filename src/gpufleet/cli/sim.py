@@ -26,13 +26,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpufleet.cli.extras import skipped_note
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.sim.engine import SimSettings
 from gpufleet.sim.events import FailureModel
 from gpufleet.sim.experiment import Comparison, Experiment, run_experiment, scale_load
 from gpufleet.sim.experiment import Progress as ProgressFn
 from gpufleet.sim.prices import PriceTable, load_price_table, parse_price, prices_from
-from gpufleet.sim.report import FGD_REPORT_STEPS, fmt, has_cluster_events, write_report
+from gpufleet.sim.report import FGD_REPORT_STEPS, fmt, has_cluster_events, plots_available, write_report
 from gpufleet.sim.reproduce import REPRODUCTIONS, pollux_with_durations
 from gpufleet.sim.simulated_backend import BackendSettings
 from gpufleet.sim.whatif import apply_what_if
@@ -417,13 +418,17 @@ def sim(
             )
         if out is not None:
             write_report(out, [experiment])
+            if not plots_available():
+                typer.echo(skipped_note("plots", "PNG plots"), err=True)
         if as_json:
             typer.echo(json.dumps(experiment.as_dict()))
         else:
             console = stdout_console()
             print_experiment(console, experiment)
             if out is not None:
-                console.print(f"wrote {out}/results.json, results.csv, report.md and plots")
+                console.print(
+                    f"wrote {out}/results.json, results.csv, report.md" + (" and plots" if plots_available() else "")
+                )
     except GpufleetError as error:
         fail(error)
 
@@ -497,10 +502,15 @@ def _reproduce(
         comparison = run(root, progress=progress, **kwargs)
     if out is not None:
         write_report(out, list(comparison.experiments), comparison)
+        if not plots_available():
+            typer.echo(skipped_note("plots", "PNG plots"), err=True)
     if as_json:
         typer.echo(json.dumps(comparison.as_dict()))
         return
     console = stdout_console()
     print_comparison(console, comparison)
     if out is not None:
-        console.print(f"wrote {out}/results.json, comparison.csv, results.csv, report.md and plots")
+        console.print(
+            f"wrote {out}/results.json, comparison.csv, results.csv, report.md"
+            + (" and plots" if plots_available() else "")
+        )
