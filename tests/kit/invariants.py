@@ -21,8 +21,8 @@ from gpufleet.domain import (
     gpu_model_key,
 )
 from gpufleet.policies.preempt.las import LasPreemption
-from gpufleet.scheduling.api import Profile
 from gpufleet.scheduling.cycle import CycleResult
+from gpufleet.scheduling.plugin_api import Profile
 from gpufleet.scheduling.status import Code
 
 Usage = dict[str, dict[str, int]]  # queue -> resource key -> amount (base units)

@@ -12,8 +12,8 @@ import numpy as np
 
 from gpufleet.domain import ClusterSnapshot, Job
 from gpufleet.policies.catalog import build_profile
-from gpufleet.scheduling.api import ALL_ROWS, FilterPlugin, GangContext, JobView, ScorePlugin, SelectPlugin
 from gpufleet.scheduling.placer import full_evaluation, run_filters
+from gpufleet.scheduling.plugin_api import ALL_ROWS, FilterPlugin, GangContext, JobView, ScorePlugin, SelectPlugin
 from gpufleet.scheduling.state import CycleState
 
 # The standard filters and nothing else: scores and selectors are probed on what they let through.

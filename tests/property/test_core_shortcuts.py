@@ -21,8 +21,8 @@ from gpufleet.policies.catalog import profile
 from gpufleet.policies.preempt import priority as priority_preemption
 from gpufleet.scheduling import cycle as cycle_module
 from gpufleet.scheduling import state as state_module
-from gpufleet.scheduling.api import Profile
 from gpufleet.scheduling.cycle import run_cycle
+from gpufleet.scheduling.plugin_api import Profile
 from gpufleet.scheduling.state import InventoryCache
 from tests.kit import without
 from tests.property.strategies import World, worlds

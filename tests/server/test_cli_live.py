@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from gpufleet.cli.main import app
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import Role
-from gpufleet.server.api import create_app
 from gpufleet.server.auth import bootstrap_admin, create_token
 from gpufleet.server.context import ApiContext
+from gpufleet.server.http_app import create_app
 from tests.server.conftest import StepClock, make_store
 from tests.server.test_api import run_on
 

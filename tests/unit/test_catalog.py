@@ -18,7 +18,7 @@ from gpufleet.policies.catalog import (
     profile,
 )
 from gpufleet.policies.preempt.las import LasPreemption
-from gpufleet.scheduling.api import Registry
+from gpufleet.scheduling.plugin_api import Registry
 
 EXPECTED = {
     "default": "order=fair_qssf, admit=gang+quota, filter=node_health+gpu_model+fits, "

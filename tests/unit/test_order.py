@@ -12,7 +12,7 @@ from gpufleet.policies.order.fair_share import FairShare, dominant_share
 from gpufleet.policies.order.fifo import Fifo
 from gpufleet.policies.order.las import LeastAttainedService
 from gpufleet.policies.order.priority import Priority
-from gpufleet.scheduling.api import OrderPlugin
+from gpufleet.scheduling.plugin_api import OrderPlugin
 from gpufleet.scheduling.state import CycleState
 from tests.kit import cluster, make_job, queue, run, running_on
 

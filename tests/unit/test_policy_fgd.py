@@ -24,7 +24,6 @@ from gpufleet.policies.catalog import PolicyData, build_profile, profile
 from gpufleet.policies.score.fgd import FgdScore, GradientMemo, growth_score
 from gpufleet.policies.select.fgd import FgdSelect
 from gpufleet.policies.select.pack import PackGpus
-from gpufleet.scheduling.api import ClusterView, EvaluationView, GangContext, JobView
 from gpufleet.scheduling.cycle import run_cycle
 from gpufleet.scheduling.fragmentation import (
     GENERIC_TARGET,
@@ -35,6 +34,7 @@ from gpufleet.scheduling.fragmentation import (
     placement_delta,
 )
 from gpufleet.scheduling.placer import evaluate
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, GangContext, JobView
 from gpufleet.scheduling.state import CycleState, Evaluation
 from gpufleet.scheduling.table import FloatArray, IntArray, NodeTable
 

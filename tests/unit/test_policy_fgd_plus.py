@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from gpufleet.domain import ClusterSnapshot, Gpu, Job, Node, WorkerRequest, make_node
 from gpufleet.policies.catalog import PROFILES, SCORE, PolicyData, build_profile, profile
 from gpufleet.policies.score.model_scarcity import ModelScarcity, model_pressure, node_scores
-from gpufleet.scheduling.api import GangContext, JobView
 from gpufleet.scheduling.cycle import run_cycle
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskClass
 from gpufleet.scheduling.placer import evaluate
+from gpufleet.scheduling.plugin_api import GangContext, JobView
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.table import FloatArray, NodeTable
 

@@ -26,8 +26,8 @@ from gpufleet.policies.order.qssf import (
     RunTimeLearner,
     quantile,
 )
-from gpufleet.scheduling.api import ClusterView, RunEstimate
 from gpufleet.scheduling.cycle import run_cycle
+from gpufleet.scheduling.plugin_api import ClusterView, RunEstimate
 from gpufleet.scheduling.state import CycleState
 
 GIB = 1024**3

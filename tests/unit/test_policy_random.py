@@ -8,9 +8,9 @@ import pytest
 from gpufleet.domain import ClusterSnapshot, Job, WorkerRequest, make_node
 from gpufleet.policies.catalog import build_profile, profile
 from gpufleet.policies.score.random import RandomScore, draw, stable_hash
-from gpufleet.scheduling.api import GangContext, JobView
 from gpufleet.scheduling.cycle import run_cycle
 from gpufleet.scheduling.placer import evaluate
+from gpufleet.scheduling.plugin_api import GangContext, JobView
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.table import FloatArray, IntArray
 

@@ -19,13 +19,13 @@ from gpufleet.domain import (
     WorkloadError,
     make_node,
 )
-from gpufleet.domain.throughput import job_scale
+from gpufleet.domain.throughput_table import job_scale
 from gpufleet.policies.catalog import PolicyData, build_profile, profile
 from gpufleet.policies.order.throughput_fair import ThroughputFairShare, attained_seconds
 from gpufleet.policies.score.throughput import ThroughputScore
-from gpufleet.scheduling.api import GangContext, JobView
 from gpufleet.scheduling.cycle import run_cycle
 from gpufleet.scheduling.placer import evaluate
+from gpufleet.scheduling.plugin_api import GangContext, JobView
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.table import FloatArray
 

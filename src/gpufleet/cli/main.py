@@ -11,10 +11,10 @@ import typer
 
 from gpufleet import __version__
 from gpufleet.cli.commands_client import quota_app, register_client_commands
+from gpufleet.cli.commands_report import idle_policy as idle_policy_command
+from gpufleet.cli.commands_report import report_app
 from gpufleet.cli.exporter import exporter as exporter_command
 from gpufleet.cli.extras import command_name, missing_extra
-from gpufleet.cli.report import idle_policy as idle_policy_command
-from gpufleet.cli.report import report_app
 from gpufleet.cli.sim import TRACES_ENV, traces_root
 from gpufleet.cli.sim import sim as sim_command
 from gpufleet.cli.top import top as top_command
@@ -92,7 +92,7 @@ def bench_sim(
     as_json: Annotated[bool, typer.Option("--json/--no-json", help="Print one JSON object (default).")] = True,
 ) -> None:
     """Simulator speed: the FGD protocol on openb and the whole Philly trace, per policy."""
-    from gpufleet.bench import sim as sim_bench
+    from gpufleet.bench import simulator as sim_bench
     from gpufleet.sim.experiment import check_policies
 
     try:

@@ -10,7 +10,7 @@ is estimated afresh) or leaves for good. Live and simulated loops take this same
 from __future__ import annotations
 
 from gpufleet.domain.jobs import Job, JobId, RunningJob
-from gpufleet.scheduling.api import Learner, RunEstimate
+from gpufleet.scheduling.plugin_api import Learner, RunEstimate
 
 
 class Learning:

@@ -18,7 +18,7 @@ from collections.abc import Set as AbstractSet
 from gpufleet.domain.jobs import JobId, RunningJob
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.snapshot import ClusterSnapshot
-from gpufleet.scheduling.api import ClusterView, Holding, RunEstimate
+from gpufleet.scheduling.plugin_api import ClusterView, Holding, RunEstimate
 from gpufleet.scheduling.state import CycleState, InventoryCache
 from gpufleet.scheduling.table import NodeTable
 

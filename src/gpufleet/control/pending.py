@@ -15,8 +15,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from gpufleet.domain.jobs import Job, JobId
-from gpufleet.scheduling.api import Code, SortKey, Status, Wake
 from gpufleet.scheduling.classes import RequestClass
+from gpufleet.scheduling.plugin_api import Code, SortKey, Status, Wake
 
 Group = tuple[object, ...]  # a queue (strict FIFO) or a `RequestClass`
 Entry = tuple[SortKey, JobId]

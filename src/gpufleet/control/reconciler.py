@@ -40,8 +40,8 @@ from gpufleet.ports import (
     StaleWriteError,
     StateStore,
 )
-from gpufleet.scheduling.api import Profile, SortKey, Wake
 from gpufleet.scheduling.cycle import CycleResult, decide
+from gpufleet.scheduling.plugin_api import Profile, SortKey, Wake
 from gpufleet.scheduling.state import InventoryCache
 
 S = JobState

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from gpufleet.domain.errors import UnknownNameError
-from gpufleet.domain.throughput import ThroughputTable
+from gpufleet.domain.throughput_table import ThroughputTable
 from gpufleet.policies.admit.gang import GangAdmission
 from gpufleet.policies.admit.quota import QuotaAdmission
 from gpufleet.policies.filter.fits import Fits
@@ -86,7 +86,7 @@ from gpufleet.policies.score.throughput import ThroughputScore
 from gpufleet.policies.score.topology import Topology
 from gpufleet.policies.select.fgd import FgdSelect
 from gpufleet.policies.select.pack import PackGpus
-from gpufleet.scheduling.api import (
+from gpufleet.scheduling.plugin_api import (
     GENERIC_TARGET,
     AdmitPlugin,
     FilterPlugin,

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.snapshot import ClusterSnapshot, Placement, Preemption
-from gpufleet.scheduling.api import GangContext, JobView, Profile, RunEstimate, SortKey
 from gpufleet.scheduling.classes import JobClass, PlacementClass, RequestClass, placement_class
 from gpufleet.scheduling.ledger import job_usage
 from gpufleet.scheduling.placer import evaluate, place_gang, place_worker
+from gpufleet.scheduling.plugin_api import GangContext, JobView, Profile, RunEstimate, SortKey
 from gpufleet.scheduling.state import CycleState, InventoryCache
 from gpufleet.scheduling.status import Code, Status, unresolvable, wait
 from gpufleet.scheduling.table import WorkerArrays

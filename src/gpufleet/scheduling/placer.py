@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
-from gpufleet.scheduling.api import FilterResult, GangContext, JobView, Profile
 from gpufleet.scheduling.classes import filter_class
+from gpufleet.scheduling.plugin_api import FilterResult, GangContext, JobView, Profile
 from gpufleet.scheduling.state import CycleState, Evaluation
 from gpufleet.scheduling.status import Code, Status, unschedulable
 from gpufleet.scheduling.table import ALL_ROWS, BoolArray, FloatArray, IntArray, Rows, rows_count

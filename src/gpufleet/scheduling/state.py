@@ -2,7 +2,7 @@
 
 It holds the node table and quota ledger, allocates as the cycle decides, and offers the what-if
 view that preemption uses: remove jobs, try, and put everything back exactly. Plugins never see it:
-they get its read-only `ClusterView` (`gpufleet.scheduling.api`).
+they get its read-only `ClusterView` (`gpufleet.scheduling.plugin_api`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.snapshot import ClusterSnapshot
-from gpufleet.scheduling.api import ClusterView, Holding, RunEstimate
 from gpufleet.scheduling.classes import FilterClass
 from gpufleet.scheduling.ledger import QuotaLedger, job_usage
+from gpufleet.scheduling.plugin_api import ClusterView, Holding, RunEstimate
 from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable, WorkerArrays
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import AdminStore, Role, Token
-from gpufleet.server.errors import ForbiddenError, NotFoundError, UnauthorizedError
+from gpufleet.server.http_errors import ForbiddenError, NotFoundError, UnauthorizedError
 
 SECRET_PREFIX = "gf_"
 # How long a looked-up token is trusted without asking the store again. Revocations made through this

@@ -78,11 +78,11 @@ def discover_inventory(settings: UpSettings) -> Inventory:
     if settings.emulate and settings.inventory_file:
         raise GpufleetError("both --emulate and --inventory were given", "give one of them")
     if settings.emulate:
-        from gpufleet.adapters.inventory.emulated import parse_emulate
+        from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 
         return Inventory(parse_emulate(settings.emulate, hostname), True, f"emulated: {settings.emulate}")
     if settings.inventory_file:
-        from gpufleet.adapters.inventory.emulated import load_inventory_yaml
+        from gpufleet.adapters.inventory.emulated_inventory import load_inventory_yaml
 
         path = settings.inventory_file
         return Inventory(load_inventory_yaml(path), True, f"emulated: {path}")
@@ -269,7 +269,7 @@ class ControlPlane:
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         import uvicorn
 
-        from gpufleet.server.api import create_app
+        from gpufleet.server.http_app import create_app
 
         check_listen(self.settings.host, self.settings.port)
         app = create_app(self.context)

@@ -57,8 +57,8 @@ from gpufleet.domain.jobs import Job, JobId
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import AdminStore, Notice
 from gpufleet.ports.gpu_probe import ActivityLevel, GpuActivity, GpuOwner, GpuProbe, GpuSample
-from gpufleet.scheduling.api import Holding
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, cluster_fragmentation
+from gpufleet.scheduling.plugin_api import Holding
 from gpufleet.scheduling.table import NodeTable
 from gpufleet.server.idle import DEFAULT_THRESHOLD_PCT, DEFAULT_WINDOW_S, GpuKey, Holder, IdleDetector, IdleFlag
 from gpufleet.server.spec import EMULATED_ACTIVITY_ENV

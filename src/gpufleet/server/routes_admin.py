@@ -7,9 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Response
 
 from gpufleet.ports.admin import Role
-from gpufleet.server.api import principal, service
 from gpufleet.server.auth import Principal
 from gpufleet.server.fleet_export import take_snapshot
+from gpufleet.server.http_app import principal, service
 from gpufleet.server.schemas import (
     DrainOut,
     InfoOut,

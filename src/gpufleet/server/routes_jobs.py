@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query
 
 from gpufleet.domain.lifecycle import JobState
-from gpufleet.server.api import principal, service
 from gpufleet.server.auth import Principal
+from gpufleet.server.http_app import principal, service
 from gpufleet.server.schemas import CancelOut, EventsOut, ExplainOut, JobListOut, JobOut, LogsOut
 from gpufleet.server.service import Service
 from gpufleet.server.spec import JobSpec

@@ -13,10 +13,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request
 
 from gpufleet.domain.lifecycle import JobState
-from gpufleet.server.api import principal, service
 from gpufleet.server.auth import Principal
-from gpufleet.server.errors import NotFoundError
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of, set_idle_policy
+from gpufleet.server.http_app import principal, service
+from gpufleet.server.http_errors import NotFoundError
 from gpufleet.server.schemas import (
     GpuNowOut,
     IdleFlagOut,

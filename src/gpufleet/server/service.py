@@ -28,7 +28,7 @@ from gpufleet.ports.admin import JobQuery, Role, Token
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
 from gpufleet.server.context import ApiContext
-from gpufleet.server.errors import ConflictError, ForbiddenError, NotFoundError
+from gpufleet.server.http_errors import ConflictError, ForbiddenError, NotFoundError
 from gpufleet.server.schemas import (
     CancelOut,
     DrainOut,

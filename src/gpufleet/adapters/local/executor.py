@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.adapters.local.env import allocator_env
 from gpufleet.adapters.local.layout import Layout
 from gpufleet.adapters.local.owners import KnownWorker, ProcessOwners, WorkerKey
 from gpufleet.adapters.local.ports import PortAllocator
 from gpufleet.adapters.local.proc import is_running, read_json, start_ticks, write_json
+from gpufleet.adapters.local.worker_env import allocator_env
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import JobId

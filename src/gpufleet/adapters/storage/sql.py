@@ -34,7 +34,7 @@ from gpufleet.adapters.storage.codec import (
     encode_queue,
     encode_record,
 )
-from gpufleet.adapters.storage.engine import (
+from gpufleet.adapters.storage.sql_engine import (
     READ_ONLY,
     StoreUnavailableError,
     make_engine,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gpufleet.domain.quotas import CPU, GPU, MEMORY, gpu_model_key
-from gpufleet.scheduling.api import SUCCESS, ClusterView, Code, JobView, QuotaVerdict, Status, Wake
+from gpufleet.scheduling.plugin_api import SUCCESS, ClusterView, Code, JobView, QuotaVerdict, Status, Wake
 
 NAME = "quota"
 

@@ -7,7 +7,7 @@ from typing import ClassVar
 import numpy as np
 
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.api import BoolArray, ClusterView, FilterResult, JobView, Rows, rows_any, rows_count
+from gpufleet.scheduling.plugin_api import BoolArray, ClusterView, FilterResult, JobView, Rows, rows_any, rows_count
 
 NAME = "fits"
 REASON_GPU_MEMORY = "too little memory per GPU"

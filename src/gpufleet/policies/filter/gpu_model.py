@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.scheduling.api import BoolArray, ClusterView, FilterResult, JobView, Rows, rows_any
+from gpufleet.scheduling.plugin_api import BoolArray, ClusterView, FilterResult, JobView, Rows, rows_any
 
 NAME = "gpu_model"
 REASON_WRONG_MODEL = "wrong GPU model"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gpufleet.scheduling.api import BoolArray, ClusterView, FilterResult, JobView, Rows
+from gpufleet.scheduling.plugin_api import BoolArray, ClusterView, FilterResult, JobView, Rows
 
 NAME = "node_health"
 REASON_UNSCHEDULABLE = "cordoned or unhealthy"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gpufleet.domain.jobs import Job
-from gpufleet.scheduling.api import ClusterView, SortKey
+from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 
 NAME = "fair_share"
 

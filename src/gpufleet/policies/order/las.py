@@ -11,7 +11,7 @@ import bisect
 from typing import ClassVar
 
 from gpufleet.domain.jobs import Job
-from gpufleet.scheduling.api import ClusterView, SortKey
+from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 
 NAME = "las"
 DEFAULT_THRESHOLDS: tuple[float, ...] = (3_600.0, 10 * 3_600.0)

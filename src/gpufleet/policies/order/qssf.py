@@ -71,7 +71,7 @@ from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.policies.order.fair_share import dominant_share
-from gpufleet.scheduling.api import ClusterView, RunEstimate, SortKey
+from gpufleet.scheduling.plugin_api import ClusterView, RunEstimate, SortKey
 
 NAME = "qssf"
 FAIR_NAME = "fair_qssf"

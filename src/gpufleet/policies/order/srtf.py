@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.api import ClusterView, SortKey
+from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 
 NAME = "srtf"
 

@@ -25,8 +25,8 @@ import numpy as np
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.quotas import GPU_MODEL_PREFIX
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.domain.throughput import ThroughputTable, job_scale
-from gpufleet.scheduling.api import ClusterView, SortKey
+from gpufleet.domain.throughput_table import ThroughputTable, job_scale
+from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 
 NAME = "throughput_fair"
 

@@ -21,7 +21,7 @@ from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.domain.jobs import Job
 from gpufleet.policies.order.las import DEFAULT_THRESHOLDS, LeastAttainedService
 from gpufleet.policies.preempt.priority import PriorityPreemption
-from gpufleet.scheduling.api import ClusterView, Holding
+from gpufleet.scheduling.plugin_api import ClusterView, Holding
 
 NAME = "las"
 

@@ -25,7 +25,7 @@ import numpy as np
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.quotas import CPU, GPU, MEMORY, QueueSpec
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.api import (
+from gpufleet.scheduling.plugin_api import (
     BoolArray,
     ClusterView,
     Code,

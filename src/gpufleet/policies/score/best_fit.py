@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.scheduling.api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
 
 NAME = "best_fit"
 MAX_SPEC_CPU_MILLI = 128_000

@@ -31,7 +31,7 @@ import numpy as np
 
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import WorkerRequest
-from gpufleet.scheduling.api import (
+from gpufleet.scheduling.plugin_api import (
     GENERIC_TARGET,
     BoolArray,
     ClusterView,

@@ -33,7 +33,7 @@ from typing import ClassVar
 import numpy as np
 
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.api import (
+from gpufleet.scheduling.plugin_api import (
     GENERIC_TARGET,
     ClusterView,
     EvaluationView,

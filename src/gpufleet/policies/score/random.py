@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.scheduling.api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
 
 NAME = "random"
 _UINT64 = (1 << 64) - 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gpufleet.policies.score.bin_pack import free_fraction_after
-from gpufleet.scheduling.api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
 
 NAME = "spread"
 

@@ -25,8 +25,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.domain.throughput import ThroughputTable, job_scale, model_key
-from gpufleet.scheduling.api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
+from gpufleet.domain.throughput_table import ThroughputTable, job_scale, model_key
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
 
 NAME = "throughput"
 

@@ -6,7 +6,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.scheduling.api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView, rows_count
+from gpufleet.scheduling.plugin_api import (
+    ClusterView,
+    EvaluationView,
+    FloatArray,
+    GangContext,
+    IntArray,
+    JobView,
+    rows_count,
+)
 
 NAME = "topology"
 

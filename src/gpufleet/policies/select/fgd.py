@@ -16,7 +16,7 @@ from typing import ClassVar
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.policies.score.fgd import GradientMemo, shared_memo
 from gpufleet.policies.select.pack import PackGpus
-from gpufleet.scheduling.api import GENERIC_TARGET, BoolArray, JobView, NodeInfo, TargetWorkload, TaskLike
+from gpufleet.scheduling.plugin_api import GENERIC_TARGET, BoolArray, JobView, NodeInfo, TargetWorkload, TaskLike
 
 NAME = "fgd"
 

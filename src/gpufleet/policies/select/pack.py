@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.api import BoolArray, JobView, NodeInfo
+from gpufleet.scheduling.plugin_api import BoolArray, JobView, NodeInfo
 
 NAME = "pack"
 

@@ -16,7 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpufleet import __version__
-from gpufleet.adapters.storage.engine import StoreUnavailableError
+from gpufleet.adapters.storage.sql_engine import StoreUnavailableError
 from gpufleet.domain.errors import (
     FieldProblem,
     GpufleetError,
@@ -27,7 +27,7 @@ from gpufleet.domain.errors import (
 )
 from gpufleet.server.auth import Principal
 from gpufleet.server.context import ApiContext
-from gpufleet.server.errors import ConflictError, ForbiddenError, UnauthorizedError
+from gpufleet.server.http_errors import ConflictError, ForbiddenError, UnauthorizedError
 from gpufleet.server.schemas import ErrorOut, HealthOut
 from gpufleet.server.service import Service
 from gpufleet.server.spec import JobSpec, problems_from_errors
