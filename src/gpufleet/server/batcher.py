@@ -27,8 +27,6 @@ class SubmitBatcher:
         self._queue: queue.SimpleQueue[Item] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self.batches = 0
-        self.jobs = 0
 
     def submit(self, job: Job, at: float) -> Future[JobRecord]:
         future: Future[JobRecord] = Future()
@@ -59,8 +57,6 @@ class SubmitBatcher:
             for _, _, future in batch:
                 future.set_exception(error)
             return
-        self.batches += 1
-        self.jobs += len(batch)
         for (_, _, future), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
                 future.set_exception(result)
