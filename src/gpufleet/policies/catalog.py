@@ -43,6 +43,9 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
     default-qssf   `default`'s order (`fair_qssf`), priority preemption and reclaim only (no LAS preemption),
                    bin_pack + topology placement
 
+Profiles that order by QSSF (`default`, `qssf`, `default-qssf`) carry its learner (`RunTimeLearner`,
+registered as `qssf` in `LEARNER`), which the control loop feeds and whose estimates every cycle reads.
+
 Data-driven plugins (FGD's target workload, Gavel's throughput table) cannot be built from a name alone.
 Two ways to give them their data:
 
