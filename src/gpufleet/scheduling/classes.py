@@ -20,20 +20,6 @@ from gpufleet.domain.resources import WorkerRequest
 _new = tuple.__new__  # a NamedTuple from a tuple without its Python-level `__new__` (this runs per pending job)
 
 
-def _request_fields(job: Job) -> tuple[str, int, int, int, int, int, frozenset[str], int]:
-    r = job.request
-    return (
-        job.queue,
-        r.gpus,
-        r.gpu_milli,
-        r.gpu_memory,
-        r.cpu_milli,
-        r.memory,
-        r.models,
-        job.min_workers or job.workers,
-    )
-
-
 class RequestClass(NamedTuple):
     queue: str
     gpus: int
@@ -75,7 +61,11 @@ class JobClass(NamedTuple):
 
     @classmethod
     def of(cls, job: Job) -> JobClass:
-        return _new(cls, (*_request_fields(job), job.priority))
+        r = job.request  # one flat tuple, fields read inline: this runs for every pending job in every cycle
+        gang = job.min_workers or job.workers
+        return _new(
+            cls, (job.queue, r.gpus, r.gpu_milli, r.gpu_memory, r.cpu_milli, r.memory, r.models, gang, job.priority)
+        )
 
     @property
     def request_class(self) -> RequestClass:

@@ -147,11 +147,13 @@ class _Cycle:
     def number(self, job_class: JobClass) -> int:
         """The job class's number (given in order of first appearance)."""
         numbers = self.job_class_numbers
-        number = numbers.get(job_class)
-        if number is None:
-            number = numbers[job_class] = len(self.job_classes)
-            self.job_classes.append(job_class)
-        return number
+        return numbers.setdefault(job_class, len(numbers))
+
+    def job_class(self, number: int) -> JobClass:
+        classes = self.job_classes
+        if number >= len(classes):  # numbered since last asked: the dict keeps the order they were numbered in
+            classes = self.job_classes = list(self.job_class_numbers)
+        return classes[number]
 
     def settle_known(self, stack: Stack) -> None:
         """Give the next jobs of a queue whose outcome is already known their status, without a turn.
@@ -181,7 +183,7 @@ class _Cycle:
         the same queue fails again: its status is reused instead of recomputed.
         """
         state = self.state
-        request_class = self.job_classes[job_class].request_class
+        request_class = self.job_class(job_class).request_class
         status = self.failed_requests.get(request_class)
         view: JobView | None = None
         if status is None:
@@ -420,11 +422,12 @@ def _ordered(cycle: _Cycle, by_queue: dict[str, list[Job]]) -> dict[str, Stack]:
     """Each queue's jobs in the order plugin's order, as a stack (the next job last)."""
     cluster = cycle.state.view
     job_key = cycle.profile.order.job_key
-    number = cycle.number
+    numbers = cycle.job_class_numbers
+    number = numbers.setdefault  # `_Cycle.number`, inlined: this runs for every pending job in every cycle
     of = JobClass.of
     queues: dict[str, Stack] = {}
     for name, jobs in by_queue.items():
-        keyed = [((*job_key(j, cluster), j.submit_seq, j.id), number(of(j)), j) for j in jobs]
+        keyed = [((*job_key(j, cluster), j.submit_seq, j.id), number(of(j), len(numbers)), j) for j in jobs]
         keyed.sort(reverse=True)  # keys are unique (they end with the job id): nothing else is compared
         queues[name] = keyed
     return queues
@@ -468,7 +471,7 @@ def _hold_behind_head(cycle: _Cycle, queue: str, head: Job, head_status: Status,
     behind_head = Status(Code.WAIT, (f"behind job {head.id} in queue {queue} (strict FIFO)",), PLUGIN, head_status.wake)
     admission: dict[RequestClass, Status] = {}
     for _, job_class, behind in stack:
-        request_class = cycle.job_classes[job_class].request_class
+        request_class = cycle.job_class(job_class).request_class
         verdict = admission.get(request_class)
         if verdict is None:
             verdict = admission[request_class] = _admit(cycle.profile, behind, cycle.state)[1]

@@ -29,7 +29,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Final, Protocol, TypeVar
 
 import numpy as np
 
@@ -222,29 +222,35 @@ class ClusterView:
     for the cycle's time and running jobs). Keys start with the plugin's name.
     """
 
-    __slots__ = ("_capacity", "_estimates", "_holdings", "_state", "current", "memo", "per_cycle", "quotas")
+    __slots__ = (
+        "_capacity",
+        "_estimates",
+        "_holdings",
+        "_state",
+        "current",
+        "memo",
+        "nodes",
+        "per_cycle",
+        "quotas",
+        "seed",
+    )
 
     def __init__(self, state: CycleState) -> None:
         self._state = state
-        self.quotas: Quotas = _QuotaQueries(state.ledger)
+        # A state's table and seed never change (a copy gets its own view): plain attributes, read per call.
+        self.nodes: Final[NodeInfo] = state.table
+        self.seed: Final[int] = state.seed
+        self.quotas: Final[Quotas] = _QuotaQueries(state.ledger)
         self._holdings: Mapping[JobId, Holding] = MappingProxyType(state.holdings)
         self._estimates: Mapping[JobId, RunEstimate] = MappingProxyType(state.estimates)
         self._capacity: Mapping[str, int] = MappingProxyType(state.capacity)
-        self.memo: CycleStore = state.memo
-        self.current: CycleStore = state.current
-        self.per_cycle: CycleStore = state.per_cycle
+        self.memo: Final[CycleStore] = state.memo
+        self.current: Final[CycleStore] = state.current
+        self.per_cycle: Final[CycleStore] = state.per_cycle
 
     @property
     def now(self) -> float:
         return self._state.now
-
-    @property
-    def seed(self) -> int:
-        return self._state.seed
-
-    @property
-    def nodes(self) -> NodeInfo:
-        return self._state.table
 
     @property
     def capacity(self) -> Mapping[str, int]:
