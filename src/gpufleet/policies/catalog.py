@@ -11,7 +11,7 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
                    scarcity 0.3 + best fit 0.02) + topology, FGD GPU selection
     fair-binpack   fair share between queues, priority then FIFO inside a queue, priority preemption and
                    quota reclaim, bin_pack + topology (the default before QSSF ordering and FGD placement:
-                   90.5 % vs 95.5 % GPU allocation on openb; avg JCT 0.58 vs 0.34 of strict FIFO on Philly)
+                   90.5 % vs 95.5 % GPU allocation on openb; avg JCT 0.58 vs 0.35 of strict FIFO on Philly)
     fifo           strict FIFO (a head that does not fit holds its queue), bin_pack
     fifo-backfill  FIFO, jobs behind a blocked head may go first, bin_pack
     priority       priority then FIFO, priority preemption, bin_pack + topology
