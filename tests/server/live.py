@@ -32,18 +32,19 @@ def note(event, **more):
     with open(ledger, "a") as f:
         f.write(line + "\n")
 
-note("start", env=env)
-print(f"hello from rank {env.get('RANK')} of job {env.get('GPUFLEET_JOB_ID')}", flush=True)
-
 def on_term(signo, frame):
     note("end", how="signal")
     sys.exit(0)
 
+# The handler is in place before the start is noted: a test that stops the job once it saw it start must
+# find it ready for the signal.
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else on_term)
+note("start", env=env)
+print(f"hello from rank {env.get('RANK')} of job {env.get('GPUFLEET_JOB_ID')}", flush=True)
+
 if mode == "ignore-term":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while True:
         time.sleep(0.05)
-signal.signal(signal.SIGTERM, on_term)
 if mode == "sleep":
     time.sleep(float(arg))
 elif mode == "wait-file":
