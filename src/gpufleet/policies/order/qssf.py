@@ -9,7 +9,8 @@ than `min_samples` finished runs in the class, the queue's last finished runs of
 queues'; with no history at all, `prior_s`.
 
 Why these choices (Philly, Oct-Nov 2017, Helios' VC cluster, arrivals compressed 8x; average JCT: strict
-FIFO 63,777 s, FIFO with backfill 36,884 s, SJF with oracle durations 19,078 s, ratio 0.299):
+FIFO 63,777 s, FIFO with backfill 36,884 s, SJF with oracle durations 19,078 s, ratio 0.299; the QSSF
+figures below were measured while the learner still ran inside the cycle, see docs/ARCHITECTURE.md):
 
 - Recent history, not a long one: run times come in bursts (a team submits many short runs, then long
   ones), so the last 20 finishes of the class predict better than the last 40 or 50 (4-7% shorter JCT in
