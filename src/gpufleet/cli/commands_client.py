@@ -7,6 +7,7 @@ GPUFLEET_TOKEN, or the file `gpufleet login` writes) and most take --json for sc
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,18 +106,30 @@ def login(
 def submit(
     spec_file: Annotated[str, typer.Argument(metavar="JOB.yaml", help="The job spec.")],
     queue: Annotated[str | None, typer.Option(help="Submit to this queue (overrides the spec's).")] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            help="Working directory of every worker (overrides the spec's) [default: the spec's, else the "
+            "directory you submit from]; `-`: the job's own private folder.",
+        ),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it ends; exit 1 unless it succeeded.")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Submit a job from a YAML spec."""
+    """Submit a job from a YAML spec. It runs in the directory you submit from unless the spec or --workdir
+    says otherwise (on every node: keep it on a file system they share)."""
     from gpufleet.server.spec import load_spec_file
 
     with _client(url, token) as client:
         spec = load_spec_file(spec_file)
         if queue:
             spec = spec.model_copy(update={"queue": queue})
+        if workdir is not None:
+            spec = spec.model_copy(update={"workdir": "" if workdir == "-" else workdir})
+        elif not spec.workdir:
+            spec = spec.model_copy(update={"workdir": os.getcwd()})
         job = client.post("/v1/jobs", spec.model_dump(mode="json", exclude_none=True))
         if not as_json:
             typer.echo(f"submitted {job['id']} to queue {job['queue']}")

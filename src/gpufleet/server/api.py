@@ -27,7 +27,7 @@ from gpufleet.domain.errors import (
 )
 from gpufleet.server.auth import Principal
 from gpufleet.server.context import ApiContext
-from gpufleet.server.errors import ConflictError, ForbiddenError, UnauthorizedError
+from gpufleet.server.errors import ConflictError, ForbiddenError, UnauthorizedError, UnavailableError
 from gpufleet.server.schemas import ErrorOut, HealthOut, IsolationOut
 from gpufleet.server.service import Service
 from gpufleet.server.spec import JobSpec, problems_from_errors
@@ -68,6 +68,8 @@ def error_status(error: GpufleetError) -> tuple[int, str]:
         return 503, "disk_full"
     if isinstance(error, StoreUnavailableError):
         return 503, "store_unavailable"
+    if isinstance(error, UnavailableError):
+        return 503, "unavailable"
     if isinstance(error, UnauthorizedError):
         return 401, "unauthorized"
     if isinstance(error, ForbiddenError):

@@ -12,12 +12,28 @@ from gpufleet.ports import Clock
 from gpufleet.ports.admin import AdminStore
 
 
+def read_log_file(path: Path, offset: int, limit: int) -> tuple[bytes, int, int]:
+    """Up to `limit` bytes of a log file from `offset`: (data, where it starts, the file's size). A file not
+    there (yet, or any more) reads as empty at `offset`."""
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, 2)
+            start = min(offset, size)
+            handle.seek(start)
+            return handle.read(limit), start, size
+    except FileNotFoundError:
+        return b"", offset, offset
+
+
 @dataclass
 class ApiContext:
     store: AdminStore
     clock: Clock
     # Log files of a job, oldest attempt first, one per worker (empty when it never ran here).
     log_paths: Callable[[JobId], Sequence[Path]] = lambda _job_id: ()
+    # Reads part of one of those logs (offset, limit -> data, start, size): from this machine's disk, or
+    # through the agent of the node the log is on.
+    read_log: Callable[[Path, int, int], tuple[bytes, int, int]] = read_log_file
     # Tell the control loop that something changed (a submit, a cancel, a quota), so it runs now.
     wake: Callable[[], None] = lambda: None
     emulated: bool = False

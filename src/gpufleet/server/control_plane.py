@@ -15,14 +15,14 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from gpufleet.adapters.clock import WallClock
 from gpufleet.adapters.local.executor import LocalBackend
-from gpufleet.adapters.local.isolation import DEFAULT_LOG_CAP, DEFAULT_PIDS_LIMIT, Isolation
+from gpufleet.adapters.local.isolation import DEFAULT_LOG_CAP, DEFAULT_PIDS_LIMIT, Isolation, IsolationReport
 from gpufleet.adapters.local.logs import DAY_S, LogRetention
 from gpufleet.adapters.local.users import DEFAULT_JOBS_HOME, RunAs
 from gpufleet.adapters.storage.engine import StoreFullError
@@ -34,11 +34,15 @@ from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.quotas import DEFAULT_QUEUE, QueueSpec
 from gpufleet.policies.catalog import PolicyData, profile
 from gpufleet.ports.admin import JobQuery
+from gpufleet.ports.gpu_probe import GpuActivity, GpuProbe
 from gpufleet.scheduling.fragmentation import TargetWorkload
-from gpufleet.server.context import ApiContext
+from gpufleet.server.context import ApiContext, read_log_file
 
 if TYPE_CHECKING:
-    from gpufleet.server.gpu_monitor import Telemetry
+    from gpufleet.adapters.ray.backend import RayBackend
+    from gpufleet.adapters.ray.fleet import RayFleet
+    from gpufleet.adapters.ray.local_cluster import LocalRayCluster
+    from gpufleet.server.gpu_monitor import ProbeFactory, Telemetry
 
 log = logging.getLogger("gpufleet.up")
 
@@ -74,6 +78,12 @@ class UpSettings:
     log_max_age_s: float | None = 30 * DAY_S
     log_max_total: int | None = None
     log_prune_interval_s: float = 600.0
+    # Many machines: "local" (a Ray cluster of the inventory's emulated nodes on this machine), "auto" (the
+    # cluster this machine belongs to) or HOST:PORT; None: the local executor.
+    ray: str | None = None
+    agent_dir: Path | None = None  # where node agents keep their files on each node; default: <data_dir>/nodes
+    ray_wait_nodes: int = 0  # at start, wait for this many GPU nodes to be up (at most ray_wait_s)
+    ray_wait_s: float = 60.0
 
     @property
     def url(self) -> str:
@@ -93,6 +103,8 @@ def discover_inventory(settings: UpSettings) -> Inventory:
     hostname = _hostname()
     if settings.emulate and settings.inventory_file:
         raise GpufleetError("both --emulate and --inventory were given", "give one of them")
+    if settings.ray is not None and not (settings.emulate or settings.inventory_file):
+        return Inventory((), False, "ray")
     if settings.emulate:
         from gpufleet.adapters.inventory.emulated import parse_emulate
 
@@ -112,7 +124,12 @@ def _hostname() -> str:
 
 
 def _telemetry(
-    settings: UpSettings, store: SqlStore, inventory: Inventory, hostname: str, target: TargetWorkload
+    settings: UpSettings,
+    store: SqlStore,
+    inventory: Inventory,
+    hostname: str,
+    target: TargetWorkload,
+    make_probe: ProbeFactory | None = None,
 ) -> Telemetry:
     from gpufleet.server.gpu_monitor import Telemetry, TelemetrySettings
 
@@ -123,7 +140,13 @@ def _telemetry(
         flush_interval_s=settings.usage_flush_s,
     )
     return Telemetry(
-        store, inventory.nodes, emulated=inventory.emulated, hostname=hostname, settings=options, target=target
+        store,
+        inventory.nodes,
+        emulated=inventory.emulated,
+        hostname=hostname,
+        settings=options,
+        target=target,
+        make_probe=make_probe,
     )
 
 
@@ -338,6 +361,10 @@ class ControlPlane:
             self.clock = WallClock()
             self.store = SqlStore.open(settings.db_url or default_sqlite_url(settings.data_dir))
             make_private(settings.data_dir)  # the store's files, just created
+            self.fleet: RayFleet | None = None
+            self.local_cluster: LocalRayCluster | None = None
+            if settings.ray is not None:
+                self.inventory = self._join_ray(settings, self.inventory)
             self.store.set_nodes(self.inventory.nodes)
             if not self.store.queues():
                 self.store.set_queue(QueueSpec(DEFAULT_QUEUE))
@@ -351,34 +378,59 @@ class ControlPlane:
                 pids_limit=settings.pids_limit,
                 log_cap=settings.log_cap,
             )
-            self.backend = LocalBackend(
-                settings.data_dir / "jobs",
-                self.inventory.nodes,
-                self.clock,
-                emulated=self.inventory.emulated,
-                isolation=self.isolation,
-                log_dir=settings.log_dir,
-            )
-            self.isolation_report = self.backend.isolation_report(single_user_allowed=settings.single_user)
+            self.backend: LocalBackend | RayBackend
+            make_probe: ProbeFactory | None = None
+            self.log_janitor: LogJanitor | None = None
+            if self.fleet is not None:
+                from gpufleet.adapters.ray.backend import RayBackend
+                from gpufleet.adapters.ray.probe import RayProbe
+
+                fleet = self.fleet
+                self.backend = RayBackend(fleet, self.clock)
+                fleet.backend = self.backend
+                self.isolation_report: IsolationReport = fleet.isolation_report() or self.isolation.report(
+                    settings.single_user
+                )
+
+                def make_probe(
+                    activity: Callable[[], Mapping[tuple[str, int], GpuActivity]],
+                    weights: Callable[[], Mapping[int, int]],
+                ) -> GpuProbe:
+                    return RayProbe(fleet, activity, weights)
+            else:
+                self.backend = LocalBackend(
+                    settings.data_dir / "jobs",
+                    self.inventory.nodes,
+                    self.clock,
+                    emulated=self.inventory.emulated,
+                    isolation=self.isolation,
+                    log_dir=settings.log_dir,
+                )
+                self.isolation_report = self.backend.isolation_report(single_user_allowed=settings.single_user)
+                self.log_janitor = LogJanitor(
+                    self.backend,
+                    self.store,
+                    LogRetention(settings.log_max_age_s, settings.log_max_total),
+                    settings.log_prune_interval_s,
+                )
             refused = None
             if not self.isolation.switches_users and not settings.single_user:
                 refused = (
                     f"this control plane runs every job as its own user {RunAs.me().name} (it is not root), so a "
                     "team's job could read every other team's jobs and logs and the admin token"
                 )
-            self.log_janitor = LogJanitor(
-                self.backend,
-                self.store,
-                LogRetention(settings.log_max_age_s, settings.log_max_total),
-                settings.log_prune_interval_s,
-            )
             recent = [record.job for record in self.store.jobs(JobQuery(limit=RECENT_JOBS))]
             self.fgd_target = learned_target(recent)
             log.info("FGD target workload: %s", self.fgd_target.source)
             policy = profile(settings.policy, PolicyData(target=self.fgd_target.target))
             self.reconciler = Reconciler(self.store, self.backend, self.clock, policy)
             self.telemetry = _telemetry(
-                settings, self.store, self.inventory, hostname=_hostname(), target=self.fgd_target.target
+                settings,
+                self.store,
+                self.inventory,
+                hostname=_hostname(),
+                target=self.fgd_target.target,
+                make_probe=make_probe,
             )
             self.loop = LoopThread(
                 self.reconciler,
@@ -388,10 +440,14 @@ class ControlPlane:
                 observer=self.telemetry.observer.after_step,
             )
             self.telemetry.wake = self.loop.wake
+            if self.fleet is not None:
+                self.fleet.on_nodes = self._nodes_changed
+                self.fleet.wake = self.loop.wake
             self.context = ApiContext(
                 store=self.store,
                 clock=self.clock,
                 log_paths=self.backend.log_paths,
+                read_log=self.backend.read_log if self.fleet is not None else read_log_file,
                 wake=self.loop.wake,
                 emulated=self.inventory.emulated,
                 inventory_source=self.inventory.source,
@@ -405,8 +461,52 @@ class ControlPlane:
             for line in (self.isolation_report.users, self.isolation_report.cgroups, *self.isolation_report.notes):
                 log.info("isolation: %s", line)
         except BaseException:
+            self._leave_ray()
             self.lock.release()
             raise
+
+    def _join_ray(self, settings: UpSettings, emulated: Inventory) -> Inventory:
+        """Connect to the Ray cluster (starting a local one for `--ray local`), find or start every node's
+        agent, and return the nodes up now plus the store's others, marked down."""
+        from gpufleet.adapters.ray.agent import AgentOptions
+        from gpufleet.adapters.ray.fleet import RayFleet
+
+        address = settings.ray or "auto"
+        if address == "local":
+            if not emulated.nodes:
+                raise GpufleetError(
+                    "--ray local runs a Ray cluster of emulated GPU nodes and needs their inventory",
+                    "add --inventory fleet.yaml (or --emulate 8xA100-80GB for one node)",
+                )
+            from gpufleet.adapters.ray.local_cluster import LocalRayCluster
+
+            self.local_cluster = LocalRayCluster(emulated.nodes)
+            address = self.local_cluster.address
+        options = AgentOptions(
+            root=str((settings.agent_dir or settings.data_dir / "nodes").absolute()),
+            jobs_home=str(settings.jobs_home),
+            use_cgroups=settings.use_cgroups,
+            pids_limit=settings.pids_limit,
+            log_cap=settings.log_cap,
+        )
+        self.fleet = RayFleet(address, options, emulated=emulated.nodes)
+        wait_for = settings.ray_wait_nodes or len(emulated.nodes)
+        nodes = self.fleet.first_scan(self.store.nodes(), wait_for=wait_for, timeout_s=settings.ray_wait_s)
+        where = "local Ray cluster" if self.local_cluster is not None else f"Ray cluster at {settings.ray}"
+        up = sum(1 for n in nodes if n.healthy)
+        source = f"{where}: {up} node(s) up" + (f", {emulated.source}" if emulated.nodes else "")
+        return Inventory(nodes, self.fleet.all_emulated(), source)
+
+    def _nodes_changed(self, nodes: tuple[Node, ...]) -> None:
+        """A node joined or left the Ray cluster: the store (the loop reads it), telemetry's GPU list."""
+        self.store.set_nodes(nodes)
+        self.telemetry.nodes = nodes
+
+    def _leave_ray(self) -> None:
+        if self.fleet is not None:
+            self.fleet.close()
+        if self.local_cluster is not None:
+            self.local_cluster.shutdown()
 
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         import uvicorn
@@ -424,7 +524,10 @@ class ControlPlane:
             signal.signal(sig, lambda signo, _frame: stopped_by.append(signo))
         self.loop.start()
         self.telemetry.start()
-        self.log_janitor.start()
+        if self.log_janitor is not None:
+            self.log_janitor.start()
+        if self.fleet is not None:
+            self.fleet.start()
         try:
             if on_ready is not None:
                 _call_when_started(server, on_ready)
@@ -444,15 +547,19 @@ class ControlPlane:
         if self.loop.is_alive():
             self.loop.join(timeout=10)
         self.telemetry.stop()
-        self.log_janitor.stop()
+        if self.log_janitor is not None:
+            self.log_janitor.stop()
         try:
             if self.settings.stop_jobs_on_exit:
                 self._stop_jobs()
             self.backend.shutdown(stop_jobs=self.settings.stop_jobs_on_exit, grace_s=self.settings.exit_grace_s)
             self.isolation.cgroups.release()  # only if no job is left running in them
         finally:
-            self.store.close()
-            self.lock.release()
+            try:
+                self._leave_ray()
+            finally:
+                self.store.close()
+                self.lock.release()
 
     def _stop_jobs(self) -> None:
         from gpufleet.domain.lifecycle import JobState

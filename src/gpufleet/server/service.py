@@ -28,7 +28,7 @@ from gpufleet.ports.admin import JobQuery, Role, Token
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
 from gpufleet.server.context import ApiContext
-from gpufleet.server.errors import ConflictError, ForbiddenError, NotFoundError
+from gpufleet.server.errors import ConflictError, ForbiddenError, NotFoundError, UnavailableError
 from gpufleet.server.schemas import (
     CancelOut,
     DrainOut,
@@ -341,13 +341,9 @@ class Service:
                 f"pick one of: {', '.join(available)}",
             )
         try:
-            with chosen.path.open("rb") as handle:
-                size = handle.seek(0, 2)
-                start = min(offset, size)
-                handle.seek(start)
-                data = handle.read(MAX_LOG_CHUNK)
-        except FileNotFoundError:
-            data, start, size = b"", offset, offset
+            data, start, size = self.ctx.read_log(chosen.path, offset, MAX_LOG_CHUNK)
+        except GpufleetError as error:
+            raise UnavailableError(error.message, error.fix) from None
         next_offset = start + len(data)
         latest = want_attempt == max(f.attempt for f in files)
         complete = next_offset >= size and (finished or not latest)
