@@ -320,7 +320,8 @@ class NodeAgent:
         )
 
     def _watch(self) -> None:
-        while not self._halt.wait(self.options.watch_s):
+        # Every `watch_s` while it runs workers; a node without any looks four times a second.
+        while not self._halt.wait(self.options.watch_s if self._attempts else max(self.options.watch_s, 0.25)):
             try:
                 self.refresh()
             except Exception:  # the watcher must go on: the next round retries

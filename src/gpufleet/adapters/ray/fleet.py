@@ -17,6 +17,7 @@ only then is the node healthy again: no GPU is ever held by two jobs.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
@@ -62,6 +63,11 @@ class _RayNode:
     labels: Mapping[str, str]
 
 
+def agent_namespace(root: str) -> str:
+    """The Ray namespace of the agents that keep their files under `root`."""
+    return f"{DEFAULT_NAMESPACE}-{hashlib.sha256(root.encode()).hexdigest()[:10]}"
+
+
 class RayFleet:
     """The nodes of one Ray cluster and their agents. `scan` is called by the fleet's thread; the getters
     are called from the loop's and the API's threads (reads of dicts replaced whole, or under the lock)."""
@@ -72,13 +78,16 @@ class RayFleet:
         options: AgentOptions,
         *,
         emulated: Sequence[Node] = (),
-        namespace: str = DEFAULT_NAMESPACE,
+        namespace: str | None = None,
         scan_s: float = 1.0,
     ) -> None:
+        """`namespace`: the Ray namespace of the agents; default `gpufleet-<hash of options.root>`, so a control
+        plane restarted on the same data finds its agents again, and another one on the same cluster never
+        takes them over."""
         self.ray = require_ray()
         self.address_given = address
         self.options = options
-        self.namespace = namespace
+        self.namespace = namespace or agent_namespace(options.root)
         self.scan_s = scan_s
         self.emulated_specs = {node.name: node for node in emulated}
         self._agents: dict[str, _Agent] = {}
@@ -345,4 +354,4 @@ class RayFleet:
         return None
 
 
-__all__ = ["DEFAULT_NAMESPACE", "NODE_RESOURCE", "RayFleet"]
+__all__ = ["DEFAULT_NAMESPACE", "NODE_RESOURCE", "RayFleet", "agent_namespace"]
