@@ -77,6 +77,7 @@ class _Job:
     failure: tuple[int, str] | None = None
     lost: str | None = None
     checkpoint_at: float | None = None  # wall clock, for a job lost with its node
+    lost_with_node: bool = False  # its LOST waits one poll (the loop reads the node as down first)
 
     @property
     def key(self) -> Key:
@@ -409,8 +410,9 @@ class RayBackend:
             now = time.time()
             for job in self._live.values():
                 if job.lost is None and any(w.node == name for w in job.workers):
-                    job.lost = f"node {name} lost"
                     job.checkpoint_at = _last_checkpoint(job, now)
+                    job.lost = f"node {name} lost" + _work_lost(job.checkpoint_at, now)
+                    job.lost_with_node = True
 
     # --- job rules ------------------------------------------------------------------------------------
 
@@ -426,7 +428,7 @@ class RayBackend:
             observation = Observation(
                 key[0], key[1], ObservationKind.LOST, self.clock.now(), detail=job.lost, checkpoint_at=checkpoint
             )
-            if job.lost.startswith("node ") and job.lost.endswith(" lost"):
+            if job.lost_with_node:
                 self._held.append(observation)  # the loop reads the node as down first
             else:
                 self._inbox.append(observation)
@@ -522,6 +524,12 @@ def _last_checkpoint(job: _Job, now: float) -> float | None:
     if not interval:
         return started
     return started + ((now - started) // interval) * interval
+
+
+def _work_lost(checkpoint_at: float | None, now: float) -> str:
+    if checkpoint_at is None:
+        return ""
+    return f"; {now - checkpoint_at:.0f} s of work since its last checkpoint lost"
 
 
 def _is_actor_gone(exc: BaseException) -> bool:
