@@ -50,7 +50,10 @@ def _run(plane: RayPlane, spec: dict[str, Any], timeout_s: float) -> dict[str, A
         assert response.status_code == 201, response.text
         job_id = response.json()["id"]
         done = plane.live.wait_state(client, job_id, "succeeded", "failed", "cancelled", timeout_s=timeout_s)
-    assert done["state"] == "succeeded", done
+        if done["state"] != "succeeded":
+            events = client.get(f"/v1/jobs/{job_id}/events").json()["events"]
+            logs = [client.get(f"/v1/jobs/{job_id}/logs", params={"worker": w}).json()["text"][-1500:] for w in (0, 1)]
+            raise AssertionError(f"{done['state']}: {[e['reason'] for e in events]}; logs of workers 0, 1: {logs}")
     return done
 
 

@@ -111,7 +111,9 @@ def up(
     ] = None,
     agent_dir: Annotated[
         Path | None,
-        typer.Option(help="With --ray: where each node's agent keeps its files on that node [default: DATA_DIR/nodes]."),
+        typer.Option(
+            help="With --ray: where each node's agent keeps its files on that node [default: DATA_DIR/nodes]."
+        ),
     ] = None,
 ) -> None:
     """Start the control plane: HTTP API, scheduling loop and executor (this machine, or a Ray cluster's
