@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Protocol
 
 from gpufleet.adapters.clock import WallClock
 from gpufleet.adapters.local.executor import LocalBackend
@@ -307,10 +307,17 @@ class LoopThread(threading.Thread):
             log.exception("control loop step failed; retrying every second")
 
 
+class LogPruner(Protocol):
+    """What the janitor needs of an executor: the local one prunes this machine's logs, the Ray one each
+    node's through its agent."""
+
+    def prune_logs(self, retention: LogRetention, finished: Callable[[str], bool]) -> dict[str, int]: ...
+
+
 class LogJanitor(threading.Thread):
     """Deletes finished jobs' logs past their retention, at start and then every `interval_s`."""
 
-    def __init__(self, backend: LocalBackend, store: SqlStore, retention: LogRetention, interval_s: float) -> None:
+    def __init__(self, backend: LogPruner, store: SqlStore, retention: LogRetention, interval_s: float) -> None:
         super().__init__(name="gpufleet-logs", daemon=True)
         self.backend = backend
         self.store = store
@@ -380,7 +387,6 @@ class ControlPlane:
             )
             self.backend: LocalBackend | RayBackend
             make_probe: ProbeFactory | None = None
-            self.log_janitor: LogJanitor | None = None
             if self.fleet is not None:
                 from gpufleet.adapters.ray.backend import RayBackend
                 from gpufleet.adapters.ray.probe import RayProbe
@@ -407,12 +413,12 @@ class ControlPlane:
                     log_dir=settings.log_dir,
                 )
                 self.isolation_report = self.backend.isolation_report(single_user_allowed=settings.single_user)
-                self.log_janitor = LogJanitor(
-                    self.backend,
-                    self.store,
-                    LogRetention(settings.log_max_age_s, settings.log_max_total),
-                    settings.log_prune_interval_s,
-                )
+            self.log_janitor = LogJanitor(
+                self.backend,
+                self.store,
+                LogRetention(settings.log_max_age_s, settings.log_max_total),
+                settings.log_prune_interval_s,
+            )
             refused = None
             if not self.isolation.switches_users and not settings.single_user:
                 refused = (
@@ -524,8 +530,7 @@ class ControlPlane:
             signal.signal(sig, lambda signo, _frame: stopped_by.append(signo))
         self.loop.start()
         self.telemetry.start()
-        if self.log_janitor is not None:
-            self.log_janitor.start()
+        self.log_janitor.start()
         if self.fleet is not None:
             self.fleet.start()
         try:
@@ -547,8 +552,7 @@ class ControlPlane:
         if self.loop.is_alive():
             self.loop.join(timeout=10)
         self.telemetry.stop()
-        if self.log_janitor is not None:
-            self.log_janitor.stop()
+        self.log_janitor.stop()
         try:
             if self.settings.stop_jobs_on_exit:
                 self._stop_jobs()

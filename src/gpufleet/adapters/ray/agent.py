@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.adapters.local.isolation import Isolation, IsolationReport, WorkerSpec
-from gpufleet.adapters.local.layout import safe_name
+from gpufleet.adapters.local.layout import job_id_of, safe_name
+from gpufleet.adapters.local.logs import LogRetention
 from gpufleet.adapters.local.proc import read_json
 from gpufleet.adapters.local.supervisor import Worker, WorkerSupervisor
 from gpufleet.domain.cluster import Node
@@ -363,6 +364,23 @@ class NodeAgent:
                 return handle.read(limit), start, size
         except FileNotFoundError:
             return b"", offset, offset
+
+    def logged_jobs(self) -> list[str]:
+        """The jobs that have logs on this node."""
+        root = self.supervisor.layout.log_root
+        found = []
+        for folder in root.iterdir() if root.is_dir() else ():
+            with contextlib.suppress(UnicodeDecodeError):
+                found.append(job_id_of(folder.name))
+        return found
+
+    def prune_logs(self, retention: LogRetention, finished: Sequence[str]) -> dict[str, int]:
+        """Delete the logs (and run records) of the `finished` jobs that `retention` no longer keeps; never
+        those of an attempt this agent still runs."""
+        with self._lock:
+            live = {job_id for job_id, _ in self._attempts}
+        done = set(finished) - live
+        return self.supervisor.prune_logs(retention, done.__contains__)
 
     # --- telemetry ----------------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from gpufleet.adapters.local.env import allocator_env
 from gpufleet.adapters.local.executor import describe_failure
 from gpufleet.adapters.local.isolation import WorkerSpec
+from gpufleet.adapters.local.logs import LogRetention
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import JobId
 from gpufleet.ports import BackendCapabilities, Clock, Launch, Observation, ObservationKind
@@ -279,6 +280,22 @@ class RayBackend:
             )
         data, start, size = self.ray.get(agent.read_log.remote(str(path), offset, limit), timeout=LOG_TIMEOUT_S)
         return data, start, size
+
+    def prune_logs(self, retention: LogRetention, finished: Callable[[str], bool]) -> dict[str, int]:
+        """Delete, on every node that answers, finished jobs' logs that `retention` no longer keeps (never a
+        live job's). Called by the control plane's log janitor, from its own thread."""
+        live = {job_id for job_id, _ in list(self._live)}
+        total = {"jobs": 0, "bytes": 0}
+        for name, agent in self.fleet.agents():
+            try:
+                logged = self.ray.get(agent.logged_jobs.remote(), timeout=LOG_TIMEOUT_S)
+                done = [job_id for job_id in logged if job_id not in live and finished(job_id)]
+                if done:
+                    pruned = self.ray.get(agent.prune_logs.remote(retention, done), timeout=LOG_TIMEOUT_S)
+                    total = {key: total[key] + pruned[key] for key in total}
+            except Exception as error:  # the next round tries again
+                log.warning("log retention on node %s: %s", name, error)
+        return total
 
     def running_commands(self) -> dict[WorkerKey, int]:
         """The pid of each running worker's command, on its node (for emulated GPUs' process lists)."""
