@@ -84,3 +84,20 @@ def test_submit_runs_a_relative_command_in_the_folder_it_was_called_from(plane: 
     printed = submit_from(project, plane.live.url, plane.live.server.token, python, env, out)
     assert "succeeded" in printed
     assert [json.loads(line)["cwd"] for line in out.read_text().splitlines()] == [str(project)]
+
+
+def test_drain_of_a_node_moves_its_job_to_another_node(plane: RayPlane) -> None:
+    live = plane.live
+    with plane.client() as client:
+        job = live.submit(client, "sleep", "600", gpus=4)
+        [first] = live.wait_events("start", job, timeout_s=60)
+        node = _node_of(first)
+        try:
+            response = client.post(f"/v1/nodes/{node}/drain")
+            assert response.status_code == 200, response.text
+            assert response.json()["requeued"] == [job]
+            starts = live.wait_events("start", job, count=2, timeout_s=60)
+        finally:
+            client.post(f"/v1/nodes/{node}/uncordon")
+    assert live.events("end", job)[0]["how"] == "signal"  # stopped with its checkpoint signal on its node
+    assert _node_of(starts[1]) != node

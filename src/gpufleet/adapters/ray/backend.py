@@ -332,13 +332,14 @@ class RayBackend:
             what, node, key = self._calls.pop(ref)
             try:
                 answer = self.ray.get(ref, timeout=0)
-            except GpufleetError as exc:
-                self._failed_call(what, node, key, str(exc))
-                continue
             except Exception as exc:
+                # An error raised in the agent arrives wrapped, its remote traceback in its text: say the cause.
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, GpufleetError):
                     self._failed_call(what, node, key, str(cause))
+                    continue
+                if isinstance(cause, OSError):
+                    self._failed_call(what, node, key, f"cannot write its files there: {cause.strerror or cause}")
                     continue
                 if _is_actor_gone(exc):
                     self.fleet.report_unreachable(node)
@@ -358,8 +359,10 @@ class RayBackend:
             self._status_out.pop(node, None)
             return
         job = self._live.get(key) if key is not None else None
-        if job is not None and what == "start" and job.lost is None:
-            job.lost = f"could not start on node {node}: {detail}"
+        if job is not None and what == "start":
+            job.started_nodes.add(node)  # it may have started some workers there: they are killed with the job
+            if job.lost is None:
+                job.lost = f"could not start on node {node}: {detail}"
 
     def _started(self, key: Key, node: str, port: int | None) -> None:
         job = self._live.get(key)
