@@ -7,22 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.adapters.local.isolation import IsolationReport
+from gpufleet.adapters.local.logs import read_log_file
 from gpufleet.domain.jobs import JobId
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import AdminStore
-
-
-def read_log_file(path: Path, offset: int, limit: int) -> tuple[bytes, int, int]:
-    """Up to `limit` bytes of a log file from `offset`: (data, where it starts, the file's size). A file not
-    there (yet, or any more) reads as empty at `offset`."""
-    try:
-        with path.open("rb") as handle:
-            size = handle.seek(0, 2)
-            start = min(offset, size)
-            handle.seek(start)
-            return handle.read(limit), start, size
-    except FileNotFoundError:
-        return b"", offset, offset
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import IO, TYPE_CHECKING, Protocol
 from gpufleet.adapters.clock import WallClock
 from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.local.isolation import DEFAULT_LOG_CAP, DEFAULT_PIDS_LIMIT, Isolation, IsolationReport
-from gpufleet.adapters.local.logs import DAY_S, LogRetention
+from gpufleet.adapters.local.logs import DAY_S, LogRetention, read_log_file
 from gpufleet.adapters.local.users import DEFAULT_JOBS_HOME, RunAs
 from gpufleet.adapters.storage.engine import StoreFullError
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
@@ -36,7 +36,7 @@ from gpufleet.policies.catalog import PolicyData, profile
 from gpufleet.ports.admin import JobQuery
 from gpufleet.ports.gpu_probe import GpuActivity, GpuProbe
 from gpufleet.scheduling.fragmentation import TargetWorkload
-from gpufleet.server.context import ApiContext, read_log_file
+from gpufleet.server.context import ApiContext
 
 if TYPE_CHECKING:
     from gpufleet.adapters.ray.backend import RayBackend

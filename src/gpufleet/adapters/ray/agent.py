@@ -34,7 +34,7 @@ from typing import Any
 
 from gpufleet.adapters.local.isolation import Isolation, IsolationReport, WorkerSpec
 from gpufleet.adapters.local.layout import job_id_of, safe_name
-from gpufleet.adapters.local.logs import LogRetention
+from gpufleet.adapters.local.logs import LogRetention, read_log_file
 from gpufleet.adapters.local.proc import read_json
 from gpufleet.adapters.local.supervisor import Worker, WorkerSupervisor
 from gpufleet.domain.cluster import Node
@@ -356,14 +356,7 @@ class NodeAgent:
         target = Path(path).resolve()
         if not target.is_relative_to(root):
             raise GpufleetError(f"{path} is not a job log of node {self.name}", "ask for a path `log_paths` gave")
-        try:
-            with target.open("rb") as handle:
-                size = handle.seek(0, 2)
-                start = min(offset, size)
-                handle.seek(start)
-                return handle.read(limit), start, size
-        except FileNotFoundError:
-            return b"", offset, offset
+        return read_log_file(target, offset, limit)
 
     def logged_jobs(self) -> list[str]:
         """The jobs that have logs on this node."""
