@@ -222,7 +222,10 @@ def test_a_worker_opens_only_its_own_gpus_devices(iso: Isolated, groups: cg.Cgro
     assert blocked == {f"nvidia{n}" for n in range(8)}
 
 
-def test_a_stop_kills_processes_that_left_the_workers_session(iso: Isolated, groups: cg.Cgroups) -> None:
+@pytest.mark.parametrize("grace_s", [0.5, 0.0], ids=["with-grace", "forced"])
+def test_a_stop_kills_processes_that_left_the_workers_session(
+    iso: Isolated, groups: cg.Cgroups, grace_s: float
+) -> None:
     backend = iso.backend(iso.per_queue_users(groups))
     pidfile = iso.shared / "escapee.pid"
     backend.launch(iso.launch("escape", iso.run("escape", str(pidfile))))
@@ -230,7 +233,11 @@ def test_a_stop_kills_processes_that_left_the_workers_session(iso: Isolated, gro
     wait_until(pidfile.exists, what="the escapee's pid")
     escapee = int(pidfile.read_text())
     assert os.getsid(escapee) != os.getsid(iso_child_pid(iso, "escape"))  # it really left the session
-    backend.stop("escape", 1, 0.5, "cancelled by a test")
+    backend.stop("escape", 1, grace_s, "cancelled by a test")
+    if grace_s == 0:
+        # cancel --force: SIGKILL without grace reaches the job's process group; what left it dies with the
+        # cgroup as soon as the command is gone, with no poll of the backend in between.
+        wait_until(lambda: not pid_alive(escapee), timeout=2.0, what="the escapee to die of the forced stop")
     seen = wait_for(backend, ended("escape"))
     assert only(seen, "escape", K.STOPPED).detail == "cancelled by a test"
     assert not pid_alive(escapee)  # it held the job's GPUs: it must not outlive the stop
@@ -244,6 +251,18 @@ def test_leftovers_die_with_the_worker_when_it_exits_by_itself(iso: Isolated, gr
     seen = wait_for(backend, ended("daemon"))
     assert only(seen, "daemon", K.EXITED).exit_code == 0
     assert not pid_alive(int(pidfile.read_text()))
+
+
+def test_a_base_cgroup_removed_while_empty_is_made_again_for_the_next_worker(iso: Isolated, groups: cg.Cgroups) -> None:
+    backend = iso.backend(iso.per_queue_users(groups))
+    bases = list(dict.fromkeys(groups.bases.values()))
+    # What a tool that clears empty cgroups does (or another test session's cleanup on a shared machine).
+    for base in bases:
+        os.rmdir(base)
+    backend.launch(iso.launch("again", iso.run("whoami", iso.out("again"))))
+    seen = wait_for(backend, ended("again"))
+    assert only(seen, "again", K.EXITED).exit_code == 0
+    assert all(Path(base).is_dir() for base in bases)
 
 
 def test_after_a_crash_adoption_kills_and_removes_the_cgroup_of_a_lost_or_orphaned_worker(

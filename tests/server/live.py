@@ -36,7 +36,8 @@ def on_term(signo, frame):
     note("end", how="signal")
     sys.exit(0)
 
-# Handlers first: a test may stop the job as soon as the start line is there.
+# The handler is in place before the start is noted: a test that stops the job once it saw it start must
+# find it ready for the signal.
 signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else on_term)
 note("start", env=env)
 print(f"hello from rank {env.get('RANK')} of job {env.get('GPUFLEET_JOB_ID')}", flush=True)

@@ -225,6 +225,10 @@ def test_quota_run_as_and_nodes_say_how_jobs_are_isolated(live: Live) -> None:
     assert "is not a user name" in live.cli("quota", "set", "team-r", "--run-as", "Bad Name", code=2)
     live.cli("quota", "set", "team-r", "--run-as", "")  # back to the queue's own user
     assert next(q for q in json.loads(live.cli("queues", "--json")) if q["name"] == "team-r")["run_as"] is None
+    # Who mapped the queue to which OS user is in the audit log (the refused mappings changed nothing).
+    mapped = [e for e in json.loads(live.cli("audit", "--json")) if e["target"] == "team-r"]
+    assert [e["action"] for e in mapped] == ["queue.set"] * 3
+    assert sum('"run_as": "research"' in e["detail"] for e in mapped) == 2
     nodes = live.cli("nodes")
     assert "jobs: jobs run as their queue's own user" in nodes
     assert "limits: cgroups v1: memory limits" in nodes

@@ -4,7 +4,8 @@ A real `gpufleet up` runs as a separate process on loopback with an emulated inv
 directory. Measured:
 
 - **submit throughput**: `clients` concurrent HTTP clients (keep-alive) submit `jobs` one-GPU jobs to one
-  queue; jobs accepted per second of wall time (goal >= 500/s, the figure Slurm states).
+  queue, each with its own `Idempotency-Key` as the CLI sends, within the default rate limits; jobs
+  accepted per second of wall time (goal >= 500/s, the figure Slurm states).
 - **submit -> process started**: on the then idle control plane, one job at a time whose command records
   the wall time it started; latency from just before the HTTP request to that time, p50 and p99 (goal
   p50 <= 100 ms).
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -135,7 +137,8 @@ def _submit_throughput(server: LocalServer, jobs: int, clients: int) -> dict[str
     def work(index: int) -> None:
         with server.client() as client:
             for n in range(per_client[index]):
-                response = client.post("/v1/jobs", json={**spec, "name": f"bench-{index}-{n}"})
+                key = {"Idempotency-Key": str(uuid.uuid4())}
+                response = client.post("/v1/jobs", json={**spec, "name": f"bench-{index}-{n}"}, headers=key)
                 if response.status_code in (200, 201):
                     accepted[index] += 1
                 else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 from collections.abc import Callable
@@ -11,9 +10,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
+from gpufleet.cli.safe_text import markup, plain
 from gpufleet.domain.errors import GpufleetError
+from gpufleet.server.limits import MAX_GRACE_S
+from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
 
 DATA_DIR_ENV = "GPUFLEET_DATA_DIR"
 
@@ -22,15 +23,6 @@ def default_data_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("gpufleet"))
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def up(
@@ -52,6 +44,37 @@ def up(
         Path | None, typer.Option(help="An emulated inventory in YAML (several nodes, models, racks).")
     ] = None,
     policy: Annotated[str, typer.Option(help="Scheduling profile (see `gpufleet sim --help`).")] = "default",
+    max_grace: Annotated[
+        str,
+        typer.Option(
+            help="The longest grace_period a job may ask (between its checkpoint signal and SIGKILL), in queues "
+            "whose admin set no maximum (`quota set … --max-grace`)."
+        ),
+    ] = "1h",
+    team_rate: Annotated[
+        float, typer.Option(min=0, help="Requests per second per team or metrics token, on average (0: no limit).")
+    ] = TEAM_RATE.per_s,
+    team_burst: Annotated[float, typer.Option(min=1, help="... and at most this many at once.")] = TEAM_RATE.burst,
+    admin_rate: Annotated[
+        float, typer.Option(min=0, help="Requests per second per admin token, on average (0: no limit).")
+    ] = ADMIN_RATE.per_s,
+    admin_burst: Annotated[float, typer.Option(min=1, help="... and at most this many at once.")] = ADMIN_RATE.burst,
+    public_metrics: Annotated[
+        bool,
+        typer.Option(
+            "--public-metrics",
+            help="Serve /metrics without a token even when --host is not loopback (it lists job ids, queues and "
+            "hostnames). Without it, a non-loopback /metrics needs a metrics or admin token.",
+        ),
+    ] = False,
+    reset_store: Annotated[
+        bool,
+        typer.Option(
+            "--reset-store",
+            help="Start over with a new, empty store when the existing one is damaged or not this data "
+            "directory's: a SQLite file is moved aside (never deleted) and jobs still running from it are stopped.",
+        ),
+    ] = False,
     stop_jobs: Annotated[
         bool,
         typer.Option(
@@ -69,6 +92,13 @@ def up(
     idle_window: Annotated[
         float, typer.Option(min=0.01, help="... and flagged reserved-but-idle after this many seconds.")
     ] = 1800.0,
+    root_path: Annotated[
+        str,
+        typer.Option(
+            help="The path prefix a reverse proxy serves gpufleet under, e.g. /gpufleet (a proxy may also send "
+            "X-Forwarded-Prefix); the dashboard's links and cookie use it."
+        ),
+    ] = "",
     single_user: Annotated[
         bool,
         typer.Option(
@@ -118,7 +148,7 @@ def up(
 ) -> None:
     """Start the control plane: HTTP API, scheduling loop and executor (this machine, or a Ray cluster's
     nodes with --ray), on embedded defaults."""
-    from gpufleet.server.control_plane import ControlPlane, UpSettings
+    from gpufleet.server.control_plane import ControlPlane, UpSettings, is_loopback
     from gpufleet.server.spec import parse_duration, parse_size
 
     console = Console(stderr=True, soft_wrap=True)
@@ -126,6 +156,11 @@ def up(
     os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    try:
+        max_grace_s = parse_duration(max_grace, MAX_GRACE_S)
+    except ValueError as error:
+        typer.echo(f"error: --max-grace {error}", err=True)
+        raise typer.Exit(2) from None
     settings = UpSettings(
         data_dir=(data_dir or default_data_dir()).expanduser(),
         host=host,
@@ -134,10 +169,16 @@ def up(
         emulate=emulate,
         inventory_file=inventory,
         policy=policy,
+        reset_store=reset_store,
+        max_grace_s=max_grace_s,
+        team_rate=Rate(team_rate, team_burst),
+        admin_rate=Rate(admin_rate, admin_burst),
+        public_metrics=public_metrics,
         stop_jobs_on_exit=stop_jobs,
         sample_interval_s=sample_interval,
         idle_threshold_pct=idle_threshold,
         idle_window_s=idle_window,
+        root_path=_root_path(root_path),
         single_user=single_user,
         jobs_home=jobs_home,
         use_cgroups=cgroups,
@@ -152,13 +193,14 @@ def up(
     try:
         plane = ControlPlane(settings)
     except GpufleetError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {plain(error)}", err=True)
         raise typer.Exit(2) from None
 
     def ready() -> None:
         gpus = sum(len(node.gpus) for node in plane.inventory.nodes)
         label = " [bold yellow](EMULATED)[/]" if plane.inventory.emulated else ""
         console.print(f"gpufleet control plane at [bold]{settings.url}[/]")
+        console.print(f"  dashboard: {settings.url}/   API: {settings.url}/docs")
         console.print(f"  GPUs: {gpus} on {len(plane.inventory.nodes)} node(s), {plane.inventory.source}{label}")
         console.print(f"  data: {settings.data_dir}   store: {settings.db_url or 'SQLite (WAL)'}")
         console.print(f"  policy: {settings.policy}   on exit: {'stop jobs' if stop_jobs else 'keep jobs running'}")
@@ -166,12 +208,25 @@ def up(
         console.print(f"  jobs: {report.users}", markup=False)
         console.print(f"  limits: {report.cgroups}", markup=False)
         for note in report.notes:
-            console.print(f"[bold yellow]warning:[/] {escape(note)}")
-        if not _is_loopback(host):
+            console.print(f"[bold yellow]warning:[/] {markup(note)}")
+        if plane.opened.reset:
+            kept = markup(", ".join(str(path) for path in plane.opened.moved) or "nothing to move")
+            console.print(
+                f"  [bold yellow]store reset:[/] started with a new store; the old one was moved aside ({kept}); "
+                "jobs still running from it are stopped"
+            )
+        if not is_loopback(host):
             console.print(
                 f"[bold red]warning:[/] listening on {host}, reachable from other machines; every call needs a "
                 "token, but use TLS in front of it (a reverse proxy) or bind to 127.0.0.1"
             )
+            if public_metrics:
+                console.print("  /metrics: [bold]public[/] (--public-metrics): job ids, queues and hostnames for all")
+            else:
+                console.print(
+                    "  /metrics: needs a bearer token (Prometheus: `authorization: {credentials: …}` in the scrape "
+                    "config); make one with `gpufleet token create prometheus --role metrics`"
+                )
         if plane.admin_token is not None:
             console.print(f"  admin token (shown once, keep it): [bold]{plane.admin_token}[/]")
             saved = _save_client_config(settings.url, plane.admin_token)
@@ -182,7 +237,7 @@ def up(
     try:
         plane.serve(on_ready=ready)
     except GpufleetError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {plain(error)}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -193,6 +248,21 @@ def _option(parse: Callable[[str], float | int], value: str, name: str) -> int:
     except ValueError as error:
         typer.echo(f"error: {name}: {error}", err=True)
         raise typer.Exit(2) from None
+
+
+def _root_path(text: str) -> str:
+    """`/gpufleet`, `gpufleet/` and `/gpufleet/` all mean the prefix `/gpufleet`; `/` or nothing, none."""
+    from gpufleet.server.web.prefix import clean_prefix
+
+    cleaned = clean_prefix(text)
+    if cleaned is None:
+        typer.echo(
+            f"error: --root-path {text!r} is not a URL path; to fix: give a path such as /gpufleet "
+            "(letters, digits, '-', '_', '.', '~' between slashes)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return cleaned
 
 
 def _save_client_config(url: str, token: str) -> Path | None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 
 from gpufleet.control.pending import PendingIndex
@@ -49,8 +50,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ReconcilerSettings:
     grace_s: float = 30.0  # checkpoint grace period given to preemption victims
+    # The longest grace any stop gives, unless the job's queue sets its own (`QueueSpec.max_grace_s`): a job
+    # stored before a cap existed, or with a cap raised since, cannot hold its GPUs longer. None: no cap.
+    max_grace_s: float | None = None
     retry_all_s: float = 300.0  # with preemption: retry every parked job this often (as Kubernetes does)
     max_cycles_per_step: int = 64
+    # A waiting job's reason is rewritten when its code changes, else at most this often: the counts in a
+    # reason ("0/1000 nodes fit: 700 too few free GPUs") change nearly every cycle, and writing every pending
+    # job's record each step made two thirds of the store's writes under a steady load.
+    reason_refresh_s: float = 10.0
 
 
 @dataclass
@@ -114,6 +122,7 @@ class Reconciler:
         # once, so one whose write failed is kept and written again, never dropped.
         self._unwritten: list[Observation] = []
         self._dirty = False
+        self._reason_at: dict[JobId, float] = {}  # when each waiting job's reason was last written
         self.base = self._rebuild()
         self.backend.adopt([self._launch(r) for r in self.store.active() if r.holds_resources])
 
@@ -246,18 +255,22 @@ class Reconciler:
             return
         changes = _Changes()
         stops: list[JobRecord] = []
+        killed: set[JobId] = set()
         for request in requests:
             record = self._latest(request.job_id, changes)
             if record is None or record.state.terminal:
                 continue
             if request.kind is RequestKind.CANCEL:
                 self._cancel(record, request, now, changes, stops)
+            elif request.kind is RequestKind.FORCE_CANCEL:
+                self._cancel(record, request, now, changes, stops, force=True)
+                killed.add(record.id)
             elif request.kind is RequestKind.REQUEUE and self._requeue_applies(record, request):
                 stops.append(self._stop(record, StopCause.PREEMPTED, f"requeued: {request.reason}", now, changes))
             elif request.kind is RequestKind.RECLAIM and self._requeue_applies(record, request):
                 stops.append(self._stop(record, StopCause.RECLAIMED, f"reclaimed: {request.reason}", now, changes))
         self._write(changes)
-        self._send_stops(stops, report)
+        self._send_stops(stops, report, killed)
 
     @staticmethod
     def _requeue_applies(record: JobRecord, request: Request) -> bool:
@@ -269,18 +282,31 @@ class Reconciler:
         )
 
     def _cancel(
-        self, record: JobRecord, request: Request, now: float, changes: _Changes, stops: list[JobRecord]
+        self,
+        record: JobRecord,
+        request: Request,
+        now: float,
+        changes: _Changes,
+        stops: list[JobRecord],
+        *,
+        force: bool = False,
     ) -> None:
-        reason = f"cancelled: {request.reason}" if request.reason else "cancelled"
+        what = "force-cancelled (killed at once, without its grace period)" if force else "cancelled"
+        reason = f"{what}: {request.reason}" if request.reason else what
         if record.state is S.PENDING:
             changes.move(record, S.CANCELLED, reason, now, finished_at=now)
+            self._reason_at.pop(record.id, None)
             self.pending.remove(record.id)
             self.nominated.discard(record.id)
         elif record.state in (S.RUNNING, S.LAUNCHING):
             stops.append(self._stop(record, StopCause.CANCELLED, reason, now, changes))
-        elif record.state is S.EVICTING and record.stop_cause is not StopCause.CANCELLED:
-            # Already stopping (preempted): once stopped it ends cancelled instead of going back.
-            changes.add(record.evolve(stop_cause=StopCause.CANCELLED, reason=reason))
+        elif record.state is S.EVICTING and (force or record.stop_cause is not StopCause.CANCELLED):
+            # Already stopping (preempted, or cancelled with a grace period): once stopped it ends cancelled
+            # instead of going back; forced, it is killed now rather than when its grace runs out.
+            stopping = record.evolve(stop_cause=StopCause.CANCELLED, reason=reason)
+            changes.add(stopping)
+            if force:
+                stops.append(stopping)
 
     def _timeouts(self, now: float, report: StepReport) -> None:
         if not self._deadlines or self._deadlines[0][0] > now:
@@ -303,14 +329,18 @@ class Reconciler:
         self.base.set_evicting(record.id, "")
         return evicting
 
-    def _send_stops(self, stops: Sequence[JobRecord], report: StepReport) -> None:
+    def _send_stops(self, stops: Sequence[JobRecord], report: StepReport, killed: Set[JobId] = frozenset()) -> None:
         for record in stops:
-            self.backend.stop(record.id, record.attempt, self._grace(record), record.reason)
+            grace = 0.0 if record.id in killed else self._grace(record)
+            self.backend.stop(record.id, record.attempt, grace, record.reason)
             report.stopped += 1
 
     def _grace(self, record: JobRecord) -> float:
         run = record.job.run
-        return run.grace_s if run is not None else self.settings.grace_s
+        grace = run.grace_s if run is not None else self.settings.grace_s
+        queue = self.base.ledger.queues.get(record.job.queue)
+        most = queue.max_grace_s if queue is not None and queue.max_grace_s is not None else self.settings.max_grace_s
+        return grace if most is None else min(grace, most)
 
     # --- observe ----------------------------------------------------------------------------------
 
@@ -479,6 +509,7 @@ class Reconciler:
             )
             self.pending.remove(record.id)
             self.nominated.discard(record.id)
+            self._reason_at.pop(record.id, None)
             self.base.add_running(launching.as_running())
             self._track_deadline(launching)
             launches.append(self._launch(launching))
@@ -499,13 +530,18 @@ class Reconciler:
             self.nominated.add(preemption.for_job)
             stops.append((evicting, preemption.reason))
             report.preempted += 1
+        refresh = self.settings.reason_refresh_s
         for job_id, status in result.waiting.items():
             record = self._latest(job_id, changes)
             if record is None or record.state is not S.PENDING:
                 continue
+            code = status.code.value
+            if record.waiting_code == code and now < self._reason_at.get(job_id, -math.inf) + refresh:
+                continue
             reason = status.message()
-            if record.waiting_code != status.code.value or record.waiting_reason != reason:
-                changes.add(record.evolve(waiting_code=status.code.value, waiting_reason=reason))
+            if record.waiting_code != code or record.waiting_reason != reason:
+                changes.add(record.evolve(waiting_code=code, waiting_reason=reason))
+                self._reason_at[job_id] = now
         self._write(changes)
         for launch in launches:
             self.backend.launch(launch)

@@ -10,7 +10,9 @@ from gpufleet.adapters.local.isolation import IsolationReport
 from gpufleet.adapters.local.logs import read_log_file
 from gpufleet.domain.jobs import JobId
 from gpufleet.ports import Clock
-from gpufleet.ports.admin import AdminStore
+from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, AdminStore
+from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
+from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
 
 
 @dataclass
@@ -19,9 +21,9 @@ class ApiContext:
     clock: Clock
     # Log files of a job, oldest attempt first, one per worker (empty when it never ran here).
     log_paths: Callable[[JobId], Sequence[Path]] = lambda _job_id: ()
-    # Reads part of one of those logs (offset, limit -> data, start, size): from this machine's disk, or
+    # Reads part of one of those logs (offset, limit, tail -> data, start, size): from this machine's disk, or
     # through the agent of the node the log is on.
-    read_log: Callable[[Path, int, int], tuple[bytes, int, int]] = read_log_file
+    read_log: Callable[[Path, int, int, int | None], tuple[bytes, int, int]] = read_log_file
     # Tell the control loop that something changed (a submit, a cancel, a quota), so it runs now.
     wake: Callable[[], None] = lambda: None
     emulated: bool = False
@@ -29,7 +31,18 @@ class ApiContext:
     policy: str = "default"
     # Prometheus exposition of /metrics (set by the process once telemetry is wired).
     metrics: Callable[[], tuple[bytes, str]] | None = None
+    # /metrics lists job ids, queues and hostnames: beyond loopback it needs a metrics (or admin) token.
+    metrics_need_token: bool = False
+    # The longest grace_period a job may ask in a queue whose admin set no maximum of its own.
+    max_grace_s: float = DEFAULT_MAX_GRACE_S
+    team_rate: Rate = TEAM_RATE  # requests per token of each role (see ratelimit.py)
+    admin_rate: Rate = ADMIN_RATE
+    idempotency_ttl_s: float = IDEMPOTENCY_TTL_S  # how long a submit's Idempotency-Key is remembered
+    # Where `up` keeps its state; the dashboard opens simulation results under it (None: no such folder).
+    data_dir: Path | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    # Where the API writes temporary files (a backup on its way to the client); None: the system's temp dir.
+    scratch_dir: Path | None = None
     # How jobs are isolated (None: not told, e.g. an API without an executor).
     isolation: IsolationReport | None = None
     # Why team tokens are refused (a control plane that runs every job as its own user); None: accepted.

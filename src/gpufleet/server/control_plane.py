@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import ipaddress
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ from gpufleet.adapters.local.logs import DAY_S, LogRetention, read_log_file
 from gpufleet.adapters.local.users import DEFAULT_JOBS_HOME, RunAs
 from gpufleet.adapters.storage.engine import StoreFullError
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
-from gpufleet.control.reconciler import Reconciler, StepReport
+from gpufleet.control.reconciler import Reconciler, ReconcilerSettings, StepReport
 from gpufleet.control.target import RECENT_JOBS, learned_target
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
@@ -37,6 +38,9 @@ from gpufleet.ports.admin import JobQuery
 from gpufleet.ports.gpu_probe import GpuActivity, GpuProbe
 from gpufleet.scheduling.fragmentation import TargetWorkload
 from gpufleet.server.context import ApiContext
+from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
+from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
+from gpufleet.server.store_guard import open_store
 
 if TYPE_CHECKING:
     from gpufleet.adapters.ray.backend import RayBackend
@@ -49,6 +53,16 @@ log = logging.getLogger("gpufleet.up")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class UpSettings:
     data_dir: Path
@@ -58,6 +72,11 @@ class UpSettings:
     emulate: str | None = None  # e.g. "8xA100-80GB": an emulated inventory instead of NVML
     inventory_file: Path | None = None  # a YAML inventory (emulated)
     policy: str = "default"
+    max_grace_s: float = DEFAULT_MAX_GRACE_S  # the longest grace_period, in queues without their own maximum
+    team_rate: Rate = TEAM_RATE  # requests per team (and metrics) token: per second, burst
+    admin_rate: Rate = ADMIN_RATE
+    public_metrics: bool = False  # serve /metrics without a token even when listening beyond loopback
+    reset_store: bool = False  # start over: move a damaged or foreign store aside (see store_guard.py)
     stop_jobs_on_exit: bool = False
     exit_grace_s: float = 10.0
     busy_tick_s: float = 0.02  # loop period while jobs are starting or stopping
@@ -67,6 +86,7 @@ class UpSettings:
     idle_window_s: float = 1800.0  # ... for this long is flagged reserved-but-idle
     usage_flush_s: float = 60.0  # how often measured GPU usage is added to the store
     min_step_s: float = 0.01  # under a burst of API calls, one step per this long decides them together
+    root_path: str = ""  # the path prefix a reverse proxy serves us under, e.g. /gpufleet
     # How jobs are isolated (see adapters/local/isolation.py).
     single_user: bool = False  # a control plane that is not root accepts team tokens all the same
     jobs_home: Path = DEFAULT_JOBS_HOME  # homes of the per-queue users
@@ -117,6 +137,15 @@ def discover_inventory(settings: UpSettings) -> Inventory:
     from gpufleet.adapters.nvml.discovery import discover_nodes
 
     return Inventory(discover_nodes(hostname), False, "nvml")
+
+
+def _os_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def _hostname() -> str:
@@ -366,7 +395,13 @@ class ControlPlane:
             make_private(settings.data_dir)
             self.inventory = inventory or discover_inventory(settings)
             self.clock = WallClock()
-            self.store = SqlStore.open(settings.db_url or default_sqlite_url(settings.data_dir))
+            self.opened = open_store(
+                settings.data_dir,
+                settings.db_url or default_sqlite_url(settings.data_dir),
+                reset=settings.reset_store,
+                actor=f"local:{_os_user()}",
+            )
+            self.store = self.opened.store
             make_private(settings.data_dir)  # the store's files, just created
             self.fleet: RayFleet | None = None
             self.local_cluster: LocalRayCluster | None = None
@@ -429,7 +464,8 @@ class ControlPlane:
             self.fgd_target = learned_target(recent)
             log.info("FGD target workload: %s", self.fgd_target.source)
             policy = profile(settings.policy, PolicyData(target=self.fgd_target.target))
-            self.reconciler = Reconciler(self.store, self.backend, self.clock, policy)
+            loop_settings = ReconcilerSettings(max_grace_s=settings.max_grace_s)
+            self.reconciler = Reconciler(self.store, self.backend, self.clock, policy, settings=loop_settings)
             self.telemetry = _telemetry(
                 settings,
                 self.store,
@@ -459,6 +495,12 @@ class ControlPlane:
                 inventory_source=self.inventory.source,
                 policy=settings.policy,
                 metrics=self.telemetry.metrics,
+                metrics_need_token=not (settings.public_metrics or is_loopback(settings.host)),
+                scratch_dir=settings.data_dir,
+                max_grace_s=settings.max_grace_s,
+                team_rate=settings.team_rate,
+                admin_rate=settings.admin_rate,
+                data_dir=settings.data_dir,
                 extra={"telemetry": self.telemetry},
                 isolation=self.isolation_report,
                 team_tokens_refused=refused,
@@ -521,7 +563,13 @@ class ControlPlane:
 
         check_listen(self.settings.host, self.settings.port)
         app = create_app(self.context)
-        config = uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
+        config = uvicorn.Config(
+            app,
+            host=self.settings.host,
+            port=self.settings.port,
+            log_level="warning",
+            root_path=self.settings.root_path,
+        )
         server = uvicorn.Server(config)
         # Uvicorn re-raises the signal that stopped it once it is done; with the default handlers that
         # would kill the process before the executor is shut down. Ours only note it.

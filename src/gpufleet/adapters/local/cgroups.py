@@ -69,6 +69,21 @@ class Cgroups:
     def create(self, name: str, limits: Limits) -> list[str]:
         """Create worker `name`'s cgroup with `limits`; return its folders (for the shim to join). A cgroup
         of that name left behind (a crash between create and start) is reused. Raises OSError."""
+        try:
+            return self._create(name, limits)
+        except FileNotFoundError:
+            # A base folder is gone: something removed it while it was empty (an administrator, a tool that
+            # clears empty cgroups). Make it again, once, rather than fail every worker from now on.
+            self._restore_bases()
+            return self._create(name, limits)
+
+    def _restore_bases(self) -> None:
+        for base in dict.fromkeys(self.bases.values()):
+            _mkdir(base)
+            if self.version == "v2":
+                _enable(base, self.controls)
+
+    def _create(self, name: str, limits: Limits) -> list[str]:
         folders: list[str] = []
         try:
             if self.version == "v2":

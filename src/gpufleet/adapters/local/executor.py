@@ -179,13 +179,20 @@ class LocalBackend:
 
     def stop(self, job_id: JobId, attempt: int, grace_s: float, reason: str) -> None:
         job = self._live.get((job_id, attempt))
-        if job is None or job.stop_reason is not None:
+        if job is None:
+            return
+        if job.stop_reason is not None:
+            if grace_s <= 0 and (job.kill_at is None or job.kill_at > time.monotonic()):
+                # Killed now (a forced cancel) although already stopping with a grace period.
+                job.stop_reason = reason or job.stop_reason
+                self._begin_stop(job, job.stop_signal or job.signal, 0.0)
             return
         self._refresh(job)
         if all(w.done for w in job.workers):
             return  # it ended by itself first: the next poll reports that
         job.stop_reason = reason or "stopped"
-        self._begin_stop(job, job.signal, grace_s)
+        # No grace: SIGKILL at once, not the checkpoint signal first.
+        self._begin_stop(job, signal.SIGKILL if grace_s <= 0 else job.signal, grace_s)
 
     def poll(self) -> Sequence[Observation]:
         for job in list(self._live.values()):

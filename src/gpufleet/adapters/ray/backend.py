@@ -269,7 +269,7 @@ class RayBackend:
                 found.append((_number(p.parent.name, "attempt-"), _number(p.stem, "worker-"), path))
         return [Path(path) for _, _, path in sorted(found)]
 
-    def read_log(self, path: Path, offset: int, limit: int) -> tuple[bytes, int, int]:
+    def read_log(self, path: Path, offset: int, limit: int, tail: int | None = None) -> tuple[bytes, int, int]:
         """Read a log that `log_paths` listed, through the agent of the node it is on."""
         name = self.fleet.node_of_path(path)
         agent = self.fleet.agent(name) if name is not None else None
@@ -278,7 +278,8 @@ class RayBackend:
                 f"the log {path} is on node {name or '?'}, which is not reachable now",
                 "read it when the node is back",
             )
-        data, start, size = self.ray.get(agent.read_log.remote(str(path), offset, limit), timeout=LOG_TIMEOUT_S)
+        reading = agent.read_log.remote(str(path), offset, limit, tail)
+        data, start, size = self.ray.get(reading, timeout=LOG_TIMEOUT_S)
         return data, start, size
 
     def prune_logs(self, retention: LogRetention, finished: Callable[[str], bool]) -> dict[str, int]:
