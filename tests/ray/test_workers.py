@@ -45,7 +45,7 @@ def test_logs_follow_and_cancel_a_worker_on_a_non_head_node(plane: RayPlane) -> 
                 follow.kill()
     assert follow.returncode == 0, err
     assert f"hello from rank 0 of job {job}" in out
-    assert "cancelled by admin" in done["reason"]
+    assert "by admin" in done["reason"]  # who cancelled it
     assert live.events("end", job)[0]["how"] == "signal"  # the checkpoint signal reached it on its node
 
 
