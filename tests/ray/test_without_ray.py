@@ -38,3 +38,14 @@ def test_the_core_the_loop_and_the_simulator_never_import_ray() -> None:
         [sys.executable, "-c", "import sys; " + code], capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_up_on_a_wrong_ray_address_fails_at_once_with_the_fix(tmp_path: Path) -> None:
+    # Ray itself would retry a wrong address for minutes; `up` checks it first.
+    up = [sys.executable, "-m", "gpufleet", "up", "--data-dir", str(tmp_path / "data"), "--port", "18124"]
+    result = subprocess.run([*up, "--ray", "127.0.0.1:1"], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("error: cannot reach the Ray cluster at 127.0.0.1:1: Connection refused")
+    assert "to fix: check the address" in result.stderr
+    nonsense = subprocess.run([*up, "--ray", "nowhere"], capture_output=True, text=True, timeout=60, check=False)
+    assert "'nowhere' is not HOST:PORT; to fix: give e.g. --ray 10.0.0.1:6379, or auto" in nonsense.stderr

@@ -19,6 +19,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import os
+import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -61,6 +64,32 @@ class _RayNode:
     node_id: str
     address: str
     labels: Mapping[str, str]
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Raise a GpufleetError (with the fix) unless the Ray cluster at `address` (`auto`: the one this machine
+    runs or `RAY_ADDRESS` names) answers on its port within `timeout_s`."""
+    given = address
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS", "")
+        if not address:
+            try:
+                address = (Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster").read_text().strip()
+            except OSError:
+                raise GpufleetError(
+                    "--ray auto: no Ray cluster runs on this machine",
+                    "start one with `ray start --head` (or join one), or give its address as --ray HOST:PORT",
+                ) from None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise GpufleetError(f"--ray {given}: {address!r} is not HOST:PORT", "give e.g. --ray 10.0.0.1:6379, or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise GpufleetError(
+            f"cannot reach the Ray cluster at {address}: {error.strerror or error}",
+            "check the address (`ray status` on its head node prints it) and that this machine can reach it",
+        ) from None
 
 
 def agent_namespace(root: str) -> str:
@@ -107,6 +136,7 @@ class RayFleet:
         ray = self.ray
         if ray.is_initialized():
             return
+        check_reachable(address)  # Ray itself retries a wrong address for minutes
         try:
             ray.init(
                 address=address,
@@ -176,7 +206,9 @@ class RayFleet:
             for name, agent in self._agents.items()
             if name not in alive or alive[name].node_id != agent.ray_node_id
         ]
-        gone += [name for name in self._unreachable if name in self._agents and name not in came and name not in gone]
+        with self._lock:
+            unreachable = list(self._unreachable)
+        gone += [name for name in unreachable if name in self._agents and name not in came and name not in gone]
         with self._lock:
             for name in gone:
                 self._agents.pop(name, None)
