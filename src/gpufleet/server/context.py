@@ -27,6 +27,8 @@ class ApiContext:
     # Tell the control loop that something changed (a submit, a cancel, a quota), so it runs now.
     wake: Callable[[], None] = lambda: None
     emulated: bool = False
+    # Whether a node's GPUs are emulated, when the fleet mixes both (nodes of a Ray cluster); None: `emulated`.
+    emulated_node: Callable[[str], bool] | None = None
     inventory_source: str = "nvml"  # "nvml", "emulated: 8xA100-80GB", "emulated: cluster.yaml"
     policy: str = "default"
     # Prometheus exposition of /metrics (set by the process once telemetry is wired).
@@ -49,3 +51,6 @@ class ApiContext:
     team_tokens_refused: str | None = None
     # Raises GpufleetError (with a fix) when a queue may not be mapped to this OS user.
     check_run_as: Callable[[str], None] = lambda _user: None
+
+    def is_emulated(self, node: str) -> bool:
+        return self.emulated if self.emulated_node is None else self.emulated_node(node)

@@ -490,6 +490,7 @@ class ControlPlane:
                 clock=self.clock,
                 log_paths=self.backend.log_paths,
                 read_log=self.backend.read_log if self.fleet is not None else read_log_file,
+                emulated_node=self.fleet.is_emulated if self.fleet is not None else None,
                 wake=self.loop.wake,
                 emulated=self.inventory.emulated,
                 inventory_source=self.inventory.source,

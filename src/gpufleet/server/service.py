@@ -671,7 +671,9 @@ class Service:
 
     def nodes(self) -> list[NodeOut]:
         holding = self._holding()
-        return [node_out(n, holding, self.ctx.emulated) for n in sorted(self.store.nodes(), key=lambda n: n.name)]
+        return [
+            node_out(n, holding, self.ctx.is_emulated(n.name)) for n in sorted(self.store.nodes(), key=lambda n: n.name)
+        ]
 
     def _node(self, name: str) -> Node:
         node = self._nodes().get(name)
@@ -686,7 +688,7 @@ class Service:
         node = self.store.set_node_flags(name, cordoned=cordoned)
         self.audit.record(principal, action, name)
         self.ctx.wake()
-        return node_out(node, self._holding(), self.ctx.emulated)
+        return node_out(node, self._holding(), self.ctx.is_emulated(node.name))
 
     def drain(self, principal: Principal, name: str) -> DrainOut:
         self.audit.require_admin(principal, "draining a node", "node.drain", name)
@@ -702,7 +704,7 @@ class Service:
                 requeued.append(record.id)
         self.audit.record(principal, "node.drain", name, {"requeued": requeued})
         self.ctx.wake()
-        return DrainOut(node=node_out(node, self._holding(), self.ctx.emulated), requeued=requeued)
+        return DrainOut(node=node_out(node, self._holding(), self.ctx.is_emulated(node.name)), requeued=requeued)
 
     # ------------------------------------------------------------------------------------- tokens
 

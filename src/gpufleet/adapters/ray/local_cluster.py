@@ -10,6 +10,7 @@ laptop on the move may not route).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,22 @@ class LocalRayCluster:
             resources={f"{NODE_RESOURCE}{name}": 1},
             node_ip_address=LOOPBACK,
         )
+
+    def add_gpu_node(self, name: str, gpus: int, env: Mapping[str, str]) -> None:
+        """Start a Ray node `name` that is not in the emulated inventory: its agent reads its GPUs through
+        NVML, in an environment with `env` added (e.g. a library path)."""
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)  # the raylet, and so the agent it starts, inherit this process's environment
+        try:
+            self._handles[name] = self.cluster.add_node(
+                num_cpus=1, num_gpus=gpus, resources={f"{NODE_RESOURCE}{name}": 1}, node_ip_address=LOOPBACK
+            )
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def kill(self, name: str) -> None:
         """SIGKILL the raylet of `name` (its Ray processes die with it; processes of its own sessions, such as
