@@ -1,8 +1,10 @@
-"""`gpufleet up`: the control plane in one process — the HTTP API, the control loop in a thread, the local
+"""`gpufleet up`: the control plane in one process — the HTTP API, the control loop in a thread, the
 executor, and the store — with clean shutdown and re-adoption of running jobs on restart.
 
 The loop is the same `Reconciler` the simulator drives; here its ports are the wall clock, the SQL store
-and the local executor. API requests only write submissions and requests to the store and wake the loop.
+and an executor: the local one, or with `--ray` the Ray backend and its node inventory (`adapters/ray`),
+the only difference between one machine and many. API requests only write submissions and requests to the
+store and wake the loop.
 """
 
 from __future__ import annotations
