@@ -1,5 +1,5 @@
 """A control loop's base keeps its forks' filter evaluations and kept scores between cycles
-(`CycleState.keep_from`); the decisions are exactly those of evaluating every cycle afresh."""
+(`LoopState.keep_from`); the decisions are exactly those of evaluating every cycle afresh."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from unittest.mock import patch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufleet.control import loop_state
 from gpufleet.policies.catalog import profile
-from gpufleet.scheduling import state as state_module
 from gpufleet.sim.engine import Simulation
 from gpufleet.sim.workloads import generate_synthetic
 
@@ -29,7 +29,7 @@ def event_log(seed: int, policy: str) -> bytes:
 @given(st.integers(0, 10_000), st.sampled_from(POLICIES))
 def test_kept_evaluations_decide_as_fresh_ones(seed: int, policy: str) -> None:
     kept = event_log(seed, policy)
-    with patch.object(state_module, "KEPT_EVALUATIONS", 0):
+    with patch.object(loop_state, "KEPT_EVALUATIONS", 0):
         fresh = event_log(seed, policy)
     assert kept == fresh
     assert kept.count(b'"target": "admitted"') >= 50  # most jobs were placed: the comparison says something

@@ -11,7 +11,7 @@ from gpufleet.domain import GiB, JobState, QueueSpec, Quota, make_node
 from gpufleet.policies.catalog import profile
 from gpufleet.ports import Observation, ObservationKind
 from gpufleet.scheduling.state import CycleState
-from tests.kit import make_job
+from tests.kit import fingerprint, make_job
 from tests.kit.fake_backend import ManualClock, ScriptedBackend
 
 S = JobState
@@ -97,7 +97,7 @@ def test_preemption_stops_the_victim_with_grace_requeues_it_and_places_the_preem
     assert low.waiting_code == "unschedulable"  # back in its queue, waiting for room
     # Nothing is left of the preemption in the loop's state: every cycle copies what is there.
     assert not loop.base.evicting
-    assert not loop.base.evicting_for
+    assert not loop.base.state.evicting_for
 
 
 def test_a_job_that_does_not_fit_is_parked_until_something_is_released() -> None:
@@ -181,5 +181,5 @@ def test_the_base_state_stays_equal_to_one_built_from_the_store() -> None:
     clock.t = 10.0
     loop.step()
     fresh = Reconciler(store, ScriptedBackend(), clock, profile("default")).base
-    assert loop.base.fingerprint() == fresh.fingerprint()
-    assert isinstance(fresh, CycleState)
+    assert fingerprint(loop.base.state) == fingerprint(fresh.state)
+    assert isinstance(fresh.state, CycleState)

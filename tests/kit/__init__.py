@@ -26,7 +26,7 @@ from tests.kit.cycles import (
     worker_on,
 )
 from tests.kit.invariants import check_all
-from tests.kit.probes import filter_verdicts, score_nodes, select_gpus, usable_gpus, view_of
+from tests.kit.probes import filter_verdicts, fingerprint, score_nodes, select_gpus, usable_gpus, view_of
 
 __all__ = [
     "GPU_MEMORY_GIB",
@@ -38,6 +38,7 @@ __all__ = [
     "cluster",
     "codes",
     "filter_verdicts",
+    "fingerprint",
     "gpus_of",
     "make_job",
     "milli",

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from gpufleet.domain import ClusterSnapshot, GpuShare, Job, JobId, Node, RunningJob, WorkerPlacement
 from gpufleet.scheduling.cycle import CycleResult, run_cycle
-from gpufleet.scheduling.plugins import Profile
+from gpufleet.scheduling.plugin_api import Profile
 from tests.kit.invariants import check_all
 
 

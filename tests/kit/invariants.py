@@ -22,7 +22,7 @@ from gpufleet.domain import (
 )
 from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.scheduling.cycle import CycleResult
-from gpufleet.scheduling.plugins import Profile
+from gpufleet.scheduling.plugin_api import Profile
 from gpufleet.scheduling.status import Code
 
 Usage = dict[str, dict[str, int]]  # queue -> resource key -> amount (base units)

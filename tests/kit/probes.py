@@ -13,9 +13,8 @@ import numpy as np
 from gpufleet.domain import ClusterSnapshot, Job
 from gpufleet.policies.catalog import build_profile
 from gpufleet.scheduling.placer import full_evaluation, run_filters
-from gpufleet.scheduling.plugins import FilterPlugin, GangContext, JobView, ScorePlugin, SelectPlugin
+from gpufleet.scheduling.plugin_api import ALL_ROWS, FilterPlugin, GangContext, JobView, ScorePlugin, SelectPlugin
 from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.table import ALL_ROWS
 
 # The standard filters and nothing else: scores and selectors are probed on what they let through.
 FILTERS_ONLY = build_profile("probe", "fifo", ())
@@ -37,7 +36,7 @@ def filter_verdicts(
     """Per node: the first reason it fails this filter for, or None if it passes."""
     state = CycleState(snapshot)
     usable = state.table.gpu_exists.copy()
-    result = plugin.filter(view_of(job, state, allowed_models), state, usable, ALL_ROWS)
+    result = plugin.filter(view_of(job, state, allowed_models), state.view, usable, ALL_ROWS)
     verdicts: dict[str, str | None] = {}
     for i, name in enumerate(state.table.names):
         verdicts[name] = next((reason for reason, mask in result.checks if not mask[i]), None)
@@ -60,7 +59,7 @@ def score_nodes(
     evaluation = full_evaluation(FILTERS_ONLY, view, state)
     candidates = np.flatnonzero(evaluation.passed)
     gang = GangContext([state.table.index[n] for n in gang_nodes])
-    scores = plugin.score(view, state, evaluation, candidates, gang)
+    scores = plugin.score(view, state.view, evaluation, candidates, gang)
     assert scores.shape == candidates.shape
     return {state.table.names[int(i)]: round(float(s), 6) for i, s in zip(candidates, scores, strict=True)}
 
@@ -73,3 +72,12 @@ def select_gpus(plugin: SelectPlugin, snapshot: ClusterSnapshot, job: Job, node:
     i = state.table.index[node]
     assert passed[i], f"{node} does not pass the filters for {job.id}"
     return plugin.select(view, state.table, i, usable[i])
+
+
+def fingerprint(state: CycleState) -> tuple[bytes, ...]:
+    """The free-resource arrays, quota usage and removed jobs as bytes: equal before and after a what-if means
+    the state was restored exactly."""
+    t = state.table
+    usage = sorted((q, sorted((k, v) for k, v in u.items() if v)) for q, u in state.ledger.usage.items())
+    arrays = (t.gpu_milli_free, t.gpu_mem_free, t.cpu_free, t.mem_free)
+    return (*(a.tobytes() for a in arrays), repr(usage).encode(), repr(sorted(state.removed)).encode())

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.adapters.inventory.emulated import parse_emulate
+from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.local.proc import is_running, read_json
 from gpufleet.domain import GiB, GpuShare, Job, Node, WorkerPlacement, WorkerRequest

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.adapters.inventory.emulated import parse_emulate
+from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 from gpufleet.adapters.local import cgroups as cg
 from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.local.isolation import Isolation

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpufleet.adapters.inventory.emulated import (
+from gpufleet.adapters.inventory.emulated_inventory import (
     MODEL_MEMORY_GIB,
     NVSWITCH_MODELS,
     load_inventory_yaml,

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from gpufleet.domain import Job, WorkerRequest
 from gpufleet.policies.catalog import profile
 from gpufleet.policies.preempt.las import LasPreemption
-from gpufleet.scheduling.cycle import _Trial, run_cycle
+from gpufleet.scheduling.cycle import _WhatIf, run_cycle
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.status import Code, unschedulable
-from tests.kit import advance, check_all, still_pending, view_of, without
+from tests.kit import advance, check_all, fingerprint, still_pending, view_of, without
 from tests.property.strategies import ABSENT_MODEL, PROFILE_NAMES, World, worlds
 
 PREEMPTING = tuple(name for name in PROFILE_NAMES if profile(name).preempt is not None)
@@ -179,13 +179,13 @@ def test_preemption_search_restores_the_what_if_view_exactly(world: World) -> No
     policy = profile(world.profile_name)
     assert policy.preempt is not None
     state = CycleState(world.snapshot)
-    trial = _Trial(policy)
-    before = state.fingerprint()
+    what_if = _WhatIf(policy, state)
+    before = fingerprint(state)
     for job in world.pending:
-        if trial.fits(job, state):
+        if what_if.fits(job):
             continue  # the core asks for victims only for jobs that do not fit
-        assert state.fingerprint() == before
+        assert fingerprint(state) == before
         blocked = unschedulable("test", "does not fit")
-        policy.preempt.preempt(view_of(job, state), state, blocked, trial)
-        assert state.fingerprint() == before, f"preempting for {job.id} left the view changed"
+        policy.preempt.preempt(view_of(job, state), state.view, blocked, what_if)
+        assert fingerprint(state) == before, f"preempting for {job.id} left the view changed"
         assert not state.removed

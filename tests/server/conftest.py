@@ -19,9 +19,9 @@ from gpufleet.domain.cluster import make_node
 from gpufleet.domain.quotas import GPU, QueueSpec, Quota
 from gpufleet.domain.resources import GiB
 from gpufleet.ports.admin import Role
-from gpufleet.server.api import create_app
 from gpufleet.server.auth import bootstrap_admin, create_token
 from gpufleet.server.context import ApiContext
+from gpufleet.server.http_app import create_app
 
 
 class StepClock:

@@ -16,8 +16,8 @@ with warnings.catch_warnings():
 
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import Role
-from gpufleet.server.api import create_app
 from gpufleet.server.auth import create_token
+from gpufleet.server.http_app import create_app
 from gpufleet.server.ratelimit import Rate
 from tests.server.conftest import Api
 from tests.server.test_api import JOB, assert_error, requests, run_on, submit

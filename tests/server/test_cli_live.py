@@ -19,9 +19,9 @@ from gpufleet.cli.main import app
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import Role
-from gpufleet.server.api import create_app
 from gpufleet.server.auth import bootstrap_admin, create_token
 from gpufleet.server.context import ApiContext
+from gpufleet.server.http_app import create_app
 from tests.server.conftest import StepClock, make_store
 from tests.server.test_api import run_on
 

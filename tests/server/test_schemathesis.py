@@ -22,9 +22,9 @@ with warnings.catch_warnings():
     from schemathesis.generation import GenerationMode
     from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from gpufleet.server.api import create_app
 from gpufleet.server.auth import bootstrap_admin
 from gpufleet.server.context import ApiContext
+from gpufleet.server.http_app import create_app
 from tests.server.conftest import StepClock, make_store
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")

@@ -28,7 +28,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.adapters.inventory.emulated import parse_emulate
+from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.metrics import render
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url

@@ -10,7 +10,7 @@ from http.cookies import SimpleCookie
 from fastapi.testclient import TestClient
 
 from gpufleet.ports import RequestKind
-from gpufleet.server.api import create_app
+from gpufleet.server.http_app import create_app
 from gpufleet.server.web.common import STATIC_DIR
 from tests.server.conftest import Api
 

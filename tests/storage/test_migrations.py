@@ -15,9 +15,9 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from gpufleet.adapters.storage.engine import alembic_config, head_revision, make_engine, parse_url
 from gpufleet.adapters.storage.schema import metadata
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
+from gpufleet.adapters.storage.sql_engine import alembic_config, head_revision, make_engine, parse_url
 from gpufleet.domain import GpufleetError, QueueSpec
 from tests.storage.conftest import SQL_KINDS, sql_url
 from tests.storage.test_contract import job

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
-from gpufleet.bench import loop
+from gpufleet.bench import control_loop as loop
 from gpufleet.cli.main import app
 from gpufleet.domain.records import JobRecord
 

@@ -18,11 +18,11 @@ from gpufleet.policies.catalog import (
     profile,
 )
 from gpufleet.policies.preempt.las import LasPreemption
-from gpufleet.scheduling.plugin_registry import Registry
+from gpufleet.scheduling.plugin_api import Registry
 
 EXPECTED = {
     "default": "order=fair_qssf, admit=gang+quota, filter=node_health+gpu_model+fits, "
-    "score=fgd*1+model_scarcity*0.3+topology*1, select=fgd, preempt=las",
+    "score=fgd*1+model_scarcity*0.3+topology*1, select=fgd, preempt=las, learner=qssf",
     "fair-binpack": "order=fair_share, admit=gang+quota, filter=node_health+gpu_model+fits, "
     "score=bin_pack*1+topology*1, select=pack, preempt=priority",
     "fifo": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=bin_pack*1, select=pack, "

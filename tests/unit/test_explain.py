@@ -8,7 +8,7 @@ import pytest
 from gpufleet.domain import ClusterSnapshot, Job
 from gpufleet.policies.catalog import profile
 from gpufleet.scheduling.placer import explain_nodes
-from gpufleet.scheduling.plugins import FilterResult
+from gpufleet.scheduling.plugin_api import FilterResult
 from gpufleet.scheduling.status import Code
 from tests.kit import cluster, make_job, run, running_on
 from tests.kit.reasons import NO_VICTIM

@@ -12,7 +12,7 @@ from gpufleet.policies.order.fair_share import FairShare, dominant_share
 from gpufleet.policies.order.fifo import Fifo
 from gpufleet.policies.order.las import LeastAttainedService
 from gpufleet.policies.order.priority import Priority
-from gpufleet.scheduling.plugins import OrderPlugin
+from gpufleet.scheduling.plugin_api import OrderPlugin
 from gpufleet.scheduling.state import CycleState
 from tests.kit import cluster, make_job, queue, run, running_on
 
@@ -25,7 +25,7 @@ def decided_order(jobs: list[Job], profile_name: str, gpus: int = 64) -> list[st
     return [p.job for p in result.placements]
 
 
-EMPTY_STATE = CycleState(cluster().nodes(1, "A100-80GB").snapshot())
+EMPTY_STATE = CycleState(cluster().nodes(1, "A100-80GB").snapshot()).view
 
 
 @pytest.mark.parametrize(
@@ -99,8 +99,8 @@ def test_dominant_share_is_the_largest_resource_share_over_weight() -> None:
     )
     state = CycleState(snapshot)
     # GPU 4/16, CPU 50/200, memory 100/2000: dominant 0.25, over weight 2.
-    assert dominant_share("team-a", state) == pytest.approx(0.125)
-    assert dominant_share("team-b", state) == 0.0
+    assert dominant_share("team-a", state.view) == pytest.approx(0.125)
+    assert dominant_share("team-b", state.view) == 0.0
 
 
 def interleaving(weight_a: float, gpus: int) -> list[str]:

@@ -34,7 +34,7 @@ from gpufleet.scheduling.fragmentation import (
     placement_delta,
 )
 from gpufleet.scheduling.placer import evaluate
-from gpufleet.scheduling.plugins import GangContext, JobView
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, GangContext, JobView
 from gpufleet.scheduling.state import CycleState, Evaluation
 from gpufleet.scheduling.table import FloatArray, IntArray, NodeTable
 
@@ -220,7 +220,7 @@ def score_of(plugin: FgdScore, snapshot: ClusterSnapshot, job: Job) -> tuple[Flo
     view = JobView(job, state.table.model_lut(job.request.models))
     evaluation = evaluate(prof, view, state)
     candidates = np.flatnonzero(evaluation.passed)
-    return plugin.score(view, state, evaluation, candidates, GangContext()), candidates
+    return plugin.score(view, state.view, evaluation, candidates, GangContext()), candidates
 
 
 def snapshot_with(*layout: tuple[str, list[int]], cpu: int = 96_000) -> ClusterSnapshot:
@@ -359,10 +359,10 @@ class FreshFgd:
         self.target = workload
 
     def score(
-        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+        self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
         usable = evaluation.usable[candidates]
-        growth, _ = placement_delta(state.table, self.target, view.job.request, candidates, usable)
+        growth, _ = placement_delta(cluster.nodes, self.target, view.job.request, candidates, usable)
         return growth_score(growth)
 
 

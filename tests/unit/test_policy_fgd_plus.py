@@ -14,7 +14,7 @@ from gpufleet.policies.score.model_scarcity import ModelScarcity, model_pressure
 from gpufleet.scheduling.cycle import run_cycle
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskClass
 from gpufleet.scheduling.placer import evaluate
-from gpufleet.scheduling.plugins import GangContext, JobView
+from gpufleet.scheduling.plugin_api import GangContext, JobView
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.table import FloatArray, NodeTable
 
@@ -40,7 +40,7 @@ def scores_of(plugin: ModelScarcity, snapshot: ClusterSnapshot, j: Job) -> dict[
     view = JobView(j, state.table.model_lut(j.request.models))
     evaluation = evaluate(build_profile("t", "fifo", ((plugin, 1.0),)), view, state)
     candidates = np.flatnonzero(evaluation.passed)
-    scores = plugin.score(view, state, evaluation, candidates, GangContext())
+    scores = plugin.score(view, state.view, evaluation, candidates, GangContext())
     return {state.table.names[int(c)]: float(s) for c, s in zip(candidates, scores, strict=True)}
 
 

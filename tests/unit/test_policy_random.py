@@ -10,7 +10,7 @@ from gpufleet.policies.catalog import build_profile, profile
 from gpufleet.policies.score.random import RandomScore, draw, stable_hash
 from gpufleet.scheduling.cycle import run_cycle
 from gpufleet.scheduling.placer import evaluate
-from gpufleet.scheduling.plugins import GangContext, JobView
+from gpufleet.scheduling.plugin_api import GangContext, JobView
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.table import FloatArray, IntArray
 
@@ -27,7 +27,7 @@ def scores(seed: int, job: Job, candidates: IntArray | None = None, gang: GangCo
     view = JobView(job, state.table.model_lut(job.request.models))
     evaluation = evaluate(build_profile("r", "fifo", (("random", 1.0),)), view, state)
     rows = np.arange(len(NODES)) if candidates is None else candidates
-    return RandomScore().score(view, state, evaluation, rows, gang or GangContext())
+    return RandomScore().score(view, state.view, evaluation, rows, gang or GangContext())
 
 
 def test_the_hash_and_the_draw_are_pinned() -> None:

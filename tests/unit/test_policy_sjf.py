@@ -34,8 +34,8 @@ def job(job_id: str, duration: float | None, *, at: float = 0.0, seq: int = 0, p
     ],
 )
 def test_job_key(duration: float | None, at: float, key: tuple[object, ...]) -> None:
-    assert ShortestJobFirst().job_key(job("j", duration, at=at), CycleState(BIG)) == key
-    assert ShortestJobFirst().queue_key("team-0", CycleState(BIG)) == ()
+    assert ShortestJobFirst().job_key(job("j", duration, at=at), CycleState(BIG).view) == key
+    assert ShortestJobFirst().queue_key("team-0", CycleState(BIG).view) == ()
 
 
 def test_jobs_go_shortest_first_across_queues_then_fifo_without_durations() -> None:

@@ -54,7 +54,7 @@ def test_remaining_seconds(case: Job, remaining: float | None) -> None:
 
 def test_job_key_puts_unknown_durations_last() -> None:
     plugin = ShortestRemainingTime()
-    state = CycleState(BIG)
+    state = CycleState(BIG).view
     assert plugin.job_key(job("a", 100.0, 30.0, at=4.0), state) == (0, 70.0, 4.0)
     assert plugin.job_key(job("b", None, at=4.0), state) == (1, 0.0, 4.0)
     assert plugin.queue_key("q", state) == ()

@@ -19,13 +19,13 @@ from gpufleet.domain import (
     WorkloadError,
     make_node,
 )
-from gpufleet.domain.throughput import job_scale
+from gpufleet.domain.throughput_table import job_scale
 from gpufleet.policies.catalog import PolicyData, build_profile, profile
 from gpufleet.policies.order.throughput_fair import ThroughputFairShare, attained_seconds
 from gpufleet.policies.score.throughput import ThroughputScore
 from gpufleet.scheduling.cycle import run_cycle
 from gpufleet.scheduling.placer import evaluate
-from gpufleet.scheduling.plugins import GangContext, JobView
+from gpufleet.scheduling.plugin_api import GangContext, JobView
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.table import FloatArray
 
@@ -61,7 +61,7 @@ def scores(plugin: ThroughputScore, work: Job, snapshot: ClusterSnapshot | None 
     state = CycleState(snapshot or ClusterSnapshot(NODES))
     view = JobView(work, state.table.model_lut(work.request.models))
     evaluation = evaluate(build_profile("t", "fifo", ((plugin, 1.0),)), view, state)
-    return plugin.score(view, state, evaluation, np.flatnonzero(evaluation.passed), GangContext())
+    return plugin.score(view, state.view, evaluation, np.flatnonzero(evaluation.passed), GangContext())
 
 
 # ---- the table moved to the domain ---------------------------------------------------------------------
@@ -142,7 +142,7 @@ def on(node: str, work: Job, gpus: int = 1) -> RunningJob:
 
 def test_speedups_are_relative_to_the_cluster_mix() -> None:
     plugin = ThroughputFairShare(TABLE)
-    mix = plugin.mix(CycleState(ClusterSnapshot(TWO_MODELS)))
+    mix = plugin.mix(CycleState(ClusterSnapshot(TWO_MODELS)).view)
     assert mix == (("K80", 4), ("V100", 4))
     # resnet on half K80, half V100 averages 2.5 steps/s; lstm 1.25.
     assert plugin.speedups(mix, job("r", "resnet")) == pytest.approx({"K80": 0.4, "V100": 1.6})
@@ -163,18 +163,20 @@ def test_a_queue_rate_counts_its_running_jobs_normalised() -> None:
     )
     state = CycleState(ClusterSnapshot(TWO_MODELS, running))
     plugin = ThroughputFairShare(TABLE)
-    assert plugin.normalised_rate("a", state) == pytest.approx(1.6 + 2.0)  # unmeasured: 1 per GPU
-    assert plugin.normalised_rate("b", state) == pytest.approx(0.8 + 1.0)  # unknown type: 1 per GPU
+    assert plugin.normalised_rate("a", state.view) == pytest.approx(1.6 + 2.0)  # unmeasured: 1 per GPU
+    assert plugin.normalised_rate("b", state.view) == pytest.approx(0.8 + 1.0)  # unknown type: 1 per GPU
     with state.without(["ra"]):
-        assert plugin.normalised_rate("a", state) == 2.0
-    assert ThroughputFairShare().normalised_rate("a", state) == 3.0  # no table: GPUs
+        assert plugin.normalised_rate("a", state.view) == 2.0
+    assert ThroughputFairShare().normalised_rate("a", state.view) == 3.0  # no table: GPUs
 
 
 def test_the_queue_with_the_least_normalised_rate_per_weight_goes_next() -> None:
     a = Job(id="ra", queue="a", request=WorkerRequest(gpus=1), job_type="resnet")
     b = Job(id="lb", queue="b", request=WorkerRequest(gpus=1), job_type="lstm")
     running = (on("v100", a), on("k80", b))
-    weighted = CycleState(ClusterSnapshot(TWO_MODELS, running, queues=(QueueSpec("a", weight=2.0), QueueSpec("b"))))
+    weighted = CycleState(
+        ClusterSnapshot(TWO_MODELS, running, queues=(QueueSpec("a", weight=2.0), QueueSpec("b")))
+    ).view
     plugin = ThroughputFairShare(TABLE)
     assert plugin.queue_key("a", weighted) == pytest.approx((0.8,))  # 1.6 / weight 2
     assert plugin.queue_key("b", weighted) == pytest.approx((0.8,))

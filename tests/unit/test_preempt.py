@@ -12,13 +12,14 @@ from gpufleet.domain.errors import SpecError
 from gpufleet.policies.catalog import profile
 from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.policies.preempt.priority import PriorityPreemption
-from gpufleet.scheduling.cycle import CycleResult, _Trial
+from gpufleet.scheduling.cycle import CycleResult, _WhatIf
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.status import Code, unschedulable
 from tests.kit import (
     QueueBuilder,
     advance,
     cluster,
+    fingerprint,
     make_job,
     nodes_of,
     queue,
@@ -390,12 +391,12 @@ def test_the_what_if_view_is_restored_exactly() -> None:
     )
     policy = profile("priority")
     state = CycleState(snap)
-    before = state.fingerprint()
+    before = fingerprint(state)
     for job in (HIGH4, HIGH8, make_job("g").gpus(4).workers(2).priority(5).build()):
         blocked = unschedulable("test", f"{job.id} does not fit")
-        choice = PriorityPreemption().preempt(view_of(job, state), state, blocked, _Trial(policy))
+        choice = PriorityPreemption().preempt(view_of(job, state), state.view, blocked, _WhatIf(policy, state))
         assert choice.victims
-        assert state.fingerprint() == before
+        assert fingerprint(state) == before
         assert not state.removed
 
 

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from gpufleet.cli.report import table as usage_table
+from gpufleet.cli.commands_report import table as usage_table
 from gpufleet.cli.safe_text import markup, plain, text_block
 from gpufleet.cli.top import frame
 

@@ -9,7 +9,7 @@ from gpufleet.policies.catalog import build_profile, profile
 from gpufleet.policies.score.bin_pack import BinPack
 from gpufleet.policies.score.spread import Spread
 from gpufleet.policies.score.topology import Topology
-from gpufleet.scheduling.plugins import ScorePlugin
+from gpufleet.scheduling.plugin_api import ScorePlugin
 from tests.kit import cluster, gpus_of, make_job, nodes_of, run, running_on, score_nodes
 
 # node-00 has 2 of 8 GPUs free and half its CPU taken; node-01 is empty.

@@ -3,7 +3,9 @@
 The fleet is heterogeneous (several GPU models, 8 GPUs per node in two NVLink groups, racks of 16),
 starts with some fractional load, and the pending jobs mix fractional, 1/2/4/8-GPU jobs and gangs
 (10 %), model constraints and priorities, spread over several team queues with quotas in one cohort.
-Cycles run, placed jobs becoming running ones, until a cycle places nothing more.
+Cycles run, placed jobs becoming running ones, until a cycle places nothing more; they share one
+`InventoryCache` (the fleet's table and capacity memo, and what was derived from each running job), as the
+control loop's cycles do.
 
 Two rates, because a job is not a unit of work: `placements_per_s` counts jobs placed (a gang is one),
 `gpus_placed_per_s` the GPUs they were given (a half-GPU share counts 0.5). A profile that runs small jobs
@@ -35,7 +37,8 @@ from gpufleet.domain import (
 from gpufleet.domain.snapshot import Placement
 from gpufleet.policies.catalog import profile as named_profile
 from gpufleet.scheduling.cycle import CycleResult, run_cycle
-from gpufleet.scheduling.plugins import Profile
+from gpufleet.scheduling.plugin_api import Profile
+from gpufleet.scheduling.state import InventoryCache
 
 MODELS: tuple[tuple[str, int, float], ...] = (
     ("H100-80GB", 80, 0.2),
@@ -143,13 +146,15 @@ def cycles(fleet: Fleet, profile: Profile, max_cycles: int = 50) -> Iterator[Cyc
     waiting = {j.id: j for j in fleet.pending}
     now = 0.0
     nominated: set[str] = set()
+    # The node inventory's table and memo, kept across cycles as a control loop keeps them.
+    inventory = InventoryCache()
     for _ in range(max_cycles):
         snapshot = ClusterSnapshot(
             fleet.nodes, tuple(running.values()), fleet.queues, now=now, nominated=tuple(sorted(nominated))
         )
         pending = tuple(waiting.values())
         start = time.perf_counter()
-        result = run_cycle(snapshot, pending, profile)
+        result = run_cycle(snapshot, pending, profile, inventory=inventory)
         elapsed = time.perf_counter() - start
         yield Cycle(snapshot, pending, result, elapsed)
         for placement in result.placements:

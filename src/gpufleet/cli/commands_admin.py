@@ -55,9 +55,9 @@ def backup(
 
 
 def _backup_directly(file: Path, data_dir: Path | None, db: str | None) -> BackupInfo:
-    from gpufleet.adapters.storage.engine import parse_url, safe_url
     from gpufleet.adapters.storage.health import backup_sqlite_file, pg_dump_hint, sqlite_path
     from gpufleet.adapters.storage.sql import default_sqlite_url
+    from gpufleet.adapters.storage.sql_engine import parse_url, safe_url
 
     if data_dir is not None and db is not None:
         raise GpufleetError("both --data-dir and --db were given", "give one of them")

@@ -34,7 +34,7 @@ def exporter(
     try:
         probe: GpuProbe
         if emulate:
-            from gpufleet.adapters.inventory.emulated import parse_emulate
+            from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 
             probe = EmulatedProbe(parse_emulate(emulate, name), dict)
         else:

@@ -12,9 +12,10 @@ import typer
 from gpufleet import __version__
 from gpufleet.cli.commands_admin import register_admin_commands
 from gpufleet.cli.commands_client import quota_app, register_client_commands
+from gpufleet.cli.commands_report import idle_policy as idle_policy_command
+from gpufleet.cli.commands_report import report_app
 from gpufleet.cli.exporter import exporter as exporter_command
-from gpufleet.cli.report import idle_policy as idle_policy_command
-from gpufleet.cli.report import report_app
+from gpufleet.cli.extras import command_name, missing_extra
 from gpufleet.cli.safe_text import plain
 from gpufleet.cli.sim import TRACES_ENV, traces_root
 from gpufleet.cli.sim import sim as sim_command
@@ -91,12 +92,12 @@ def bench_loop(
     as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
 ) -> None:
     """The live control loop (Reconciler + SQLite store, a fake in-process backend) at a steady load."""
-    from gpufleet.bench import loop
+    from gpufleet.bench import control_loop
     from gpufleet.sim.experiment import check_policies
 
     try:
         check_policies([policy])
-        result = loop.run(nodes, pending, steps=steps, rate=rate, seed=seed, policy=policy)
+        result = control_loop.run(nodes, pending, steps=steps, rate=rate, seed=seed, policy=policy)
     except GpufleetError as error:
         fail(error)
         return
@@ -117,7 +118,7 @@ def bench_sim(
     as_json: Annotated[bool, typer.Option("--json/--no-json", help="Print one JSON object (default).")] = True,
 ) -> None:
     """Simulator speed: the FGD protocol on openb and the whole Philly trace, per policy."""
-    from gpufleet.bench import sim as sim_bench
+    from gpufleet.bench import simulator as sim_bench
     from gpufleet.sim.experiment import check_policies
 
     try:
@@ -219,9 +220,17 @@ def bench_telemetry(
     print_result(run_telemetry_bench(repeats), as_json)
 
 
-def main() -> None:  # pragma: no cover - console entry
+def main() -> None:
+    """The console entry: the commands, with a user's mistake or a missing optional part (an extra not
+    installed) said in one line with its fix, exit status 2, instead of a stack trace."""
     try:
         app()
     except GpufleetError as error:
         typer.echo(f"error: {plain(error)}", err=True)
+        sys.exit(2)
+    except ModuleNotFoundError as error:
+        missing = missing_extra(error, command_name(sys.argv))
+        if missing is None:
+            raise
+        typer.echo(f"error: {missing}", err=True)
         sys.exit(2)

@@ -28,13 +28,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpufleet.cli.extras import skipped_note
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.sim.engine import SimSettings
 from gpufleet.sim.events import FailureModel
 from gpufleet.sim.experiment import Comparison, Experiment, run_experiment, scale_load
 from gpufleet.sim.experiment import Progress as ProgressFn
 from gpufleet.sim.prices import PriceTable, load_price_table, parse_price, prices_from
-from gpufleet.sim.report import FGD_REPORT_STEPS, fmt, has_cluster_events, write_report
+from gpufleet.sim.report import FGD_REPORT_STEPS, fmt, has_cluster_events, plots_available, write_report
 from gpufleet.sim.reproduce import REPRODUCTIONS, pollux_with_durations
 from gpufleet.sim.simulated_backend import BackendSettings
 from gpufleet.sim.whatif import apply_what_if
@@ -393,26 +394,38 @@ class Output:
     progress: bool
 
     def experiment(self, experiment: Experiment) -> None:
-        if self.out is not None:
-            write_report(self.out, [experiment])
+        self._write([experiment], None)
         if self.as_json:
             typer.echo(json.dumps(experiment.as_dict()))
             return
         console = stdout_console()
         print_experiment(console, experiment)
         if self.out is not None:
-            console.print(f"wrote {self.out}/results.json, results.csv, report.md and plots")
+            console.print(f"wrote {self.out}/results.json, results.csv, report.md{self._plots_written()}")
 
     def comparison(self, comparison: Comparison) -> None:
-        if self.out is not None:
-            write_report(self.out, list(comparison.experiments), comparison)
+        self._write(list(comparison.experiments), comparison)
         if self.as_json:
             typer.echo(json.dumps(comparison.as_dict()))
             return
         console = stdout_console()
         print_comparison(console, comparison)
         if self.out is not None:
-            console.print(f"wrote {self.out}/results.json, comparison.csv, results.csv, report.md and plots")
+            console.print(
+                f"wrote {self.out}/results.json, comparison.csv, results.csv, report.md{self._plots_written()}"
+            )
+
+    def _write(self, experiments: list[Experiment], comparison: Comparison | None) -> None:
+        """The report files, and a note on stderr when the `plots` extra is missing (no PNG plots)."""
+        if self.out is None:
+            return
+        write_report(self.out, experiments, comparison)
+        if not plots_available():
+            typer.echo(skipped_note("plots", "PNG plots"), err=True)
+
+    @staticmethod
+    def _plots_written() -> str:
+        return " and plots" if plots_available() else ""
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from gpufleet.domain.jobs import Job, JobId
-from gpufleet.scheduling.plugins import SortKey
-from gpufleet.scheduling.status import Code, Status, Wake
+from gpufleet.scheduling.classes import RequestClass
+from gpufleet.scheduling.plugin_api import Code, SortKey, Status, Wake
 
-Group = tuple[object, ...]
+Group = tuple[object, ...]  # a queue (strict FIFO) or a `RequestClass`
 Entry = tuple[SortKey, JobId]
 
 
@@ -42,7 +42,7 @@ class PendingIndex:
     def group_of(self, job: Job) -> Group:
         if self.strict_fifo:
             return (job.queue,)
-        return (job.queue, job.request, job.gang_size)
+        return RequestClass.of(job)
 
     def add(self, job: Job, key: SortKey) -> None:
         """A job becomes pending (submitted, or back after preemption): its group is decided next step."""

@@ -5,8 +5,9 @@ clock and backend, in-memory store): only the ports passed in differ.
 
 - Observe: what the backend reports (started, exited, stopped, lost) becomes transitions; so do the
   users' requests (cancel, requeue) and attempts that ran past their max runtime.
-- Snapshot: a base working state is kept in step with the store and forked for each cycle.
-- Decide: the pure core (`decide`) on the jobs that need a decision now (see `PendingIndex`).
+- Snapshot: a working state is kept in step with the store and forked for each cycle (`LoopState`).
+- Decide: the pure core (`decide`) on the jobs that need a decision now (see `PendingIndex`), with what
+  the profile's learner estimated for them as data (`Learning`).
 - Apply: first the intents are written (placements as Launching, victims as Evicting) in one
   short write with version checks, then, outside it, the backend is asked to launch and stop.
 """
@@ -21,6 +22,8 @@ import time
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 
+from gpufleet.control.learning import Learning
+from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition, transition
@@ -39,9 +42,8 @@ from gpufleet.ports import (
     StateStore,
 )
 from gpufleet.scheduling.cycle import CycleResult, decide
-from gpufleet.scheduling.plugins import Profile
-from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.status import Wake
+from gpufleet.scheduling.plugin_api import Profile, SortKey, Wake
+from gpufleet.scheduling.state import InventoryCache
 
 S = JobState
 log = logging.getLogger(__name__)
@@ -111,6 +113,8 @@ class Reconciler:
         self.events = events
         self.settings = settings or ReconcilerSettings()
         self.pending = PendingIndex(profile.strict_fifo)
+        self.learning = Learning(profile.learner)
+        self.inventory = InventoryCache()  # the node inventory's table and memo, kept across rebuilds
         self.nominated: set[JobId] = set()
         self._cursor = 0
         self._request_cursor = 0
@@ -123,7 +127,7 @@ class Reconciler:
         self._unwritten: list[Observation] = []
         self._dirty = False
         self._reason_at: dict[JobId, float] = {}  # when each waiting job's reason was last written
-        self.base = self._rebuild()
+        self._rebuild()
         self.backend.adopt([self._launch(r) for r in self.store.active() if r.holds_resources])
 
     # --- the loop -------------------------------------------------------------------------------
@@ -151,18 +155,18 @@ class Reconciler:
     def _resync(self) -> None:
         self.pending = PendingIndex(self.profile.strict_fifo)
         self.nominated.clear()
-        self.base = self._rebuild()
+        self._rebuild()
         self._dirty = False
 
     def _step(self, report: StepReport) -> None:
         now = self.clock.now()
         if self.store.cluster_version() != self._cluster_version:
-            self.base = self._rebuild()
+            self._rebuild()
             self.pending.wake_all()
         # Order plugins key new and requeued jobs against the base state: it must read this step's time.
-        self.base.now = now
+        self.base.set_now(now)
         self._observe(now, report)
-        self._intake()
+        self._intake(now)
         self._requests(now, report)
         self._timeouts(now, report)
         if self.profile.preempt is not None and now >= self._last_retry_all + self.settings.retry_all_s:
@@ -212,7 +216,7 @@ class Reconciler:
 
     # --- snapshot ---------------------------------------------------------------------------------
 
-    def _rebuild(self) -> CycleState:
+    def _rebuild(self) -> None:
         """The base state from the store (at start, and when nodes or queues change)."""
         self._cluster_version = self.store.cluster_version()
         if self._cursor == 0:
@@ -220,32 +224,36 @@ class Reconciler:
             self._cursor = self.store.submission_cursor()
         records = self.store.active()
         running = tuple(r.as_running() for r in records if r.holds_resources)
-        snapshot = ClusterSnapshot(self.store.nodes(), running, self.store.queues(), now=self.clock.now())
-        base = CycleState(snapshot)
+        now = self.clock.now()
+        snapshot = ClusterSnapshot(self.store.nodes(), running, self.store.queues(), now=now)
+        self.base = LoopState(snapshot, self.inventory, self.learning.estimates)
         self._deadlines = []
         self._known = {record.id: record for record in records}
+        for run in running:
+            self.learning.started(run)
         for record in records:
             if record.state is S.PENDING and record.id not in self.pending:
-                self.pending.add(record.as_pending(), self._key(record.as_pending(), base))
+                self._add_pending(record.as_pending(), now)
             elif record.holds_resources:
                 self._track_deadline(record)
-        return base
 
     def _track_deadline(self, record: JobRecord) -> None:
         run = record.job.run
         if run is not None and run.max_runtime_s is not None and record.started_at is not None:
             heapq.heappush(self._deadlines, (record.started_at + run.max_runtime_s, record.id, record.attempt))
 
-    def _key(self, job: Job, base: CycleState) -> tuple[float | int | str, ...]:
-        return self.profile.order.job_key(job, base)
+    def _add_pending(self, job: Job, now: float) -> None:
+        """A job becomes pending: the learner estimates it, the order keys it against the base state."""
+        self.learning.pending(job, now)
+        key: SortKey = self.profile.order.job_key(job, self.base.view)
+        self.pending.add(job, key)
 
-    def _intake(self) -> None:
+    def _intake(self, now: float) -> None:
         submitted, self._cursor = self.store.take_submissions(self._cursor)
         for record in submitted:
             self._known.setdefault(record.id, record)
             if record.state is S.PENDING and record.id not in self.pending:
-                job = record.as_pending()
-                self.pending.add(job, self._key(job, self.base))
+                self._add_pending(record.as_pending(), now)
 
     # --- requests and timeouts ---------------------------------------------------------------------
 
@@ -338,7 +346,7 @@ class Reconciler:
     def _grace(self, record: JobRecord) -> float:
         run = record.job.run
         grace = run.grace_s if run is not None else self.settings.grace_s
-        queue = self.base.ledger.queues.get(record.job.queue)
+        queue = self.base.queues.get(record.job.queue)
         most = queue.max_grace_s if queue is not None and queue.max_grace_s is not None else self.settings.max_grace_s
         return grace if most is None else min(grace, most)
 
@@ -367,6 +375,9 @@ class Reconciler:
         for record, outcome in outcomes:
             if not outcome.holds_resources and record.holds_resources:
                 self.base.remove_running(record.id)
+                # A run ended on its own when the job exited without having been asked to stop.
+                finished = obs.kind is ObservationKind.EXITED and record.state is not S.EVICTING
+                self.learning.ended(record.id, now, finished=finished)
                 released_queues.add(record.job.queue)
                 self.nominated.discard(record.id)
                 if outcome.state is S.PENDING:
@@ -374,8 +385,7 @@ class Reconciler:
                 else:
                     report.finished += 1
         for record in requeued:
-            job = record.as_pending()
-            self.pending.add(job, self._key(job, self.base))
+            self._add_pending(record.as_pending(), now)
         if released_queues:
             self.pending.wake(Wake.RELEASE)
             self.pending.wake(Wake.QUOTA, self._cohort_mates(released_queues))
@@ -481,7 +491,7 @@ class Reconciler:
         )
 
     def _cohort_mates(self, queues: set[str]) -> set[str]:
-        specs = self.base.ledger.queues
+        specs = self.base.queues
         cohorts = {specs[q].cohort for q in queues if q in specs and specs[q].cohort is not None}
         return queues | {name for name, spec in specs.items() if spec.cohort in cohorts}
 
@@ -510,7 +520,9 @@ class Reconciler:
             self.pending.remove(record.id)
             self.nominated.discard(record.id)
             self._reason_at.pop(record.id, None)
-            self.base.add_running(launching.as_running())
+            run = launching.as_running()
+            self.base.add_running(run)
+            self.learning.started(run)
             self._track_deadline(launching)
             launches.append(self._launch(launching))
             report.placed += 1
@@ -549,7 +561,7 @@ class Reconciler:
             self.backend.stop(record.id, record.attempt, self._grace(record), reason)
 
     def _launch(self, record: JobRecord) -> Launch:
-        queue = self.base.ledger.queues.get(record.job.queue)
+        queue = self.base.queues.get(record.job.queue)
         return Launch(record.job, record.attempt, record.workers, run_as=queue.run_as if queue else None)
 
     def _latest(self, job_id: JobId, changes: _Changes) -> JobRecord | None:
@@ -567,6 +579,7 @@ class Reconciler:
         for record in changes.latest.values():
             if record.state.terminal:
                 self._known.pop(record.id, None)
+                self.learning.forget(record.id)
             else:
                 self._known[record.id] = record
         if self.events is not None:

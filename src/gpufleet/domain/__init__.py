@@ -15,7 +15,7 @@ from gpufleet.domain.lifecycle import TRANSITIONS, JobState, Transition, transit
 from gpufleet.domain.quotas import CPU, GPU, MEMORY, QueueSpec, Quota, gpu_model_key
 from gpufleet.domain.resources import MILLI_PER_GPU, GiB, MiB, WorkerRequest, parse_models
 from gpufleet.domain.snapshot import ClusterSnapshot, Placement, Preemption
-from gpufleet.domain.throughput import ThroughputEntry, ThroughputTable
+from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable
 
 __all__ = [
     "CPU",

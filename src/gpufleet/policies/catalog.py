@@ -43,6 +43,9 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
     default-qssf   `default`'s order (`fair_qssf`), priority preemption and reclaim only (no LAS preemption),
                    bin_pack + topology placement
 
+Profiles that order by QSSF (`default`, `qssf`, `default-qssf`) carry its learner (`RunTimeLearner`,
+registered as `qssf` in `LEARNER`), which the control loop feeds and whose estimates every cycle reads.
+
 Data-driven plugins (FGD's target workload, Gavel's throughput table) cannot be built from a name alone.
 Two ways to give them their data:
 
@@ -60,7 +63,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from gpufleet.domain.errors import UnknownNameError
-from gpufleet.domain.throughput import ThroughputTable
+from gpufleet.domain.throughput_table import ThroughputTable
 from gpufleet.policies.admit.gang import GangAdmission
 from gpufleet.policies.admit.quota import QuotaAdmission
 from gpufleet.policies.filter.fits import Fits
@@ -70,7 +73,7 @@ from gpufleet.policies.order.fair_share import FairShare
 from gpufleet.policies.order.fifo import Fifo
 from gpufleet.policies.order.las import LeastAttainedService
 from gpufleet.policies.order.priority import Priority
-from gpufleet.policies.order.qssf import FairShareQssf, QuasiShortestServiceFirst
+from gpufleet.policies.order.qssf import FairShareQssf, QuasiShortestServiceFirst, RunTimeLearner
 from gpufleet.policies.order.sjf import ShortestJobFirst
 from gpufleet.policies.order.srtf import ShortestRemainingTime
 from gpufleet.policies.order.throughput_fair import ThroughputFairShare
@@ -86,16 +89,18 @@ from gpufleet.policies.score.throughput import ThroughputScore
 from gpufleet.policies.score.topology import Topology
 from gpufleet.policies.select.fgd import FgdSelect
 from gpufleet.policies.select.pack import PackGpus
-from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload
-from gpufleet.scheduling.plugin_registry import Registry
-from gpufleet.scheduling.plugins import (
+from gpufleet.scheduling.plugin_api import (
+    GENERIC_TARGET,
     AdmitPlugin,
     FilterPlugin,
+    Learner,
     OrderPlugin,
     PreemptPlugin,
     Profile,
+    Registry,
     ScorePlugin,
     SelectPlugin,
+    TargetWorkload,
 )
 
 ORDER: Registry[OrderPlugin] = Registry("order")
@@ -104,6 +109,7 @@ FILTER: Registry[FilterPlugin] = Registry("filter")
 SCORE: Registry[ScorePlugin] = Registry("score")
 SELECT: Registry[SelectPlugin] = Registry("select")
 PREEMPT: Registry[PreemptPlugin] = Registry("preempt")
+LEARNER: Registry[Learner] = Registry("learner")
 
 for _cls in (
     Fifo,
@@ -127,6 +133,7 @@ for _select in (PackGpus, FgdSelect):
     SELECT.register(_select.name, _select)
 for _preempt in (PriorityPreemption, LasPreemption):
     PREEMPT.register(_preempt.name, _preempt)
+LEARNER.register(RunTimeLearner.name, RunTimeLearner)
 
 STANDARD_FILTERS = ("node_health", "gpu_model", "fits")
 STANDARD_ADMIT = ("gang", "quota")
@@ -140,6 +147,7 @@ def build_profile(
     select: str | SelectPlugin = "pack",
     preempt: str | PreemptPlugin | None = None,
     strict_fifo: bool = False,
+    learner: str | Learner | None = None,
 ) -> Profile:
     """A profile with the standard admission and filters. Each plugin is a registered name (built fresh) or
     an instance (used as is: plugins that need data, such as `FgdScore(target)`)."""
@@ -152,6 +160,7 @@ def build_profile(
         select=SELECT.create(select) if isinstance(select, str) else select,
         preempt=PREEMPT.create(preempt) if isinstance(preempt, str) else preempt,
         strict_fifo=strict_fifo,
+        learner=LEARNER.create(learner) if isinstance(learner, str) else learner,
     )
 
 
@@ -224,6 +233,7 @@ def _default(data: PolicyData) -> Profile:
         ((score, 1.0), (ModelScarcity(data.target), FGD_PLUS_SCARCITY_WEIGHT), ("topology", 1.0)),
         select=FgdSelect(data.target, memo=score.memo, truncate=True),
         preempt=LasPreemption(min_run_s=DEFAULT_LAS_MIN_RUN_S),
+        learner="qssf",
     )
 
 
@@ -273,10 +283,10 @@ PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
     "gavel": _gavel,
     "tiresias": lambda _: build_profile("tiresias", "las", (("topology", 2.0), ("bin_pack", 1.0)), preempt="las"),
     # Quasi-shortest service first with run times learned online from finished jobs (no oracle durations).
-    "qssf": lambda _: build_profile("qssf", "qssf", (("bin_pack", 1.0), ("topology", 1.0))),
+    "qssf": lambda _: build_profile("qssf", "qssf", (("bin_pack", 1.0), ("topology", 1.0)), learner="qssf"),
     # `default` with QSSF inside each queue: fair share between queues, least predicted service within one.
     "default-qssf": lambda _: build_profile(
-        "default-qssf", "fair_qssf", (("bin_pack", 1.0), ("topology", 1.0)), preempt="priority"
+        "default-qssf", "fair_qssf", (("bin_pack", 1.0), ("topology", 1.0)), preempt="priority", learner="qssf"
     ),
 }
 

@@ -13,17 +13,19 @@ import heapq
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.snapshot import ClusterSnapshot, Placement, Preemption
+from gpufleet.scheduling.classes import JobClass, PlacementClass, RequestClass, placement_class
 from gpufleet.scheduling.ledger import job_usage
 from gpufleet.scheduling.placer import evaluate, place_gang, place_worker
-from gpufleet.scheduling.plugins import GangContext, JobView, Profile, SortKey
-from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.plugin_api import GangContext, JobView, Profile, RunEstimate, SortKey
+from gpufleet.scheduling.state import CycleState, InventoryCache
 from gpufleet.scheduling.status import Code, Status, unresolvable, wait
+from gpufleet.scheduling.table import WorkerArrays
 
 PLUGIN = "cycle"
 
@@ -64,16 +66,31 @@ class CycleResult:
         )
 
 
-class _Trial:
-    """Admission + placement on the current (what-if) view, undone afterwards."""
+class _WhatIf:
+    """Preemption's what-if capability (`api.WhatIf`) on the cycle's working state: admission and placement
+    tried on the current view and undone, and running jobs taken out and put back."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, state: CycleState) -> None:
         self.profile = profile
+        self.state = state
 
-    def admits(self, job: Job, state: CycleState) -> Status:
-        return _admit(self.profile, job, state)[1]
+    def remove(self, job_id: JobId) -> None:
+        self.state.remove(job_id)
 
-    def fits(self, job: Job, state: CycleState) -> bool:
+    def restore(self, job_id: JobId) -> None:
+        self.state.restore(job_id)
+
+    def without(self, job_ids: list[JobId]) -> AbstractContextManager[None]:
+        return self.state.without(job_ids)
+
+    def held(self, job_ids: list[JobId]) -> WorkerArrays:
+        return self.state.held(job_ids)
+
+    def admits(self, job: Job) -> Status:
+        return _admit(self.profile, job, self.state)[1]
+
+    def fits(self, job: Job) -> bool:
+        state = self.state
         view, status = _admit(self.profile, job, state)
         if not status.ok:
             return False
@@ -86,88 +103,66 @@ class _Trial:
         state.table.apply_many(outcome, +1)
         return True
 
-    def worker_fits(self, job: Job, state: CycleState, node: int) -> bool:
+    def worker_fits(self, job: Job, node: int) -> bool:
         # The class's cached filter results, refreshed where nodes changed, are the filters run on `node`.
+        state = self.state
         view = JobView(job, state.table.model_lut(job.request.models))
         return bool(evaluate(self.profile, view, state).passed[node])
 
 
 def _admit(profile: Profile, job: Job, state: CycleState) -> tuple[JobView, Status]:
     view = JobView(job, state.table.model_lut(job.request.models))
+    cluster = state.view
     for plugin in profile.admit:
-        status = plugin.admit(view, state)
+        status = plugin.admit(view, cluster)
         if not status.ok:
             return view, status
     return view, Status(Code.SUCCESS)
 
 
-def _class_key(view: JobView) -> tuple[object, ...]:
-    job = view.job
-    return (job.request, job.gang_size, view.model_lut.tobytes())
-
-
-def _request_key(job: Job) -> tuple[object, ...]:
-    """Queue, request and gang size of a job, as a key of per-cycle caches. The request's fields rather
-    than the request: equal tuples of ints compare in C, while equal-but-distinct requests would run
-    the dataclass's Python `__eq__` on every look-up."""
-    r = job.request
-    return (
-        job.queue,
-        r.gpus,
-        r.gpu_milli,
-        r.gpu_memory,
-        r.cpu_milli,
-        r.memory,
-        r.models,
-        job.min_workers or job.workers,
-    )
+Stack = list[tuple[SortKey, int, Job]]  # a queue's jobs in order (the next one last), with their job class number
 
 
 class _Cycle:
     def __init__(self, state: CycleState, profile: Profile) -> None:
         self.profile = profile
         self.state = state
-        self.trial = _Trial(profile)
+        self.what_if = _WhatIf(profile, state)
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.waiting: dict[JobId, Status] = {}
-        self.unfit: dict[tuple[object, ...], Status] = {}
-        self.no_victims: dict[int, Status] = {}
+        # Caches of outcomes, each named by what it is keyed by (see `gpufleet.scheduling.classes`).
+        self.failed_requests: dict[RequestClass, Status] = {}
+        self.unfit_placements: dict[PlacementClass, Status] = {}
+        # Job classes, numbered in order of appearance; by number: an outcome known to hold for the rest of
+        # the cycle (see `settle_known`), and a preemption search that found no victims.
+        self.job_class_numbers: dict[JobClass, int] = {}
+        self.job_classes: list[JobClass] = []
+        self.known_outcomes: dict[int, Status] = {}
+        self.victimless: dict[int, Status] = {}
         self.searches: dict[str, int] = defaultdict(int)
-        self.failed: dict[tuple[object, ...], Status] = {}
-        # Jobs of one queue with equal requests, gang size and priority form a class (numbered here).
-        # Once one of them failed without side effects, every later one gets the same status for the
-        # rest of the cycle (see `settle_known`): class number -> that status.
-        self.classes: dict[tuple[object, ...], int] = {}
-        self.known: dict[int, Status] = {}
         # Jobs that may have victims stopping for them: they always take the full path.
         self.claimants = {j for j, victims in state.evicting_for.items() if victims}
 
-    def class_of(self, job: Job) -> int:
-        """The job's class number: its queue, request, gang size and priority (one flat tuple: this
-        runs for every pending job)."""
-        r = job.request
-        key = (
-            job.queue,
-            r.gpus,
-            r.gpu_milli,
-            r.gpu_memory,
-            r.cpu_milli,
-            r.memory,
-            r.models,
-            job.min_workers or job.workers,
-            job.priority,
-        )
-        return self.classes.setdefault(key, len(self.classes))
+    def number(self, job_class: JobClass) -> int:
+        """The job class's number (given in order of first appearance)."""
+        numbers = self.job_class_numbers
+        return numbers.setdefault(job_class, len(numbers))
 
-    def settle_known(self, stack: list[tuple[SortKey, int, Job]]) -> None:
+    def job_class(self, number: int) -> JobClass:
+        classes = self.job_classes
+        if number >= len(classes):  # numbered since last asked: the dict keeps the order they were numbered in
+            classes = self.job_classes = list(self.job_class_numbers)
+        return classes[number]
+
+    def settle_known(self, stack: Stack) -> None:
         """Give the next jobs of a queue whose outcome is already known their status, without a turn.
 
         Caches only grow within a cycle, so a job whose (request, gang, priority) already failed in its
         queue, with no victims found or tried for it, fails again the same way; deciding it changes
         nothing. Taking such jobs off the stack now, before jobs of other queues that rank between them,
         gives the same result as deciding them in their turn."""
-        known = self.known
+        known = self.known_outcomes
         if not known:
             return
         waiting = self.waiting
@@ -180,7 +175,7 @@ class _Cycle:
             stack.pop()
             waiting[job.id] = status
 
-    def decide(self, job: Job) -> bool:
+    def decide(self, job: Job, job_class: int) -> bool:
         """Place the job, preempt for it, or record why it waits. True if placed.
 
         Within a cycle, free resources and quota only shrink (placements, reservations; victims
@@ -188,25 +183,14 @@ class _Cycle:
         the same queue fails again: its status is reused instead of recomputed.
         """
         state = self.state
-        failed_key = _request_key(job)
-        job_class = self.class_of(job)
-        status = self.failed.get(failed_key)
+        request_class = self.job_class(job_class).request_class
+        status = self.failed_requests.get(request_class)
         view: JobView | None = None
         if status is None:
-            view, status = _admit(self.profile, job, state)
-            if status.ok:
-                key = _class_key(view)
-                cached = self.unfit.get(key)
-                if cached is not None:
-                    status = cached
-                else:
-                    outcome = place_gang(self.profile, view, state, job.gang_size)
-                    if not isinstance(outcome, Status):
-                        self._commit(job, outcome)
-                        return True
-                    status = outcome
-                    self.unfit[key] = outcome
-            self.failed[failed_key] = status
+            view, status = self._try(job)
+            if status is None:
+                return True
+            self.failed_requests[request_class] = status
         outstanding = [v for v in state.evicting_for.get(job.id, ()) if v in state.holdings]
         if outstanding and status.code in (Code.UNSCHEDULABLE, Code.WAIT):
             self._hold_room(job, outstanding)
@@ -222,18 +206,34 @@ class _Cycle:
         else:
             settled = True
         if settled:
-            self.known[job_class] = status
+            self.known_outcomes[job_class] = status
         self.waiting[job.id] = status
         return False
 
-    def _preempt(self, job: Job, view: JobView | None, blocked_by: Status, key: int) -> tuple[Status, bool]:
-        """Victims for the job, or why none: the status, and whether it holds for every later job of
-        the same queue, request, gang size and priority in this cycle (no victims were chosen).
+    def _try(self, job: Job) -> tuple[JobView, Status | None]:
+        """Admit and place the job (None: placed and committed), or why it does not fit now."""
+        view, status = _admit(self.profile, job, self.state)
+        if not status.ok:
+            return view, status
+        key = placement_class(job, view.model_lut.tobytes())
+        cached = self.unfit_placements.get(key)
+        if cached is not None:
+            return view, cached
+        outcome = place_gang(self.profile, view, self.state, job.gang_size)
+        if isinstance(outcome, Status):
+            self.unfit_placements[key] = outcome
+            return view, outcome
+        self._commit(job, outcome)
+        return view, None
 
-        Cached by the job's class (`key`): what blocked it is the class's one cached failure, so a
+    def _preempt(self, job: Job, view: JobView | None, blocked_by: Status, job_class: int) -> tuple[Status, bool]:
+        """Victims for the job, or why none: the status, and whether it holds for every later job of
+        the same job class in this cycle (no victims were chosen).
+
+        Cached by the job's class: what blocked it is the request class's one cached failure, so a
         cached answer carries this job's reasons."""
         assert self.profile.preempt is not None
-        cached = self.no_victims.get(key)
+        cached = self.victimless.get(job_class)
         if cached is not None:
             return cached, True
         if self.searches[job.queue] >= self.profile.preemption_searches_per_queue:
@@ -242,14 +242,14 @@ class _Cycle:
                 f"preemption not tried this cycle: queue {job.queue} used its {self.searches[job.queue]} searches"
             )
             status = Status(blocked_by.code, (*blocked_by.reasons, deferred), blocked_by.plugin, blocked_by.wake_on)
-            self.no_victims[key] = status
+            self.victimless[job_class] = status
             return status, True
         self.searches[job.queue] += 1
         if view is None:
             view = _admit(self.profile, job, self.state)[0]
-        choice = self.profile.preempt.preempt(view, self.state, blocked_by, self.trial)
+        choice = self.profile.preempt.preempt(view, self.state.view, blocked_by, self.what_if)
         if not choice.victims:
-            self.no_victims[key] = choice.status
+            self.victimless[job_class] = choice.status
             return choice.status, True
         for victim, reason in choice.victims:
             self.state.evicting.add(victim)
@@ -350,30 +350,48 @@ def _collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-def run_cycle(snapshot: ClusterSnapshot, pending: Sequence[Job], profile: Profile) -> CycleResult:
-    """Decide one scheduling cycle. Pure: reads its inputs only, returns decisions as data."""
+def run_cycle(
+    snapshot: ClusterSnapshot,
+    pending: Sequence[Job],
+    profile: Profile,
+    *,
+    estimates: Mapping[JobId, RunEstimate] | None = None,
+    inventory: InventoryCache | None = None,
+) -> CycleResult:
+    """Decide one scheduling cycle. Pure: reads its inputs only, returns decisions as data.
+
+    `estimates`: what the profile's learner predicted for pending jobs (run times learned from finished jobs);
+    without them, jobs count at the order's prior. `inventory`: a cache the caller keeps across calls on the
+    same node inventory (speed only: the result is the same without it)."""
     with _collector_paused():
-        return decide(CycleState(snapshot), pending, profile, snapshot.nominated)
+        return decide(CycleState(snapshot, inventory, estimates), pending, profile, snapshot.nominated)
 
 
 def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominated: Sequence[JobId] = ()) -> CycleResult:
-    """`run_cycle` on a working state (built from a snapshot, or forked from a control loop's base).
+    """`run_cycle` on a working state (built from a snapshot, or copied from a control loop's state).
 
     The state is consumed: it holds the cycle's decisions afterwards.
     """
     with _collector_paused():
-        return _decide(state, pending, profile, nominated)
+        cycle = _Cycle(state, profile)
+        claims, by_queue = _intake(cycle, pending, set(nominated))
+        queues = _ordered(cycle, by_queue)  # keyed before anything is decided: keys see the cycle's input
+        _decide_claims(cycle, claims)
+        _decide_in_order(cycle, queues)
+        waiting = cycle.waiting
+        return CycleResult(tuple(cycle.placements), tuple(cycle.preemptions), {j: waiting[j] for j in sorted(waiting)})
 
 
-def _decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominated: Sequence[JobId]) -> CycleResult:
-    cycle = _Cycle(state, profile)
-    known_queues = set(state.ledger.queues)
-    holdings = state.holdings
-    first_claims = set(nominated)
+def _intake(
+    cycle: _Cycle, pending: Sequence[Job], first_claims: set[JobId]
+) -> tuple[dict[str, list[Job]], dict[str, list[Job]]]:
+    """Pending jobs by queue: nominated ones (`first_claims`) apart. Jobs that cannot be decided are refused
+    here: an id pending twice, or pending and running at once (deciding one copy would make the result depend
+    on the order of `pending`, and report the id both placed and in error), and jobs of unknown queues."""
+    known_queues = set(cycle.state.ledger.queues)
+    holdings = cycle.state.holdings
     by_queue: dict[str, list[Job]] = defaultdict(list)
     claims: dict[str, list[Job]] = defaultdict(list)
-    # Every copy of a duplicated id is refused: deciding one copy would make the result depend on the
-    # order of `pending`, and would report the id both placed and in error.
     ids = [job.id for job in pending]
     repeated = {i for i, n in Counter(ids).items() if n > 1} if len(set(ids)) != len(ids) else set()
     for job in pending:
@@ -390,78 +408,72 @@ def _decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominat
             )
             continue
         (claims if job_id in first_claims else by_queue)[job.queue].append(job)
+    return claims, by_queue
 
-    order = profile.order
-    job_key = order.job_key
-    classes = cycle.classes
-    number = classes.setdefault
-    queues: dict[str, list[tuple[SortKey, int, Job]]] = {}
+
+def _decide_claims(cycle: _Cycle, claims: dict[str, list[Job]]) -> None:
+    """Nominated jobs (they preempted for room in an earlier cycle) go first, in submission order."""
+    for name in sorted(claims):
+        for job in sorted(claims[name], key=lambda j: (j.submit_seq, j.id)):
+            cycle.decide(job, cycle.number(JobClass.of(job)))
+
+
+def _ordered(cycle: _Cycle, by_queue: dict[str, list[Job]]) -> dict[str, Stack]:
+    """Each queue's jobs in the order plugin's order, as a stack (the next job last)."""
+    cluster = cycle.state.view
+    job_key = cycle.profile.order.job_key
+    numbers = cycle.job_class_numbers
+    number = numbers.setdefault  # `_Cycle.number`, inlined: this runs for every pending job in every cycle
+    of = JobClass.of
+    queues: dict[str, Stack] = {}
     for name, jobs in by_queue.items():
-        # `class_of`, inlined: this runs for every pending job in every cycle.
-        keyed = [
-            (
-                (*job_key(j, state), j.submit_seq, j.id),
-                number(
-                    (
-                        j.queue,
-                        j.request.gpus,
-                        j.request.gpu_milli,
-                        j.request.gpu_memory,
-                        j.request.cpu_milli,
-                        j.request.memory,
-                        j.request.models,
-                        j.min_workers or j.workers,
-                        j.priority,
-                    ),
-                    len(classes),
-                ),
-                j,
-            )
-            for j in jobs
-        ]
+        keyed = [((*job_key(j, cluster), j.submit_seq, j.id), number(of(j), len(numbers)), j) for j in jobs]
         keyed.sort(reverse=True)  # keys are unique (they end with the job id): nothing else is compared
-        queues[name] = keyed  # a stack: the next job is last
+        queues[name] = keyed
+    return queues
+
+
+def _decide_in_order(cycle: _Cycle, queues: dict[str, Stack]) -> None:
+    """Decide queue heads in the order of the queues' ranks (re-read when a queue's usage changed) until
+    every queue is empty."""
+    state = cycle.state
+    profile = cycle.profile
+    queue_key = profile.order.queue_key
     queue_keys: dict[str, tuple[int, SortKey]] = {}
 
     def rank(name: str) -> tuple[SortKey, str]:
         version = state.ledger.version[name]
         cached = queue_keys.get(name)
         if cached is None or cached[0] != version:
-            cached = (version, order.queue_key(name, state))
+            cached = (version, queue_key(name, state.view))
             queue_keys[name] = cached
         return (*cached[1], *queues[name][-1][0]), name
-
-    # Nominated jobs (they preempted for room in an earlier cycle) go first, in submission order.
-    for name in sorted(claims):
-        for job in sorted(claims[name], key=lambda j: (j.submit_seq, j.id)):
-            cycle.decide(job)
 
     heap = [rank(name) for name in sorted(queues)]
     heapq.heapify(heap)
     while heap:
         _, name = heapq.heappop(heap)
         stack = queues[name]
-        _, _, job = stack.pop()
-        placed = cycle.decide(job)
+        _, job_class, job = stack.pop()
+        placed = cycle.decide(job, job_class)
         head_status = cycle.waiting.get(job.id)
         if not placed and profile.strict_fifo and head_status is not None and head_status.code is not Code.UNRESOLVABLE:
-            # Behind a blocked head, a job can go only when the head can: it waits for the same event.
-            behind_head = Status(
-                Code.WAIT, (f"behind job {job.id} in queue {name} (strict FIFO)",), PLUGIN, head_status.wake
-            )
-            verdicts: dict[tuple[object, ...], Status] = {}
-            for _, _, behind in stack:
-                # A job that can never run says so now, rather than waiting its turn to find out.
-                request_key = (behind.request, behind.gang_size)
-                verdict = verdicts.get(request_key)
-                if verdict is None:
-                    verdict = verdicts[request_key] = _admit(profile, behind, state)[1]
-                cycle.waiting[behind.id] = verdict if verdict.code is Code.UNRESOLVABLE else behind_head
-            stack.clear()
+            _hold_behind_head(cycle, name, job, head_status, stack)
         elif stack and not profile.strict_fifo:
             cycle.settle_known(stack)
         if stack:
             heapq.heappush(heap, rank(name))
 
-    waiting = cycle.waiting
-    return CycleResult(tuple(cycle.placements), tuple(cycle.preemptions), {j: waiting[j] for j in sorted(waiting)})
+
+def _hold_behind_head(cycle: _Cycle, queue: str, head: Job, head_status: Status, stack: Stack) -> None:
+    """Strict FIFO: behind a blocked head, a job can go only when the head can: it waits for the same event.
+    A job that can never run says so now, rather than waiting its turn to find out."""
+    behind_head = Status(Code.WAIT, (f"behind job {head.id} in queue {queue} (strict FIFO)",), PLUGIN, head_status.wake)
+    admission: dict[RequestClass, Status] = {}
+    for _, job_class, behind in stack:
+        request_class = cycle.job_class(job_class).request_class
+        verdict = admission.get(request_class)
+        if verdict is None:
+            verdict = admission[request_class] = _admit(cycle.profile, behind, cycle.state)[1]
+        cycle.waiting[behind.id] = verdict if verdict.code is Code.UNRESOLVABLE else behind_head
+    stack.clear()

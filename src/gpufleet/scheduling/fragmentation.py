@@ -52,7 +52,7 @@ import numpy as np
 
 from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.domain.resources import MILLI_PER_GPU, WorkerRequest, parse_models
-from gpufleet.scheduling.table import ALL_ROWS, BoolArray, FloatArray, IntArray, NodeTable, Rows
+from gpufleet.scheduling.table import ALL_ROWS, BoolArray, FloatArray, IntArray, NodeInfo, Rows
 
 WEIGHT_UNITS = float(1 << 20)  # popularity is quantised to 2**-20 (see TargetWorkload)
 DEFAULT_POPULARITY = 0.95  # the paper's runs: typical pods = the most popular classes covering 95 % of pods
@@ -299,7 +299,7 @@ class FragmentationSummary:
 # -- kernels over rows of the table ----------------------------------------------------------------------
 
 
-def allowed_sets(table: NodeTable, target: TargetWorkload, rows: Rows = ALL_ROWS) -> BoolArray:
+def allowed_sets(table: NodeInfo, target: TargetWorkload, rows: Rows = ALL_ROWS) -> BoolArray:
     """`[R, G, E]`: whether each GPU slot is of a model each model set of the target allows."""
     if not target.model_sets:
         return np.zeros((*table.gpu_model[rows].shape, 0), dtype=np.bool_)
@@ -369,7 +369,7 @@ def _fragmentation_of(
     return np.asarray(free.sum(axis=1) - usable / WEIGHT_UNITS, dtype=np.float64)
 
 
-def node_fragmentation(table: NodeTable, target: TargetWorkload, rows: Rows = ALL_ROWS) -> FloatArray:
+def node_fragmentation(table: NodeInfo, target: TargetWorkload, rows: Rows = ALL_ROWS) -> FloatArray:
     """F_n (milli-GPU) of each node in `rows`, for the table's free resources now."""
     return _fragmentation_of(
         table.gpu_milli_free[rows],
@@ -380,14 +380,14 @@ def node_fragmentation(table: NodeTable, target: TargetWorkload, rows: Rows = AL
     )
 
 
-def cluster_fragmentation(table: NodeTable, target: TargetWorkload) -> FragmentationSummary:
+def cluster_fragmentation(table: NodeInfo, target: TargetWorkload) -> FragmentationSummary:
     """Sum of F_n over all nodes, with the idle and total GPU capacity it is compared with."""
     fragmented = float(node_fragmentation(table, target).sum()) if len(table) else 0.0
     return FragmentationSummary(fragmented, int(table.gpu_milli_free.sum()), int(table.gpu_milli_total.sum()))
 
 
 def placement_delta(
-    table: NodeTable, target: TargetWorkload, request: WorkerRequest, rows: IntArray, usable: BoolArray
+    table: NodeInfo, target: TargetWorkload, request: WorkerRequest, rows: IntArray, usable: BoolArray
 ) -> tuple[FloatArray, IntArray]:
     """The fragmentation gradient: how much F_n grows if one worker of `request` goes to each node of `rows`.
 

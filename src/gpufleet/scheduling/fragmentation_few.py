@@ -18,7 +18,7 @@ import numpy as np
 
 from gpufleet.domain.resources import MILLI_PER_GPU, WorkerRequest
 from gpufleet.scheduling.fragmentation import WEIGHT_UNITS, TargetWorkload, hosting_table, placement_delta
-from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable
+from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeInfo
 
 FEW_ROWS = 8  # up to this many rows the loops are cheaper than the vectorised kernel (measured crossover ~8)
 MEMO_LIMIT = 1 << 16  # node states memoised before the memo starts over
@@ -57,7 +57,7 @@ class FewNodes:
         self._deltas: dict[tuple[object, ...], tuple[float, int]] = {}
 
     def placement_delta(
-        self, table: NodeTable, request: WorkerRequest, rows: IntArray, usable: BoolArray
+        self, table: NodeInfo, request: WorkerRequest, rows: IntArray, usable: BoolArray
     ) -> tuple[FloatArray, IntArray]:
         """`fragmentation.placement_delta(table, target, request, rows, usable)`, the same values."""
         if len(rows) > FEW_ROWS or not self.supported:
@@ -89,7 +89,7 @@ class FewNodes:
         """The row of the class-weight tables for a node with `cpu` free (as `fragmentation._weights`)."""
         return bisect_right(self._steps, cpu) if self.target.needs_node_check else -1
 
-    def _shape(self, table: NodeTable, reached: int, models: tuple[int, ...]) -> _Shape:
+    def _shape(self, table: NodeInfo, reached: int, models: tuple[int, ...]) -> _Shape:
         key = (table.models, reached, models)
         shape = self._shapes.get(key)
         if shape is None:
@@ -101,7 +101,7 @@ class FewNodes:
             shape = self._shapes[key] = _Shape(contrib, thresholds, target.multi_by_cpu[reached].tolist())
         return shape
 
-    def _contrib(self, table: NodeTable, reached: int, model: int, sets: list[int]) -> list[float]:
+    def _contrib(self, table: NodeInfo, reached: int, model: int, sets: list[int]) -> list[float]:
         key = (table.models, reached, model)
         cached = self._per_model.get(key)
         if cached is None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
-from gpufleet.scheduling.plugins import FilterResult, GangContext, JobView, Profile
+from gpufleet.scheduling.classes import filter_class
+from gpufleet.scheduling.plugin_api import FilterResult, GangContext, JobView, Profile
 from gpufleet.scheduling.state import CycleState, Evaluation
 from gpufleet.scheduling.status import Code, Status, unschedulable
 from gpufleet.scheduling.table import ALL_ROWS, BoolArray, FloatArray, IntArray, Rows, rows_count
@@ -40,7 +41,7 @@ def run_filters(
     passed = np.ones(len(usable), dtype=np.bool_)
     results: list[FilterResult] = []
     for plugin in profile.filters:
-        result = plugin.filter(view, state, usable, rows)
+        result = plugin.filter(view, state.view, usable, rows)
         results.append(result)
         for _, mask in result.checks:
             np.logical_and(passed, mask, out=passed)
@@ -80,7 +81,7 @@ def evaluate(profile: Profile, view: JobView, state: CycleState) -> Evaluation:
     belong to the cache: read them, never write them.
     """
     table = state.table
-    key = (view.job.request, view.model_lut.tobytes())
+    key = filter_class(view.job, view.model_lut.tobytes())
     entry = state.evaluation(key)
     if entry is None:
         entry = full_evaluation(profile, view, state)
@@ -115,7 +116,7 @@ def _weighted(
 ) -> FloatArray:
     total: FloatArray | None = None
     for plugin, weight in profile.scores:
-        weighted = weight * plugin.score(view, state, evaluation, rows, gang)
+        weighted = weight * plugin.score(view, state.view, evaluation, rows, gang)
         # The first term as is: 0.0 + x is x (or +0.0 for -0.0, which compares equal), same argmax.
         total = weighted if total is None else np.add(total, weighted, out=total)
     assert total is not None

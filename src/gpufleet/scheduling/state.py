@@ -1,7 +1,8 @@
 """The mutable working state of one cycle, built from an immutable snapshot.
 
 It holds the node table and quota ledger, allocates as the cycle decides, and offers the what-if
-view that preemption uses: remove jobs, try, and put everything back exactly.
+view that preemption uses: remove jobs, try, and put everything back exactly. Plugins never see it:
+they get its read-only `ClusterView` (`gpufleet.scheduling.plugin_api`).
 """
 
 from __future__ import annotations
@@ -9,63 +10,54 @@ from __future__ import annotations
 import bisect
 import copy
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
-from gpufleet.domain.cluster import WorkerPlacement
+from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.snapshot import ClusterSnapshot
+from gpufleet.scheduling.classes import FilterClass
 from gpufleet.scheduling.ledger import QuotaLedger, job_usage
+from gpufleet.scheduling.plugin_api import ClusterView, Holding, RunEstimate
 from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable, WorkerArrays
 
 T = TypeVar("T")
 
 
-class _Inventory:
-    """The last node inventory a state was built from: its pristine table, the capacity memo, and what
-    was derived from each running job of the last snapshot.
+class InventoryCache:
+    """What states built from one node inventory share: its pristine table, the capacity memo, and what
+    was derived from each running job of the last snapshot. The caller owns it (a control loop, a benchmark)
+    and passes it to every `CycleState` it builds; each builds its own table otherwise.
 
     A control loop's cycles usually see the same inventory (the same tuple of frozen nodes) and mostly
     the same running jobs (the same frozen objects) again and again; deriving the table and the
     holdings anew costs about as much as a small cycle. Keyed by identity: an object that is still
-    alive (this entry holds it) always has the same content, so a hit gives exactly what deriving
-    again would."""
+    alive (this cache holds it) always has the same content, so a hit gives exactly what deriving
+    again would. Holds one inventory: another one replaces it."""
 
-    def __init__(self, nodes: tuple[object, ...], table: NodeTable) -> None:
-        self.nodes = nodes
-        self.table = table
+    def __init__(self) -> None:
+        self._nodes: tuple[Node, ...] | None = None
+        self._table: NodeTable | None = None
         self.memo: dict[tuple[object, ...], object] = {}
         self.running: dict[int, _RunningFacts] = {}
 
-
-_INVENTORY: list[_Inventory] = []
-
-
-def _inventory(nodes: object) -> tuple[NodeTable, _Inventory]:
-    """A fresh table (all free) for this inventory, and its cache entry."""
-    for entry in _INVENTORY:
-        if entry.nodes is nodes:
-            return entry.table.copy(), entry
-    fresh = NodeTable(nodes)  # type: ignore[arg-type]
-    entry = _Inventory(nodes, fresh.copy())  # type: ignore[arg-type]
-    if type(nodes) is tuple:
-        _INVENTORY[:] = [entry]
-    return fresh, entry
-
-
-@dataclass(frozen=True, slots=True)
-class Holding:
-    """A job that holds resources in this cycle: running before it, or placed by it."""
-
-    job: Job
-    workers: tuple[WorkerPlacement, ...]
-    usage: tuple[tuple[str, int], ...]
-    running: RunningJob | None  # None for a placement made in this cycle
+    def table(self, nodes: tuple[Node, ...]) -> NodeTable:
+        """A fresh table (all free) of this inventory, from the cache when it is the one held."""
+        if self._table is not None and self._nodes is nodes:
+            return self._table.copy()
+        fresh = NodeTable(nodes)
+        if type(nodes) is not tuple:  # a mutable sequence may change under the same identity: not kept
+            return fresh
+        self._nodes = nodes
+        self._table = fresh.copy()
+        self.memo = {}
+        self.running = {}
+        return fresh
 
 
 @dataclass(slots=True)
@@ -93,11 +85,6 @@ class Evaluation:
         )
 
 
-# Evaluations a control loop's base keeps between cycles (the most recently used request classes).
-KEPT_EVALUATIONS = 256
-RUNNING_LOG_LIMIT = 1 << 16
-
-
 # From this many jobs on, a what-if takes the running jobs' arrays instead of going job by job.
 SHIFT_ARRAYS_FROM = 16
 
@@ -122,15 +109,25 @@ def _running_id(running: RunningJob) -> JobId:
 
 
 class CycleState:
-    """Built from a snapshot for one cycle; or kept up to date by a control loop as a base that is
-    `fork`ed for each cycle (then `add_running`, `remove_running` and `set_evicting` keep it equal
-    to a state built from the matching snapshot)."""
+    """Built from a snapshot for one cycle (`run_cycle`), or copied from a state a control loop keeps up to
+    date (`copy`; then `add_running`, `remove_running` and `set_evicting` keep that one equal to a state built
+    from the matching snapshot).
 
-    def __init__(self, snapshot: ClusterSnapshot) -> None:
+    `estimates`: what the profile's learner predicted for pending jobs, read by the cycle as data.
+    `inventory`: shared with other states of the same node inventory (see `InventoryCache`)."""
+
+    def __init__(
+        self,
+        snapshot: ClusterSnapshot,
+        inventory: InventoryCache | None = None,
+        estimates: Mapping[JobId, RunEstimate] | None = None,
+    ) -> None:
+        inventory = inventory if inventory is not None else InventoryCache()
         self.snapshot = snapshot
         self.now = snapshot.now
         self.seed = snapshot.seed
-        self.table, inventory = _inventory(snapshot.nodes)
+        self.estimates: Mapping[JobId, RunEstimate] = estimates if estimates is not None else {}
+        self.table = inventory.table(snapshot.nodes)
         self._memo = inventory.memo
         self.ledger = QuotaLedger(snapshot.queues)
         self.holdings: dict[JobId, Holding] = {}
@@ -140,15 +137,10 @@ class CycleState:
         # Running, preemptible jobs by (queue, priority): who may be preempted is decided per group.
         self.preemptible_by_group: dict[tuple[str, int], list[JobId]] = defaultdict(list)
         self._groups_shared = False
-        self.evaluations: dict[tuple[object, ...], Evaluation] = {}
-        # Jobs whose running status a control loop changed on this base (`add_running`, `remove_running`),
-        # in order; forks share it. Lets an observer of successive states (QSSF's learner) read what changed
-        # instead of comparing every running job. Replaced by a new list when long (observers start over).
-        self.running_log: list[JobId] = []
-        # A fork's base, the base's evaluations when it forked, and the base's clock then (see `keep_from`).
-        self._origin: CycleState | None = None
-        self._inherited: dict[tuple[object, ...], Evaluation] = {}
-        self._forked_at = 0
+        # Filter results per filter class: this state's own, and those of the state it was copied from
+        # (read through `evaluation`, copied when first used).
+        self.evaluations: dict[FilterClass, Evaluation] = {}
+        self._inherited: Mapping[FilterClass, Evaluation] = {}
         self._current: dict[tuple[object, ...], tuple[int, object]] = {}
         self._per_cycle: dict[tuple[object, ...], object] = {}
         # What running jobs hold, as arrays (built when first needed; see `running_arrays`).
@@ -159,8 +151,11 @@ class CycleState:
             "cpu": int(self.table.cpu_total.sum()),
             "memory": int(self.table.mem_total.sum()),
         }
-        ordered = sorted(snapshot.running, key=_running_id)
-        facts = self._take_running(ordered, inventory)
+        self._hold_all(self._take_running(sorted(snapshot.running, key=_running_id), inventory))
+        self.view = ClusterView(self)
+
+    def _hold_all(self, facts: list[_RunningFacts]) -> None:
+        """Record what the snapshot's running jobs hold: holdings, quota usage, who is stopping, who may be."""
         per_queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         holdings = self.holdings
         for fact in facts:
@@ -215,7 +210,7 @@ class CycleState:
         holding = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
         return _RunningFacts(running, holding, nodes, cpus, mems, share_nodes, share_gpus, share_milli, share_mems)
 
-    def _take_running(self, ordered: list[RunningJob], inventory: _Inventory) -> list[_RunningFacts]:
+    def _take_running(self, ordered: list[RunningJob], inventory: InventoryCache) -> list[_RunningFacts]:
         """Apply what running jobs hold to the table, refusing a snapshot that overcommits a node.
         Nothing is applied before every job is checked."""
         table = self.table
@@ -270,9 +265,10 @@ class CycleState:
                     check.apply(worker, -1)
         return facts
 
-    def fork(self, now: float) -> CycleState:
-        """An independent working copy for one cycle at time `now`. Its preemptible groups are the base's until
-        it changes them (cycles only read them): decide on a fork before the base changes again."""
+    def copy(self, now: float) -> CycleState:
+        """An independent working copy for one cycle at time `now`. Its preemptible groups are this state's until
+        it changes them (cycles only read them): decide on a copy before this state changes again. It starts
+        with no filter results of its own and reads this state's (see `evaluation`)."""
         other = copy.copy(self)
         other.now = now
         other.table = self.table.copy()
@@ -281,19 +277,17 @@ class CycleState:
         other.removed = set(self.removed)
         other.evicting_for = defaultdict(list, {j: list(v) for j, v in self.evicting_for.items()})
         other.evicting = set(self.evicting)
-        # Shared until the fork changes it (`_own_groups`): cycles read it; only a loop's base writes it.
-        other._groups_shared = True
-        other._memo = self._memo  # capacity-only values: shared with the base, filled by any fork
+        other._groups_shared = True  # shared until the copy changes them (`_own_groups`)
+        other._memo = self._memo  # capacity-only values: shared, filled by any copy
         other.evaluations = {}
-        other._origin = self
         other._inherited = self.evaluations
-        other._forked_at = self.table.clock
         other._current = {}
         other._per_cycle = {}
+        other.view = ClusterView(other)
         return other
 
-    def evaluation(self, key: tuple[object, ...]) -> Evaluation | None:
-        """This cycle's evaluation of a request class; for a fork, a copy of its base's if it has one (its
+    def evaluation(self, key: FilterClass) -> Evaluation | None:
+        """This cycle's evaluation of a filter class; for a copy, a copy of the original's if it has one (its
         clock says which nodes changed since, so the caller refreshes just those)."""
         entry = self.evaluations.get(key)
         if entry is None:
@@ -302,37 +296,13 @@ class CycleState:
                 entry = self.evaluations[key] = inherited.copy()
         return entry
 
-    def keep_from(self, fork: CycleState) -> None:
-        """Keep a finished fork's evaluations for the next forks of this base.
-
-        They were computed on the fork's table. Every node the fork changed (placements, held room, what-ifs
-        undone) is marked changed here too, and each evaluation is dated back to when the fork was made: any
-        node changed in the fork or in this base since then is then refreshed before it is read again, so
-        the next fork reads what a fresh evaluation gives. A fork of an earlier base (rebuilt since) is ignored."""
-        if fork._origin is not self:
-            return
-        table = self.table
-        touched = (fork.table.version > fork._forked_at).nonzero()[0]
-        if len(touched):
-            table.clock += 1
-            table.version[touched] = table.clock
-        kept = self.evaluations
-        for key, entry in fork.evaluations.items():
-            entry.clock = min(entry.clock, fork._forked_at)
-            entry.scores_clock = min(entry.scores_clock, fork._forked_at)
-            kept.pop(key, None)
-            kept[key] = entry  # the most recently used last
-        while len(kept) > KEPT_EVALUATIONS:
-            del kept[next(iter(kept))]
-
     def add_running(self, running: RunningJob) -> None:
-        """Keep a base state current: a job now holds resources (launched, or adopted after restart)."""
+        """A job now holds resources (launched, or adopted after restart)."""
         self._running_arrays = None
         self._usage_arrays = None
         self.table.apply_many(list(running.workers), -1)
         usage = self.usage_of(running.workers)
         self.holdings[running.id] = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
-        self._log_change(running.id)
         self.ledger.add(running.job.queue, usage)
         if running.evicting_for is not None:
             self.set_evicting(running.id, running.evicting_for)
@@ -341,35 +311,30 @@ class CycleState:
             bisect.insort(self.preemptible_by_group[(running.job.queue, running.job.priority)], running.id)
 
     def remove_running(self, job_id: JobId) -> None:
-        """Keep a base state current: a job released what it held (finished, stopped, lost)."""
+        """A job released what it held (finished, stopped, lost)."""
         holding = self.holdings[job_id]
         self.release(job_id)
-        self._log_change(job_id)
         self._own_groups()
         group = self.preemptible_by_group.get((holding.job.queue, holding.job.priority))
         if group is not None and job_id in group:
             group.remove(job_id)
         if job_id in self.evicting:
             self.evicting.discard(job_id)
-            # A preemptor whose last victim stopped drops out: forks copy this map every cycle.
+            # A preemptor whose last victim stopped drops out: copies copy this map every cycle.
             for for_job in [f for f, victims in self.evicting_for.items() if job_id in victims]:
                 victims = self.evicting_for[for_job]
                 victims.remove(job_id)
                 if not victims:
                     del self.evicting_for[for_job]
 
-    def _log_change(self, job_id: JobId) -> None:
-        if len(self.running_log) >= RUNNING_LOG_LIMIT:
-            self.running_log = []
-        self.running_log.append(job_id)
-
     def _own_groups(self) -> None:
-        """Copy the preemptible groups shared with the base before changing them."""
+        """Copy the preemptible groups shared with the original before changing them."""
         if self._groups_shared:
             self.preemptible_by_group = defaultdict(list, {g: list(v) for g, v in self.preemptible_by_group.items()})
             self._groups_shared = False
 
     def set_evicting(self, job_id: JobId, for_job: JobId) -> None:
+        """A running job is being stopped (for `for_job`; "" for a cancel, requeue or timeout)."""
         holding = self.holdings[job_id]
         self._own_groups()
         group = self.preemptible_by_group.get((holding.job.queue, holding.job.priority))
@@ -398,7 +363,8 @@ class CycleState:
         return self._per_cycle[key]  # type: ignore[return-value]
 
     def memo(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
-        """Per-cycle cache for values that depend only on node capacity (never on free resources)."""
+        """Cache for values that depend only on node capacity (never on free resources): shared by every
+        state of the inventory."""
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]  # type: ignore[return-value]
@@ -474,7 +440,7 @@ class CycleState:
     def running_arrays(self) -> tuple[dict[JobId, int], WorkerArrays]:
         """What the running jobs (not placements of this cycle) hold, as arrays with one owner number
         per job: what-if views and victim searches over many jobs update the table in a few vectorised
-        steps instead of one Python step per GPU share. Immutable: forks share it."""
+        steps instead of one Python step per GPU share. Immutable: copies share it."""
         if self._running_arrays is None:
             ids = [job_id for job_id, holding in self.holdings.items() if holding.running is not None]
             workers: list[WorkerPlacement] = []
@@ -490,6 +456,13 @@ class CycleState:
         """What these running jobs hold, as arrays; None if one of them is not a running job (or repeats)."""
         picked = self._pick(job_ids)
         return None if picked is None else self.running_arrays()[1].subset(picked)
+
+    def held(self, job_ids: list[JobId]) -> WorkerArrays:
+        """What these jobs hold, as arrays: running jobs' rows from `running_arrays`, others laid out afresh."""
+        arrays = self.arrays_of(job_ids)
+        if arrays is None:
+            arrays = WorkerArrays.of(self.table, [w for j in job_ids for w in self.holdings[j].workers])
+        return arrays
 
     def _pick(self, job_ids: list[JobId]) -> BoolArray | None:
         """A mask over the running jobs' owner numbers; None if one is not a running job (or repeats)."""
@@ -568,10 +541,3 @@ class CycleState:
         finally:
             self._shift(job_ids, -1)
             self.removed.difference_update(job_ids)
-
-    def fingerprint(self) -> tuple[bytes, ...]:
-        """The free-resource arrays as bytes: equal before and after a what-if means restored exactly."""
-        t = self.table
-        usage = sorted((q, sorted((k, v) for k, v in u.items() if v)) for q, u in self.ledger.usage.items())
-        arrays = (t.gpu_milli_free, t.gpu_mem_free, t.cpu_free, t.mem_free)
-        return (*(a.tobytes() for a in arrays), repr(usage).encode(), repr(sorted(self.removed)).encode())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,8 @@ ALL_ROWS = slice(None)
 
 NO_MODEL = -1
 
+T = TypeVar("T", bound=np.generic)
+
 
 def rows_any(mask: BoolArray) -> BoolArray:
     """Per node: whether any GPU slot of the row is set."""
@@ -39,8 +42,25 @@ def rows_count(mask: BoolArray) -> IntArray:
     return result
 
 
-class NodeTable:
-    """Capacity and free resources of every node and GPU. Mutable: a cycle allocates as it decides."""
+def _read_only(array: npt.NDArray[T]) -> npt.NDArray[T]:
+    """A view of `array` that refuses writes (the array itself stays writable for its owner)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _frozen(array: npt.NDArray[T]) -> npt.NDArray[T]:
+    """`array` itself made read-only: capacity, which nothing changes after it is built."""
+    array.flags.writeable = False
+    return array
+
+
+class NodeInfo:
+    """Capacity and free resources of every node and GPU, read-only: what plugins see of the nodes.
+
+    Every array refuses writes (`ValueError: assignment destination is read-only`); the free-resource arrays
+    are read-only views of arrays only the core's `NodeTable` changes, so they always show the current state.
+    """
 
     def __init__(self, nodes: Iterable[Node]) -> None:
         ordered = sorted(nodes, key=lambda n: n.name)
@@ -48,96 +68,116 @@ class NodeTable:
         self.index: dict[str, int] = {name: i for i, name in enumerate(self.names)}
         self.models: tuple[str, ...] = tuple(sorted({g.model for n in ordered for g in n.gpus}))
         self.model_index: dict[str, int] = {m: i for i, m in enumerate(self.models)}
-        racks = sorted({n.rack for n in ordered})
-        zones = sorted({n.zone for n in ordered})
-        rack_ids = {r: i for i, r in enumerate(racks)}
-        self.racks = len(racks)
-        zone_ids = {z: i for i, z in enumerate(zones)}
+        self._gpu_columns(ordered)
+        self._node_columns(ordered)
+        self._nvlink_layout()
+        # Per node, total milli-GPU capacity: the denominator of packing scores.
+        self.gpu_milli_total = _frozen(self.gpu_count * MILLI_PER_GPU)
+        # Capacities as divisors of packing scores (at least 1, so empty nodes divide safely).
+        self.gpu_milli_divisor = _frozen(np.maximum(self.gpu_milli_total, 1))
+        self.cpu_divisor = _frozen(np.maximum(self.cpu_total, 1))
+        # Free resources: written by `NodeTable` only, read by everyone through the read-only views.
+        self._gpu_milli_free = np.where(self.gpu_exists, MILLI_PER_GPU, 0).astype(np.int64)
+        self._gpu_mem_free = self.gpu_mem_total.copy()
+        self._cpu_free = self.cpu_total.copy()
+        self._mem_free = self.mem_total.copy()
+        self._node_milli_free = self.gpu_milli_total.copy()
+        # A logical clock of changes: `version[i]` is the clock of node i's last change, so cached
+        # per-class filter results are recomputed for changed nodes only.
+        self.clock = 0
+        self._version = np.zeros(len(ordered), dtype=np.int64)
+        self._views()
+        self._luts: dict[frozenset[str], BoolArray] = {}
+        self._lut_stacks: dict[tuple[frozenset[str], ...], BoolArray] = {}
 
+    def _gpu_columns(self, ordered: list[Node]) -> None:
+        """`[N, G]` capacity per GPU slot, and the same rows as Python lists for per-worker code."""
         n_nodes = len(ordered)
         width = max((len(n.gpus) for n in ordered), default=0)
         self.width = width
-        self.gpu_exists = np.zeros((n_nodes, width), dtype=np.bool_)
-        self.gpu_model = np.full((n_nodes, width), NO_MODEL, dtype=np.int64)
-        self.gpu_mem_total = np.zeros((n_nodes, width), dtype=np.int64)
-        self.gpu_nvlink = np.zeros((n_nodes, width), dtype=np.int64)
+        gpu_exists = np.zeros((n_nodes, width), dtype=np.bool_)
+        gpu_model = np.full((n_nodes, width), NO_MODEL, dtype=np.int64)
+        gpu_mem_total = np.zeros((n_nodes, width), dtype=np.int64)
+        gpu_nvlink = np.zeros((n_nodes, width), dtype=np.int64)
         self.gpu_uuid: list[tuple[str, ...]] = []
         self.gpu_model_names: list[tuple[str, ...]] = []
         for i, node in enumerate(ordered):
             k = len(node.gpus)
             if k:
-                self.gpu_exists[i, :k] = True
-                self.gpu_model[i, :k] = [self.model_index[g.model] for g in node.gpus]
-                self.gpu_mem_total[i, :k] = [g.memory for g in node.gpus]
-                self.gpu_nvlink[i, :k] = [g.nvlink_group for g in node.gpus]
+                gpu_exists[i, :k] = True
+                gpu_model[i, :k] = [self.model_index[g.model] for g in node.gpus]
+                gpu_mem_total[i, :k] = [g.memory for g in node.gpus]
+                gpu_nvlink[i, :k] = [g.nvlink_group for g in node.gpus]
             self.gpu_uuid.append(tuple(g.uuid for g in node.gpus))
             self.gpu_model_names.append(tuple(g.model for g in node.gpus))
-        self.gpu_milli_free = np.where(self.gpu_exists, MILLI_PER_GPU, 0).astype(np.int64)
-        self.gpu_mem_free = self.gpu_mem_total.copy()
-        self.cpu_total = np.array([n.cpu_milli for n in ordered], dtype=np.int64)
-        self.mem_total = np.array([n.memory for n in ordered], dtype=np.int64)
-        self.cpu_free = self.cpu_total.copy()
-        self.mem_free = self.mem_total.copy()
-        self.schedulable = np.array([n.schedulable for n in ordered], dtype=np.bool_)
-        self.rack = np.array([rack_ids[n.rack] for n in ordered], dtype=np.int64)
-        self.zone = np.array([zone_ids[n.zone] for n in ordered], dtype=np.int64)
-        self.gpu_count = self.gpu_exists.sum(axis=1).astype(np.int64)
+        self.gpu_exists = _frozen(gpu_exists)
+        self.gpu_model = _frozen(gpu_model)
+        self.gpu_mem_total = _frozen(gpu_mem_total)
+        self.gpu_nvlink = _frozen(gpu_nvlink)
+        self.gpu_count = _frozen(gpu_exists.sum(axis=1).astype(np.int64))
         self.gpu_count_list: list[int] = self.gpu_count.tolist()
         # Capacity as Python lists, for per-worker code that reads a few values (numpy scalars are slow).
-        self.gpu_mem_total_rows: list[list[int]] = self.gpu_mem_total.tolist()
-        self.gpu_nvlink_rows: list[list[int]] = self.gpu_nvlink.tolist()
+        self.gpu_mem_total_rows: list[list[int]] = gpu_mem_total.tolist()
+        self.gpu_nvlink_rows: list[list[int]] = gpu_nvlink.tolist()
         # Per node: its GPU model when all its GPUs are of one model (the usual case), else None.
         self.node_model: list[str | None] = [
             names[0] if names and all(m == names[0] for m in names) else None for names in self.gpu_model_names
         ]
+
+    def _node_columns(self, ordered: list[Node]) -> None:
+        """`[N]` capacity per node: CPU, memory, health, rack and zone ids."""
+        racks = sorted({n.rack for n in ordered})
+        zones = sorted({n.zone for n in ordered})
+        rack_ids = {r: i for i, r in enumerate(racks)}
+        self.racks = len(racks)
+        zone_ids = {z: i for i, z in enumerate(zones)}
+        self.cpu_total = _frozen(np.array([n.cpu_milli for n in ordered], dtype=np.int64))
+        self.mem_total = _frozen(np.array([n.memory for n in ordered], dtype=np.int64))
+        self.schedulable = _frozen(np.array([n.schedulable for n in ordered], dtype=np.bool_))
+        self.rack = _frozen(np.array([rack_ids[n.rack] for n in ordered], dtype=np.int64))
+        self.zone = _frozen(np.array([zone_ids[n.zone] for n in ordered], dtype=np.int64))
+
+    def _nvlink_layout(self) -> None:
+        width = self.width
         self.nvlink_groups = int(self.gpu_nvlink.max()) + 1 if width else 1
         # Per NVLink group: the GPU slots in it (for "most usable GPUs inside one group").
-        self.nvlink_masks = [self.gpu_exists & (self.gpu_nvlink == g) for g in range(self.nvlink_groups)]
+        self.nvlink_masks = [_frozen(self.gpu_exists & (self.gpu_nvlink == g)) for g in range(self.nvlink_groups)]
         # The usual layout: group g is the g-th block of equal size in every node's slots; then the
         # per-group counts are one reshape away. 0 when nodes differ.
         block = width // self.nvlink_groups if width and width % self.nvlink_groups == 0 else 0
         if block and not np.array_equal(
             self.gpu_nvlink[self.gpu_exists],
-            (np.arange(width)[None, :] // block).repeat(n_nodes, axis=0)[self.gpu_exists],
+            (np.arange(width)[None, :] // block).repeat(len(self.names), axis=0)[self.gpu_exists],
         ):
             block = 0
         self.nvlink_block = block
-        # Per node, total milli-GPU capacity: the denominator of packing scores.
-        self.gpu_milli_total = self.gpu_count * MILLI_PER_GPU
-        self.node_milli_free = self.gpu_milli_total.copy()
-        # Capacities as divisors of packing scores (at least 1, so empty nodes divide safely).
-        self.gpu_milli_divisor = np.maximum(self.gpu_milli_total, 1)
-        self.cpu_divisor = np.maximum(self.cpu_total, 1)
-        # A logical clock of changes: `version[i]` is the clock of node i's last change, so cached
-        # per-class filter results are recomputed for changed nodes only.
-        self.clock = 0
-        self.version = np.zeros(n_nodes, dtype=np.int64)
-        self._luts: dict[frozenset[str], BoolArray] = {}
-        self._lut_stacks: dict[tuple[frozenset[str], ...], BoolArray] = {}
 
-    def copy(self) -> NodeTable:
-        """An independent copy of the free resources; capacity arrays are shared (never written)."""
-        other = copy.copy(self)
-        for name in ("gpu_milli_free", "gpu_mem_free", "cpu_free", "mem_free", "node_milli_free", "version"):
-            setattr(other, name, getattr(self, name).copy())
-        return other
+    def _views(self) -> None:
+        """The public, read-only views of the free-resource arrays (after they were built or copied)."""
+        self.gpu_milli_free = _read_only(self._gpu_milli_free)
+        self.gpu_mem_free = _read_only(self._gpu_mem_free)
+        self.cpu_free = _read_only(self._cpu_free)
+        self.mem_free = _read_only(self._mem_free)
+        self.node_milli_free = _read_only(self._node_milli_free)
+        self.version = _read_only(self._version)
 
     def __len__(self) -> int:
         return len(self.names)
 
     def model_lut(self, models: frozenset[str]) -> BoolArray:
-        """A lookup table over model ids (plus a last slot for "no GPU") of the allowed models (a copy)."""
+        """A lookup table over model ids (plus a last slot for "no GPU") of the allowed models (a writable copy)."""
         return self.spec_lut(models).copy()
 
     def spec_lut_stack(self, model_sets: tuple[frozenset[str], ...]) -> BoolArray:
-        """`[M + 1, E]`: the `spec_lut` of each model set as a column (shared: read it, never write it)."""
+        """`[M + 1, E]`: the `spec_lut` of each model set as a column (shared and read-only)."""
         cached = self._lut_stacks.get(model_sets)
         if cached is None:
-            cached = self._lut_stacks[model_sets] = np.stack([self.spec_lut(models) for models in model_sets], axis=1)
+            stack = np.stack([self.spec_lut(models) for models in model_sets], axis=1)
+            cached = self._lut_stacks[model_sets] = _frozen(stack)
         return cached
 
     def spec_lut(self, models: frozenset[str]) -> BoolArray:
-        """`model_lut` shared, not copied: read it, never write it."""
+        """`model_lut` shared and read-only, not copied."""
         cached = self._luts.get(models)
         if cached is not None:
             return cached
@@ -149,8 +189,27 @@ class NodeTable:
                 idx = self.model_index.get(model)
                 if idx is not None:
                     lut[idx] = True
-        self._luts[models] = lut
+        self._luts[models] = _frozen(lut)
         return lut
+
+
+class NodeTable(NodeInfo):
+    """The core's node table: `NodeInfo` plus the only ways to change free resources. Mutable: a cycle
+    allocates as it decides; plugins see it as `NodeInfo`."""
+
+    def copy(self) -> NodeTable:
+        """An independent copy of the free resources; capacity arrays are shared (never written)."""
+        other = copy.copy(self)
+        for name in ("_gpu_milli_free", "_gpu_mem_free", "_cpu_free", "_mem_free", "_node_milli_free", "_version"):
+            setattr(other, name, getattr(self, name).copy())
+        other._views()
+        return other
+
+    def mark_changed(self, rows: IntArray) -> None:
+        """Date these nodes as changed now (a new clock tick), as if something had been applied to them."""
+        if len(rows):
+            self.clock += 1
+            self._version[rows] = self.clock
 
     def apply(self, worker: WorkerPlacement, sign: int) -> None:
         """Take (sign=-1) or give back (sign=+1) what a worker holds on its node."""
@@ -161,20 +220,20 @@ class NodeTable:
                 "rebuild the snapshot from the store; a node was removed while jobs still ran on it",
             )
         self.clock += 1
-        self.version[i] = self.clock
-        self.cpu_free[i] += sign * worker.cpu_milli
-        self.mem_free[i] += sign * worker.memory
+        self._version[i] = self.clock
+        self._cpu_free[i] += sign * worker.cpu_milli
+        self._mem_free[i] += sign * worker.memory
         if worker.gpus:
             # Row views and one node total: scalar updates on 1-D views are the cheapest numpy offers.
-            milli_row = self.gpu_milli_free[i]
-            memory_row = self.gpu_mem_free[i]
+            milli_row = self._gpu_milli_free[i]
+            memory_row = self._gpu_mem_free[i]
             total = 0
             for share in worker.gpus:
                 milli = sign * share.milli
                 total += milli
                 milli_row[share.index] += milli
                 memory_row[share.index] += sign * share.memory
-            self.node_milli_free[i] += total
+            self._node_milli_free[i] += total
 
     def apply_many(self, workers: Sequence[WorkerPlacement], sign: int) -> None:
         """`apply` for many workers at once, with a few vectorised updates instead of one per share."""
@@ -188,16 +247,16 @@ class NodeTable:
         """`apply_many` for workers already laid out as arrays."""
         if not len(flat.node):
             return
-        np.add.at(self.cpu_free, flat.node, sign * flat.cpu)
-        np.add.at(self.mem_free, flat.node, sign * flat.memory)
+        np.add.at(self._cpu_free, flat.node, sign * flat.cpu)
+        np.add.at(self._mem_free, flat.node, sign * flat.memory)
         if len(flat.share_node):
             at = (flat.share_node, flat.share_gpu)
             milli = sign * flat.share_milli
-            np.add.at(self.gpu_milli_free, at, milli)
-            np.add.at(self.gpu_mem_free, at, sign * flat.share_memory)
-            np.add.at(self.node_milli_free, flat.share_node, milli)
+            np.add.at(self._gpu_milli_free, at, milli)
+            np.add.at(self._gpu_mem_free, at, sign * flat.share_memory)
+            np.add.at(self._node_milli_free, flat.share_node, milli)
         self.clock += 1
-        self.version[flat.node] = self.clock
+        self._version[flat.node] = self.clock
 
     def worker_fits_capacity(self, worker: WorkerPlacement) -> bool:
         """Whether the node still has room for this worker's exact shares (used to check a snapshot)."""
@@ -241,7 +300,7 @@ class WorkerArrays:
 
     @classmethod
     def of(
-        cls, table: NodeTable, workers: Sequence[WorkerPlacement], owners: Sequence[int] | None = None
+        cls, table: NodeInfo, workers: Sequence[WorkerPlacement], owners: Sequence[int] | None = None
     ) -> WorkerArrays:
         """Lay out `workers` (owner k for `owners[k]`, or 0 for all)."""
         index = table.index

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import AdminStore, Role, Token
-from gpufleet.server.errors import ForbiddenError, NotFoundError, TeamTokenRefusedError, UnauthorizedError
+from gpufleet.server.http_errors import ForbiddenError, NotFoundError, TeamTokenRefusedError, UnauthorizedError
 from gpufleet.server.spec import has_control
 
 SECRET_PREFIX = "gf_"

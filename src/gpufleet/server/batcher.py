@@ -39,8 +39,6 @@ class SubmitBatcher:
         self._queue: queue.SimpleQueue[Item] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self.batches = 0
-        self.jobs = 0
 
     def submit(self, job: Job, at: float, key: SubmitKey | None = None) -> Future[JobRecord]:
         """The job's record once stored: a record of another job when `key` was used before (that job)."""
@@ -77,8 +75,6 @@ class SubmitBatcher:
             for *_, future in batch:
                 future.set_exception(error)
             return
-        self.batches += 1
-        self.jobs += len(batch)
         for (*_, future), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
                 future.set_exception(result)

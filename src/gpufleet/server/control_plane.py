@@ -28,8 +28,8 @@ from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.local.isolation import DEFAULT_LOG_CAP, DEFAULT_PIDS_LIMIT, Isolation, IsolationReport
 from gpufleet.adapters.local.logs import DAY_S, LogRetention, read_log_file
 from gpufleet.adapters.local.users import DEFAULT_JOBS_HOME, RunAs
-from gpufleet.adapters.storage.engine import StoreFullError
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
+from gpufleet.adapters.storage.sql_engine import StoreFullError
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings, StepReport
 from gpufleet.control.target import RECENT_JOBS, learned_target
 from gpufleet.domain.cluster import Node
@@ -128,11 +128,11 @@ def discover_inventory(settings: UpSettings) -> Inventory:
     if settings.ray is not None and not (settings.emulate or settings.inventory_file):
         return Inventory((), False, "ray")
     if settings.emulate:
-        from gpufleet.adapters.inventory.emulated import parse_emulate
+        from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 
         return Inventory(parse_emulate(settings.emulate, hostname), True, f"emulated: {settings.emulate}")
     if settings.inventory_file:
-        from gpufleet.adapters.inventory.emulated import load_inventory_yaml
+        from gpufleet.adapters.inventory.emulated_inventory import load_inventory_yaml
 
         path = settings.inventory_file
         return Inventory(load_inventory_yaml(path), True, f"emulated: {path}")
@@ -562,7 +562,7 @@ class ControlPlane:
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         import uvicorn
 
-        from gpufleet.server.api import create_app
+        from gpufleet.server.http_app import create_app
 
         check_listen(self.settings.host, self.settings.port)
         app = create_app(self.context)

@@ -51,7 +51,7 @@ from gpufleet.adapters.metrics import (
     metrics_endpoint,
 )
 from gpufleet.adapters.probes import EmulatedProbe, Sampler, SampleRing
-from gpufleet.adapters.storage.engine import StoreUnavailableError
+from gpufleet.adapters.storage.sql_engine import StoreUnavailableError
 from gpufleet.control.reconciler import Reconciler, StepReport
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import FieldProblem, SpecError
@@ -60,7 +60,7 @@ from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import AdminStore, Notice
 from gpufleet.ports.gpu_probe import ActivityLevel, GpuActivity, GpuOwner, GpuProbe, GpuSample
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, cluster_fragmentation
-from gpufleet.scheduling.state import Holding
+from gpufleet.scheduling.plugin_api import Holding
 from gpufleet.scheduling.table import NodeTable
 from gpufleet.server.idle import DEFAULT_THRESHOLD_PCT, DEFAULT_WINDOW_S, GpuKey, Holder, IdleDetector, IdleFlag
 from gpufleet.server.spec import EMULATED_ACTIVITY_ENV

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
 from gpufleet.domain.lifecycle import JobState
-from gpufleet.server.api import principal, service
 from gpufleet.server.auth import Principal
+from gpufleet.server.http_app import principal, service
 from gpufleet.server.limits import MAX_IDEMPOTENCY_KEY, MAX_SEQ
 from gpufleet.server.schemas import CancelOut, EventsOut, ExplainOut, JobListOut, JobOut, LogsOut
 from gpufleet.server.service import Service

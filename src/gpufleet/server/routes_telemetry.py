@@ -11,10 +11,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
-from gpufleet.server.api import principal, service
 from gpufleet.server.auth import Principal
-from gpufleet.server.errors import NotFoundError
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, set_idle_policy
+from gpufleet.server.http_app import principal, service
+from gpufleet.server.http_errors import NotFoundError
 from gpufleet.server.schemas import (
     IdlePolicyIn,
     IdlePolicyOut,

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
-from gpufleet.adapters.storage.engine import StoreUnavailableError
 from gpufleet.adapters.storage.health import BackupUnsupportedError
+from gpufleet.adapters.storage.sql_engine import StoreUnavailableError
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
 from gpufleet.domain.jobs import Job, JobId
@@ -37,8 +37,8 @@ from gpufleet.server.audit import Auditor
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
 from gpufleet.server.context import ApiContext
-from gpufleet.server.errors import ConflictError, ForbiddenError, NotFoundError, UnavailableError
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of
+from gpufleet.server.http_errors import ConflictError, ForbiddenError, NotFoundError, UnavailableError
 from gpufleet.server.ratelimit import RateLimits
 from gpufleet.server.schemas import (
     CancelOut,

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.adapters.storage.engine import parse_url, safe_url
 from gpufleet.adapters.storage.health import StoreDamagedError, move_aside, sqlite_path
 from gpufleet.adapters.storage.sql import SqlStore
+from gpufleet.adapters.storage.sql_engine import parse_url, safe_url
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.ports.admin import AuditEntry
 

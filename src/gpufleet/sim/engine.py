@@ -31,7 +31,7 @@ from gpufleet.domain.jobs import Job
 from gpufleet.domain.lifecycle import Transition
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.ports import Observation
-from gpufleet.scheduling.plugins import Profile
+from gpufleet.scheduling.plugin_api import Profile
 from gpufleet.sim.events import (
     AddNodes,
     ClusterEvent,

@@ -15,7 +15,7 @@ from typing import Any
 from gpufleet.domain.errors import UnknownNameError
 from gpufleet.policies.catalog import PROFILES, PolicyData, profile
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload
-from gpufleet.scheduling.plugins import Profile
+from gpufleet.scheduling.plugin_api import Profile
 from gpufleet.sim.engine import SimRun, SimSettings, Simulation
 from gpufleet.sim.metrics import PolicyMetrics, Recorder, Recording, compute_metrics
 from gpufleet.sim.plot_series import plot_series

@@ -16,6 +16,7 @@ Every file that shows results names the workload's source: results.json carries 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import re
 import textwrap
@@ -112,6 +113,13 @@ def _write_comparison_csv(path: Path, comparison: Comparison) -> None:
 
 
 # --- plots -----------------------------------------------------------------------------------------------
+
+PLOTS_MISSING = "PNG plots were not written: matplotlib is not installed (to fix: pip install 'gpufleet[plots]')."
+
+
+def plots_available() -> bool:
+    """Whether matplotlib (the `plots` extra) is installed; without it a report is written without plots."""
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _pyplot() -> Any:
@@ -345,9 +353,14 @@ def _experiment_md(experiment: Experiment, images: dict[str, Path], heading: str
 
 
 def _report_md(
-    experiments: Sequence[Experiment], comparison: Comparison | None, images: dict[str, dict[str, Path]]
+    experiments: Sequence[Experiment],
+    comparison: Comparison | None,
+    images: dict[str, dict[str, Path]],
+    plots: bool = True,
 ) -> str:
     lines = ["# gpufleet simulation report", ""]
+    if not plots:
+        lines += [PLOTS_MISSING, ""]
     if comparison is not None:
         lines += [f"## {comparison.title}", ""]
         lines += _md_table(comparison.columns, comparison.rows)
@@ -404,8 +417,12 @@ def write_report(
     several = len(experiments) > 1
     published = comparison.series.get("fgd_published") if comparison is not None else None
     names = comparison.series.get("policy_names") if comparison is not None else None
+    plots = plots_available()
     for experiment in experiments:
         suffix = f"-{_slug(experiment.workload.name)}" if several else ""
+        if not plots:
+            images[experiment.workload.name] = {}
+            continue
         made = {
             "JCT CDF": plot_jct_cdf(experiment, out / f"jct_cdf{suffix}.png"),
             "GPU allocation vs arrived load (FGD protocol)": plot_fgd_allocation(
@@ -417,6 +434,6 @@ def write_report(
         kept = {label: p for label, p in made.items() if p is not None}
         images[experiment.workload.name] = kept
         written += kept.values()
-    (out / "report.md").write_text(_report_md(experiments, comparison, images), encoding="utf-8")
+    (out / "report.md").write_text(_report_md(experiments, comparison, images, plots), encoding="utf-8")
     written.append(out / "report.md")
     return written

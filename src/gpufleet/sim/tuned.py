@@ -66,7 +66,8 @@ TUNED: tuple[TunedConstant, ...] = (
         "s",
         "gpufleet.policies.catalog.DEFAULT_LAS_MIN_RUN_S",
         "the first week of " + PHILLY_TUNING,
-        "avg JCT with no minimum, 5, 15 and 30 minutes; 15 minutes shortest",
+        "avg JCT with no minimum, 5, 15 and 30 minutes; 15 minutes shortest (with the learner of the time, "
+        "which took runs stopped by LAS as finished ones; see docs/ARCHITECTURE.md)",
         PHILLY_HELD_OUT,
     ),
     TunedConstant(

@@ -19,11 +19,11 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gpufleet.adapters.inventory.emulated import parse_emulate
+from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 from gpufleet.domain import GPU, Node, QueueSpec, Quota
 from gpufleet.domain.errors import GpufleetError, SpecError
 from gpufleet.domain.quotas import GPU_MODEL_PREFIX
-from gpufleet.domain.throughput import model_key
+from gpufleet.domain.throughput_table import model_key
 from gpufleet.sim.events import AddNodes, ClusterEvent, NodeDown, NodeUp, QuotaChange, describe, quota_text
 from gpufleet.sim.workload import Workload, WorkloadError
 

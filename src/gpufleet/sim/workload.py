@@ -6,7 +6,7 @@ imports nothing of ours but `gpufleet.domain`.
     Workload        name, citation, license, nodes, queues, jobs sorted by (arrival, seq), throughput table
     TraceJob        a domain `Job` (arrival = `job.submitted_at`), its run time at reference speed, GPU-seconds
     ThroughputTable job type x GPU model x GPU count -> measured throughput (steps/s), relative speeds
-                    (defined in `gpufleet.domain.throughput`, so that policies can read it; re-exported here)
+                    (defined in `gpufleet.domain.throughput_table`, so that policies can read it; re-exported here)
     WorkloadError   a malformed or missing input; says which file, line and column, and how to fix it
                     (defined in `gpufleet.domain.errors`; re-exported here)
     ClusterEvent    a timed change to the cluster (node down/up, quota change, nodes added): `gpufleet.sim.events`
@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from gpufleet.domain import Job, Node, QueueSpec
 from gpufleet.domain.errors import WorkloadError
-from gpufleet.domain.throughput import ThroughputEntry, ThroughputTable, model_key
+from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable, model_key
 from gpufleet.sim.events import AddNodes, ClusterEvent, event_problems
 
 __all__ = ["ThroughputEntry", "ThroughputTable", "TraceJob", "Workload", "WorkloadError"]

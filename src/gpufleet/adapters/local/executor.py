@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.adapters.local.env import allocator_env
 from gpufleet.adapters.local.isolation import Isolation, IsolationReport, WorkerSpec
 from gpufleet.adapters.local.logs import LogRetention
 from gpufleet.adapters.local.owners import KnownWorker, ProcessOwners, WorkerKey
 from gpufleet.adapters.local.ports import PortAllocator
 from gpufleet.adapters.local.proc import read_json
 from gpufleet.adapters.local.supervisor import Worker, WorkerSupervisor
+from gpufleet.adapters.local.worker_env import allocator_env
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import JobId

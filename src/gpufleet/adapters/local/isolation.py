@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.adapters.local import cgroups as cg
-from gpufleet.adapters.local.env import base_env, worker_env
 from gpufleet.adapters.local.layout import safe_name
 from gpufleet.adapters.local.users import DEFAULT_JOBS_HOME, RunAs, Users, check_mapped, queue_user
+from gpufleet.adapters.local.worker_env import base_env, worker_env
 from gpufleet.domain.errors import GpufleetError
 
 GiB = 1 << 30

@@ -102,9 +102,10 @@ def _start() -> Any:
     """Import pynvml and initialise NVML, or raise a GpufleetError that says what is missing."""
     try:
         import pynvml
-    except ImportError:  # pragma: no cover - a dependency of gpufleet; only a broken install lacks it
+    except ImportError:
         raise GpufleetError(
-            "the Python package nvidia-ml-py (module pynvml) is not installed", "pip install nvidia-ml-py"
+            "NVIDIA's management library for Python (nvidia-ml-py, module pynvml) is not installed",
+            "pip install 'gpufleet[nvml]'",
         ) from None
     try:
         pynvml.nvmlInit()

@@ -1,7 +1,7 @@
 """The durable store of the control plane, on SQLite or PostgreSQL: `StateStore` for the loop and
 `AdminStore` for the API.
 
-Every method is one short transaction (engine settings in `engine.py`, tables in `schema.py`, JSON in
+Every method is one short transaction (engine settings in `sql_engine.py`, tables in `schema.py`, JSON in
 `codec.py`). Semantics follow `InMemoryStore`, plus the checks a shared store needs: a submit to an
 unknown queue is refused, a request for an unknown job too. The methods live in parts, one per group of
 tables (`sql_jobs.py`, `sql_cluster.py`, `sql_access.py`, on the shared `sql_base.py`); this module puts
@@ -16,14 +16,6 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from gpufleet.adapters.storage.engine import (
-    StoreFullError,
-    StoreUnavailableError,
-    make_engine,
-    migrate,
-    parse_url,
-    safe_url,
-)
 from gpufleet.adapters.storage.health import (
     BackupInfo,
     BackupUnsupportedError,
@@ -38,6 +30,14 @@ from gpufleet.adapters.storage.health import (
 from gpufleet.adapters.storage.sql_access import AccessTables
 from gpufleet.adapters.storage.sql_base import first_line
 from gpufleet.adapters.storage.sql_cluster import ClusterTables
+from gpufleet.adapters.storage.sql_engine import (
+    StoreFullError,
+    StoreUnavailableError,
+    make_engine,
+    migrate,
+    parse_url,
+    safe_url,
+)
 from gpufleet.adapters.storage.sql_jobs import JobTables
 from gpufleet.domain.errors import GpufleetError
 

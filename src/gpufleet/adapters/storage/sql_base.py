@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gpufleet.adapters.storage import schema as t
-from gpufleet.adapters.storage.engine import READ_ONLY, StoreFullError, StoreUnavailableError, is_disk_full
+from gpufleet.adapters.storage.sql_engine import READ_ONLY, StoreFullError, StoreUnavailableError, is_disk_full
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.lifecycle import TERMINAL, JobState
 

@@ -12,26 +12,33 @@ from typing import ClassVar
 import numpy as np
 
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.plugins import JobView
-from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.status import SUCCESS, Status, unresolvable, unschedulable
-from gpufleet.scheduling.table import BoolArray, IntArray, rows_count
+from gpufleet.scheduling.plugin_api import (
+    SUCCESS,
+    BoolArray,
+    ClusterView,
+    IntArray,
+    JobView,
+    Status,
+    rows_count,
+    unresolvable,
+    unschedulable,
+)
 
 NAME = "gang"
 
 
-def _capable_gpus(lut: BoolArray, gpu_memory: int, state: CycleState) -> BoolArray:
+def _capable_gpus(lut: BoolArray, gpu_memory: int, cluster: ClusterView) -> BoolArray:
     """GPUs of an allowed model with enough memory, free or not (depends on capacity only)."""
-    table = state.table
-    return state.memo(
+    table = cluster.nodes
+    return cluster.memo(
         ("gang.capable", lut.tobytes(), gpu_memory),
         lambda: lut[table.gpu_model] & table.gpu_exists & (table.gpu_mem_total >= gpu_memory),
     )
 
 
-def _workers_per_node(view: JobView, state: CycleState, gpus_per_node: IntArray) -> IntArray:
+def _workers_per_node(view: JobView, cluster: ClusterView, gpus_per_node: IntArray) -> IntArray:
     request = view.job.request
-    table = state.table
+    table = cluster.nodes
     per_node = gpus_per_node // request.gpus if request.gpus else np.full(len(table), 1 << 30)
     if request.cpu_milli:
         per_node = np.minimum(per_node, table.cpu_free // request.cpu_milli)
@@ -43,20 +50,20 @@ def _workers_per_node(view: JobView, state: CycleState, gpus_per_node: IntArray)
 class GangAdmission:
     name: ClassVar[str] = NAME
 
-    def admit(self, view: JobView, state: CycleState) -> Status:
+    def admit(self, view: JobView, cluster: ClusterView) -> Status:
         job = view.job
-        ever = state.memo(("gang.ever", job.request, job.gang_size), lambda: self._ever(view, state))
+        ever = cluster.memo(("gang.ever", job.request, job.gang_size), lambda: self._ever(view, cluster))
         if not ever.ok or job.gang_size == 1:
             return ever
-        return state.current(
-            ("gang.now", job.request, job.gang_size, view.model_lut.tobytes()), lambda: self._now(view, state)
+        return cluster.current(
+            ("gang.now", job.request, job.gang_size, view.model_lut.tobytes()), lambda: self._now(view, cluster)
         )
 
-    def _ever(self, view: JobView, state: CycleState) -> Status:
+    def _ever(self, view: JobView, cluster: ClusterView) -> Status:
         """Whether the request could fit in the whole cluster at all: depends on capacity only."""
         job = view.job
         request = job.request
-        table = state.table
+        table = cluster.nodes
         models = request.models
         if models and not any(m in table.model_index for m in models):
             have = ", ".join(table.models) or "none"
@@ -70,7 +77,7 @@ class GangAdmission:
             return unresolvable(NAME, "needs more memory per worker than any node has")
         if request.gpus:
             # Whether it could ever fit depends on the spec's models, not on today's quota.
-            capable = _capable_gpus(table.model_lut(models), request.gpu_memory, state)
+            capable = _capable_gpus(table.model_lut(models), request.gpu_memory, cluster)
             capacity = capable.sum(axis=1)
             largest = int(capacity.max(initial=0))
             what = "|".join(sorted(models)) if models else "any model"
@@ -92,24 +99,24 @@ class GangAdmission:
                 )
         return SUCCESS
 
-    def _now(self, view: JobView, state: CycleState) -> Status:
+    def _now(self, view: JobView, cluster: ClusterView) -> Status:
         """Whether the gang could fit in what is free now (a quick all-or-nothing check)."""
         job = view.job
         request = job.request
-        table = state.table
+        table = cluster.nodes
         if request.gpus:
             lut = view.model_lut
-            capable = state.memo(
+            capable = cluster.memo(
                 ("gang.capable_schedulable", lut.tobytes(), request.gpu_memory),
-                lambda: _capable_gpus(lut, request.gpu_memory, state) & table.schedulable[:, None],
+                lambda: _capable_gpus(lut, request.gpu_memory, cluster) & table.schedulable[:, None],
             )
             if request.fractional:
                 free = capable & (table.gpu_milli_free >= request.gpu_milli)
             else:
                 free = capable & (table.gpu_milli_free == MILLI_PER_GPU)
-            now = int(np.add.reduce(_workers_per_node(view, state, rows_count(free))))
+            now = int(np.add.reduce(_workers_per_node(view, cluster, rows_count(free))))
         else:
-            now = int(_workers_per_node(view, state, np.zeros(len(table), dtype=np.int64))[table.schedulable].sum())
+            now = int(_workers_per_node(view, cluster, np.zeros(len(table), dtype=np.int64))[table.schedulable].sum())
         if now < job.gang_size:
             return unschedulable(
                 NAME, f"gang of {job.gang_size} workers: only {now} fit in what is free now (all or nothing)"

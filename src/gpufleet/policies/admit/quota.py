@@ -9,10 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gpufleet.domain.quotas import CPU, GPU, MEMORY, gpu_model_key
-from gpufleet.scheduling.ledger import QuotaVerdict
-from gpufleet.scheduling.plugins import JobView
-from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.status import SUCCESS, Code, Status, Wake
+from gpufleet.scheduling.plugin_api import SUCCESS, ClusterView, Code, JobView, QuotaVerdict, Status, Wake
 
 NAME = "quota"
 
@@ -26,9 +23,9 @@ def _status(verdicts: list[QuotaVerdict]) -> Status:
 class QuotaAdmission:
     name: ClassVar[str] = NAME
 
-    def admit(self, view: JobView, state: CycleState) -> Status:
+    def admit(self, view: JobView, cluster: ClusterView) -> Status:
         job = view.job
-        ledger = state.ledger
+        ledger = cluster.quotas
         spec = ledger.queues.get(job.queue)
         if spec is None or not spec.quotas:
             return SUCCESS
@@ -52,12 +49,12 @@ class QuotaAdmission:
         demand = request.gpu_milli_total * n
         lut = view.model_lut
         refused: list[QuotaVerdict] = []
-        for model_id, model in enumerate(state.table.models):
+        for model_id, model in enumerate(cluster.nodes.models):
             if lut[model_id]:
                 verdict = ledger.fits(job.queue, gpu_model_key(model), demand)
                 if not verdict.fits:
                     lut[model_id] = False
                     refused.append(verdict)
-        if not lut[: len(state.table.models)].any():
+        if not lut[: len(cluster.nodes.models)].any():
             return _status(refused) if refused else Status(Code.UNSCHEDULABLE, ("no GPU model left",), NAME)
         return SUCCESS

@@ -7,9 +7,7 @@ from typing import ClassVar
 import numpy as np
 
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.plugins import FilterResult, JobView
-from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.table import BoolArray, Rows, rows_any, rows_count
+from gpufleet.scheduling.plugin_api import BoolArray, ClusterView, FilterResult, JobView, Rows, rows_any, rows_count
 
 NAME = "fits"
 REASON_GPU_MEMORY = "too little memory per GPU"
@@ -22,9 +20,9 @@ REASON_MEMORY = "not enough free memory"
 class Fits:
     name: ClassVar[str] = NAME
 
-    def filter(self, view: JobView, state: CycleState, usable: BoolArray, rows: Rows) -> FilterResult:
+    def filter(self, view: JobView, cluster: ClusterView, usable: BoolArray, rows: Rows) -> FilterResult:
         request = view.job.request
-        table = state.table
+        table = cluster.nodes
         checks: list[tuple[str, BoolArray]] = []
         if request.gpus:
             if request.gpu_memory:

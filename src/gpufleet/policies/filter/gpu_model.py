@@ -6,9 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.scheduling.plugins import FilterResult, JobView
-from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.table import BoolArray, Rows, rows_any
+from gpufleet.scheduling.plugin_api import BoolArray, ClusterView, FilterResult, JobView, Rows, rows_any
 
 NAME = "gpu_model"
 REASON_WRONG_MODEL = "wrong GPU model"
@@ -18,10 +16,10 @@ REASON_MODEL_OVER_QUOTA = "GPU model over the queue's quota"
 class GpuModel:
     name: ClassVar[str] = NAME
 
-    def filter(self, view: JobView, state: CycleState, usable: BoolArray, rows: Rows) -> FilterResult:
+    def filter(self, view: JobView, cluster: ClusterView, usable: BoolArray, rows: Rows) -> FilterResult:
         if view.job.request.gpus == 0:
             return FilterResult(())
-        table = state.table
+        table = cluster.nodes
         spec_lut = table.spec_lut(view.job.request.models)
         allowed = view.model_lut[table.gpu_model[rows]]
         np.logical_and(usable, allowed, out=usable)

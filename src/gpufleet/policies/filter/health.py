@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gpufleet.scheduling.plugins import FilterResult, JobView
-from gpufleet.scheduling.state import CycleState
-from gpufleet.scheduling.table import BoolArray, Rows
+from gpufleet.scheduling.plugin_api import BoolArray, ClusterView, FilterResult, JobView, Rows
 
 NAME = "node_health"
 REASON_UNSCHEDULABLE = "cordoned or unhealthy"
@@ -15,5 +13,5 @@ REASON_UNSCHEDULABLE = "cordoned or unhealthy"
 class NodeHealth:
     name: ClassVar[str] = NAME
 
-    def filter(self, view: JobView, state: CycleState, usable: BoolArray, rows: Rows) -> FilterResult:
-        return FilterResult(((REASON_UNSCHEDULABLE, state.table.schedulable[rows]),))
+    def filter(self, view: JobView, cluster: ClusterView, usable: BoolArray, rows: Rows) -> FilterResult:
+        return FilterResult(((REASON_UNSCHEDULABLE, cluster.nodes.schedulable[rows]),))

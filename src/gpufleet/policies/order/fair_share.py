@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from gpufleet.domain.jobs import Job
-from gpufleet.scheduling.plugins import SortKey
-from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 
 NAME = "fair_share"
 
@@ -28,21 +27,21 @@ def weighted_dominant_share(used: Mapping[str, int], capacity: Mapping[str, int]
     return share / weight
 
 
-def dominant_share(queue: str, state: CycleState) -> float:
-    spec = state.ledger.queues.get(queue)
+def dominant_share(queue: str, cluster: ClusterView) -> float:
+    spec = cluster.quotas.queues.get(queue)
     weight = spec.weight if spec is not None else 1.0
-    used = {key: state.ledger.used(queue, key) for key in state.capacity}
-    return weighted_dominant_share(used, state.capacity, weight)
+    used = {key: cluster.quotas.used(queue, key) for key in cluster.capacity}
+    return weighted_dominant_share(used, cluster.capacity, weight)
 
 
 class FairShare:
     name: ClassVar[str] = NAME
 
-    def job_key(self, job: Job, state: CycleState) -> SortKey:
+    def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
         return (-job.priority, job.submitted_at)
 
-    def queue_key(self, queue: str, state: CycleState) -> SortKey:
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
         # Queues still inside their guaranteed quota go before queues that would borrow, so idle
         # quota is lent only after guarantees are served and less has to be reclaimed later.
-        borrowing = state.ledger.over_nominal(queue)
-        return (int(borrowing), dominant_share(queue, state))
+        borrowing = cluster.quotas.over_nominal(queue)
+        return (int(borrowing), dominant_share(queue, cluster))

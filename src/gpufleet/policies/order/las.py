@@ -11,8 +11,7 @@ import bisect
 from typing import ClassVar
 
 from gpufleet.domain.jobs import Job
-from gpufleet.scheduling.plugins import SortKey
-from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 
 NAME = "las"
 DEFAULT_THRESHOLDS: tuple[float, ...] = (3_600.0, 10 * 3_600.0)
@@ -30,8 +29,8 @@ class LeastAttainedService:
     def band_of(self, attained_gpu_seconds: float) -> int:
         return bisect.bisect_right(self.thresholds, attained_gpu_seconds)
 
-    def job_key(self, job: Job, state: CycleState) -> SortKey:
+    def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
         return (self.band(job), -job.priority, job.submitted_at)
 
-    def queue_key(self, queue: str, state: CycleState) -> SortKey:
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
         return ()

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gpufleet.domain.jobs import Job
-from gpufleet.scheduling.plugins import SortKey
-from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 
 NAME = "priority"
 
@@ -14,8 +13,8 @@ NAME = "priority"
 class Priority:
     name: ClassVar[str] = NAME
 
-    def job_key(self, job: Job, state: CycleState) -> SortKey:
+    def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
         return (-job.priority, job.submitted_at)
 
-    def queue_key(self, queue: str, state: CycleState) -> SortKey:
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
         return ()

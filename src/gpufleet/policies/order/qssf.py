@@ -9,7 +9,8 @@ than `min_samples` finished runs in the class, the queue's last finished runs of
 queues'; with no history at all, `prior_s`.
 
 Why these choices (Philly, Oct-Nov 2017, Helios' VC cluster, arrivals compressed 8x; average JCT: strict
-FIFO 63,777 s, FIFO with backfill 36,884 s, SJF with oracle durations 19,078 s, ratio 0.299):
+FIFO 63,777 s, FIFO with backfill 36,884 s, SJF with oracle durations 19,078 s, ratio 0.299; the QSSF
+figures below were measured while the learner still ran inside the cycle, see docs/ARCHITECTURE.md):
 
 - Recent history, not a long one: run times come in bursts (a team submits many short runs, then long
   ones), so the last 20 finishes of the class predict better than the last 40 or 50 (4-7% shorter JCT in
@@ -34,15 +35,15 @@ class's jobs, classes split by the gap since the class's previous submission (or
 cadence). The info that would order Philly much better (the run time of the job submitted just before in
 the same class: 0.33 of FIFO in that replay) is not known when the job arrives, and its key is fixed then.
 
-Never an oracle: `expected_duration` is not read. What a job ran is learned from what the plugin is
-shown: it watches the running jobs of the states it is given (`state.holdings`) and, at the first job it
-orders in a state with a later `now` than before, takes every job that ran earlier and no longer holds
-resources as finished, with run time = now - start (+ any earlier attempts). A job being stopped (evicting)
-when last seen counts as stopped, not finished. The run time learned is at most the time between two such
-looks too long; only finished jobs count, so a prediction only ever uses jobs that ended before it is made.
+Never an oracle: `expected_duration` is not read. Run times are learned by `RunTimeLearner`, outside the
+cycle: the control loop tells it when a job starts holding resources and when it releases them, and whether
+it ran to its own end (exited) or was stopped, preempted or lost; a run that ended on its own is learned
+with run time = its end - its start (+ any earlier attempts), at the time the loop saw it end. Only
+finished runs count, so a prediction only ever uses jobs that ended before it is made.
 
-A job's prediction is made once, the first time it is ordered (as Helios predicts at submission), and
-kept, so its key does not move while it waits: the control loop keeps a pending job's key from intake.
+A job's prediction is made once, when it becomes pending (as Helios predicts at submission), and kept, so its
+key does not move while it waits: the loop hands it to every cycle as data (`ClusterView.estimates`), and the
+order plugin reads it there. A job no learner predicted (a cycle run on its own) counts at `prior_s`.
 A job that was preempted and waits again goes by the service it still has to get; past its prediction,
 its total is assumed to be twice what it has had.
 
@@ -66,14 +67,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 from gpufleet.domain.errors import FieldProblem, check
-from gpufleet.domain.jobs import Job, JobId
+from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.policies.order.fair_share import dominant_share
-from gpufleet.scheduling.plugins import SortKey
-from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.plugin_api import ClusterView, RunEstimate, SortKey
 
 NAME = "qssf"
 FAIR_NAME = "fair_qssf"
@@ -87,24 +87,14 @@ DEFAULT_AGING = 0.1
 ClassKey = tuple[str, float]  # (queue, GPUs)
 
 
-class Prediction(NamedTuple):
-    """A job's predicted run time, the `submitted_at` it was made under, and the GPU-seconds it had attained
-    then that earn it no credit (those of a reclaimed job)."""
-
-    submitted_at: float
-    seconds: float
-    uncredited: float
-
-
 @dataclass(frozen=True, slots=True)
 class _Seen:
-    """A running job as last seen: enough to learn its run time once it is gone."""
+    """A running job as it started: enough to learn its run time once it ends."""
 
     queue: str
     gpus: float
     started_at: float
     earlier_s: float  # run time of earlier attempts (attained GPU-seconds / GPUs)
-    evicting: bool
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -143,11 +133,10 @@ def _gpus(job: Job) -> float:
 
 
 class DurationPredictor:
-    """Run times of finished jobs, learned from the running jobs of successive states; predicts a new job's.
+    """Run times of finished jobs, and of the jobs running now so far; predicts a new job's.
 
-    `learn(state)` takes the jobs that ran when last looked at and no longer hold resources as finished;
-    `predict(job)` uses only what was learned so far. Deterministic: finished jobs are learned in order of
-    (start time, id), whatever the order of the state's dictionaries.
+    `started(run)` notes a job that began holding resources; `ended(job_id, now, finished=...)` learns its run
+    time if it ran to its own end; `predict(job, now)` uses only what was learned so far.
     """
 
     def __init__(
@@ -180,68 +169,24 @@ class DurationPredictor:
         self.by_queue: dict[str, _History] = {}
         self.overall = _History(window)
         self.learned = 0
-        self.clock = float("-inf")  # `now` of the last state learned from
-        self._log: list[JobId] | None = None  # the running log read last, and how far
-        self._log_seen = 0
 
-    def learn(self, state: CycleState) -> list[JobId]:
-        """Take what finished since the last look, and note what runs now; return the jobs learned as finished.
-        A state older than the last one looked at is ignored: its `now` would understate run times (a control
-        loop's base state keeps the time it was built at; only the per-cycle forks carry the cycle's time)."""
-        finished: list[JobId] = []
-        if state.now < self.clock:
-            return finished
-        if state.now == self.clock:
-            # Another state of the same moment (the loop's base, then its fork after this step's stop
-            # requests): only which jobs are being stopped can differ, and a job stopped (a reclaimed one
-            # too) must not be learned as finished when it is gone.
-            self._note_evicting(state)
-            return finished
-        self.clock = state.now
-        holdings = state.holdings
-        running = self.running
-        log = state.running_log
-        if log is self._log:
-            # The same control loop's base (or a fork of it): only jobs in its log since the last look changed.
-            changed = log[self._log_seen :]
-            gone = {j for j in changed if j in running and j not in holdings}
-            new = [j for j in dict.fromkeys(changed) if j in holdings and j not in running]
-        else:
-            gone = running.keys() - holdings.keys()
-            new = list(holdings.keys() - running.keys())
-        self._log, self._log_seen = log, len(log)
-        if gone:
-            for job_id in sorted(gone, key=lambda j: (running[j].started_at, j)):
-                seen = running.pop(job_id)
-                self.running_by_class[(seen.queue, seen.gpus)].discard(job_id)
-                if not seen.evicting:
-                    self.add(seen.queue, seen.gpus, seen.earlier_s + max(0.0, state.now - seen.started_at))
-                    finished.append(job_id)
-        evicting = state.evicting
-        for job_id in new:
-            holding = holdings[job_id]
-            run = holding.running
-            if run is None:  # placed in this cycle: not started yet
-                continue
-            job = holding.job
-            gpus = _gpus(job)
-            running[job_id] = _Seen(
-                job.queue,
-                gpus,
-                run.started_at,
-                job.attained_gpu_seconds / gpus if gpus else 0.0,
-                run.evicting_for is not None or job_id in evicting,
-            )
-            self.running_by_class.setdefault((job.queue, gpus), set()).add(job_id)
-        self._note_evicting(state)
-        return finished
+    def started(self, run: RunningJob) -> None:
+        """A job began holding resources (a job already running is kept as first seen)."""
+        if run.id in self.running:
+            return
+        job = run.job
+        gpus = _gpus(job)
+        self.running[run.id] = _Seen(job.queue, gpus, run.started_at, job.attained_gpu_seconds / gpus if gpus else 0.0)
+        self.running_by_class.setdefault((job.queue, gpus), set()).add(run.id)
 
-    def _note_evicting(self, state: CycleState) -> None:
-        running = self.running
-        for job_id in state.evicting & running.keys():
-            seen = running[job_id]
-            if not seen.evicting:
-                running[job_id] = _Seen(seen.queue, seen.gpus, seen.started_at, seen.earlier_s, True)
+    def ended(self, job_id: JobId, now: float, *, finished: bool) -> None:
+        """A job released its resources at `now`; its run is learned if it `finished` (exited on its own)."""
+        seen = self.running.pop(job_id, None)
+        if seen is None:
+            return
+        self.running_by_class[(seen.queue, seen.gpus)].discard(job_id)
+        if finished:
+            self.add(seen.queue, seen.gpus, seen.earlier_s + max(0.0, now - seen.started_at))
 
     def add(self, queue: str, gpus: float, seconds: float) -> None:
         """Record one finished job's run time."""
@@ -251,36 +196,36 @@ class DurationPredictor:
         self.overall.add(seconds)
         self.learned += 1
 
-    def predict(self, job: Job) -> float:
-        """Predicted run time (s) of `job`, from the most specific history with enough samples."""
+    def predict(self, job: Job, now: float) -> float:
+        """Predicted run time (s) of `job` at `now`, from the most specific history with enough samples."""
         key = (job.queue, _gpus(job))
         own = self.by_class.get(key)
         if own is not None and len(own.runs) >= self.min_samples:
-            return self._with_running(own, key) if self.running_bound else own.quantile(self.q)
+            return self._with_running(own, key, now) if self.running_bound else own.quantile(self.q)
         for history in (self.by_queue.get(job.queue), self.overall):
             if history is not None and len(history.runs) >= self.min_samples:
                 return history.quantile(self.q)
         return self.prior_s
 
-    def _with_running(self, history: _History, key: ClassKey) -> float:
+    def _with_running(self, history: _History, key: ClassKey, now: float) -> float:
         """The quantile of the class's finished run times together with the run time so far of its running
         jobs: a lower bound of theirs, which the finished ones alone miss (short runs finish first)."""
         ids = self.running_by_class.get(key)
         if not ids:
             return history.quantile(self.q)
-        now = self.clock
         running = self.running
         so_far = [running[j].earlier_s + max(0.0, now - running[j].started_at) for j in ids]
         return quantile([*history.runs, *so_far], self.q)
 
 
-class QuasiShortestServiceFirst:
-    """Least predicted GPU service first, across all queues (no preemption of its own).
+class RunTimeLearner:
+    """QSSF's learner (`api.Learner`): run times from finished jobs, a `RunEstimate` for each job that becomes
+    pending. `window`, `min_samples`, `prior_s`, `q`, `running_bound`: the `DurationPredictor`'s.
 
-    `window`, `min_samples`, `prior_s`, `q`, `running_bound`: the `DurationPredictor`'s. `by_service`: order by
-    predicted GPU-seconds (True) or run time. `aging`: credit per second waited, in the key's unit (GPU-seconds,
-    or seconds without `by_service`); 0 turns the starvation guard off.
-    """
+    An estimate is kept while the job waits and after a preemption (it still has its submission time and
+    credit); a job queued again with a new `submitted_at` (a reclaimed job goes to the back of its queue) is
+    predicted afresh, as if submitted then, and what it ran before earns it no credit: it held its GPUs without
+    using them, so it must not go straight back ahead of the jobs already waiting."""
 
     name: ClassVar[str] = NAME
 
@@ -290,56 +235,68 @@ class QuasiShortestServiceFirst:
         min_samples: int = DEFAULT_MIN_SAMPLES,
         prior_s: float = DEFAULT_PRIOR_S,
         *,
-        by_service: bool = True,
         q: float = DEFAULT_QUANTILE,
         running_bound: bool = DEFAULT_RUNNING_BOUND,
-        aging: float = DEFAULT_AGING,
     ) -> None:
-        if not (aging >= 0 and math.isfinite(aging)):
-            check(
-                [FieldProblem("aging", f"is {aging}", "give the credit per second waited, >= 0 (0: no aging)")],
-                "qssf order",
-            )
         self.predictor = DurationPredictor(window, min_samples, prior_s, q=q, running_bound=running_bound)
+
+    def started(self, run: RunningJob) -> None:
+        self.predictor.started(run)
+
+    def ended(self, job_id: JobId, now: float, *, finished: bool) -> None:
+        self.predictor.ended(job_id, now, finished=finished)
+
+    def estimate(self, job: Job, now: float, earlier: RunEstimate | None) -> RunEstimate:
+        if earlier is not None and earlier.submitted_at == job.submitted_at:
+            return earlier
+        uncredited = job.attained_gpu_seconds if earlier is not None else 0.0
+        return RunEstimate(job.submitted_at, self.predictor.predict(job, now), uncredited)
+
+
+class QuasiShortestServiceFirst:
+    """Least predicted GPU service first, across all queues (no preemption of its own), by the estimates of
+    the profile's `RunTimeLearner` (`cluster.estimates`).
+
+    `prior_s`: the run time of a job without an estimate. `by_service`: order by predicted GPU-seconds (True) or
+    run time. `aging`: credit per second waited, in the key's unit (GPU-seconds, or seconds without
+    `by_service`); 0 turns the starvation guard off.
+    """
+
+    name: ClassVar[str] = NAME
+
+    def __init__(
+        self, prior_s: float = DEFAULT_PRIOR_S, *, by_service: bool = True, aging: float = DEFAULT_AGING
+    ) -> None:
+        problems = []
+        if not prior_s > 0:
+            problems.append(FieldProblem("prior_s", f"is {prior_s}", "give seconds > 0"))
+        if not (aging >= 0 and math.isfinite(aging)):
+            problems.append(
+                FieldProblem("aging", f"is {aging}", "give the credit per second waited, >= 0 (0: no aging)")
+            )
+        check(problems, "qssf order")
+        self.prior_s = prior_s
         self.by_service = by_service
         self.aging = aging
-        self.predicted: dict[JobId, Prediction] = {}
-        self._last_state: CycleState | None = None
 
-    def _prediction(self, job: Job, state: CycleState) -> Prediction:
-        """`job`'s prediction, made the first time it is ordered (learning first from `state`). A job queued
-        again with a new `submitted_at` (a reclaimed job goes to the back of its queue) is predicted afresh, as
-        if submitted then, and what it ran before earns it no credit: it held its GPUs without using them, so
-        it must not go straight back ahead of the jobs already waiting. A preempted job keeps its
-        `submitted_at`, prediction and credit."""
-        if state is not self._last_state:  # once per state: the first job it orders
-            self._last_state = state
-            for finished in self.predictor.learn(state):
-                self.predicted.pop(finished, None)  # it will not be ordered again
-        known = self.predicted.get(job.id)
-        if known is None or known.submitted_at != job.submitted_at:
-            uncredited = job.attained_gpu_seconds if known is not None else 0.0
-            known = self.predicted[job.id] = Prediction(job.submitted_at, self.predictor.predict(job), uncredited)
-        return known
-
-    def remaining_service(self, job: Job, state: CycleState) -> float:
+    def remaining_service(self, job: Job, cluster: ClusterView) -> float:
         """Predicted GPU-seconds (or seconds, without `by_service`) the job still needs."""
-        prediction = self._prediction(job, state)
-        predicted = prediction.seconds
+        estimate = cluster.estimates.get(job.id)
+        predicted, uncredited = (self.prior_s, 0.0) if estimate is None else (estimate.seconds, estimate.uncredited)
         gpus = _gpus(job)
-        ran = (job.attained_gpu_seconds - prediction.uncredited) / gpus if gpus else 0.0
+        ran = (job.attained_gpu_seconds - uncredited) / gpus if gpus else 0.0
         if ran > 0:
             predicted = max(predicted, 2.0 * ran) - ran
         return predicted * max(gpus, 1.0) if self.by_service else predicted
 
-    def job_key(self, job: Job, state: CycleState) -> SortKey:
+    def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
         return (
             -job.priority,
-            self.remaining_service(job, state) + self.aging * job.submitted_at,
+            self.remaining_service(job, cluster) + self.aging * job.submitted_at,
             job.submitted_at,
         )
 
-    def queue_key(self, queue: str, state: CycleState) -> SortKey:
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
         return ()
 
 
@@ -349,5 +306,5 @@ class FairShareQssf(QuasiShortestServiceFirst):
 
     name: ClassVar[str] = FAIR_NAME
 
-    def queue_key(self, queue: str, state: CycleState) -> SortKey:
-        return (int(state.ledger.over_nominal(queue)), dominant_share(queue, state))
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
+        return (int(cluster.quotas.over_nominal(queue)), dominant_share(queue, cluster))

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gpufleet.domain.jobs import Job
-from gpufleet.scheduling.plugins import SortKey
-from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 
 NAME = "sjf"
 
@@ -20,10 +19,10 @@ NAME = "sjf"
 class ShortestJobFirst:
     name: ClassVar[str] = NAME
 
-    def job_key(self, job: Job, state: CycleState) -> SortKey:
+    def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
         if job.expected_duration is None:
             return (1, 0.0, job.submitted_at)
         return (0, job.expected_duration, job.submitted_at)
 
-    def queue_key(self, queue: str, state: CycleState) -> SortKey:
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
         return ()

@@ -18,8 +18,7 @@ from typing import ClassVar
 
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.plugins import SortKey
-from gpufleet.scheduling.state import CycleState
+from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 
 NAME = "srtf"
 
@@ -36,11 +35,11 @@ def remaining_seconds(job: Job) -> float | None:
 class ShortestRemainingTime:
     name: ClassVar[str] = NAME
 
-    def job_key(self, job: Job, state: CycleState) -> SortKey:
+    def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
         remaining = remaining_seconds(job)
         if remaining is None:
             return (1, 0.0, job.submitted_at)
         return (0, remaining, job.submitted_at)
 
-    def queue_key(self, queue: str, state: CycleState) -> SortKey:
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
         return ()

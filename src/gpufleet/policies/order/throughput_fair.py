@@ -25,9 +25,8 @@ import numpy as np
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.quotas import GPU_MODEL_PREFIX
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.domain.throughput import ThroughputTable, job_scale
-from gpufleet.scheduling.plugins import SortKey
-from gpufleet.scheduling.state import CycleState
+from gpufleet.domain.throughput_table import ThroughputTable, job_scale
+from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 
 NAME = "throughput_fair"
 
@@ -46,15 +45,15 @@ class ThroughputFairShare:
         self._types = frozenset(table.job_types) if table is not None else frozenset()
         self._speedups: dict[tuple[tuple[tuple[str, int], ...], str, int, bool], dict[str, float]] = {}
 
-    def mix(self, state: CycleState) -> tuple[tuple[str, int], ...]:
+    def mix(self, cluster: ClusterView) -> tuple[tuple[str, int], ...]:
         """GPUs per model of the cluster (depends on capacity only)."""
-        table = state.table
+        table = cluster.nodes
 
         def compute() -> tuple[tuple[str, int], ...]:
             counts = np.bincount(table.gpu_model[table.gpu_exists], minlength=len(table.models))
             return tuple((m, int(n)) for m, n in zip(table.models, counts, strict=True) if n)
 
-        return state.memo(("throughput_fair.mix",), compute)
+        return cluster.memo(("throughput_fair.mix",), compute)
 
     def speedups(self, mix: tuple[tuple[str, int], ...], job: Job) -> dict[str, float]:
         """Per model of the cluster: the job's speed there over its average speed on the cluster's mix."""
@@ -72,12 +71,12 @@ class ThroughputFairShare:
             self._speedups[key] = cached
         return cached
 
-    def normalised_rate(self, queue: str, state: CycleState) -> float:
+    def normalised_rate(self, queue: str, cluster: ClusterView) -> float:
         """Sum over the queue's running jobs (not removed in a what-if) of their normalised rates."""
-        mix = self.mix(state)
+        mix = self.mix(cluster)
         rate = 0.0
-        for job_id, holding in state.holdings.items():
-            if holding.job.queue != queue or job_id in state.removed:
+        for job_id, holding in cluster.holdings.items():
+            if holding.job.queue != queue or job_id in cluster.removed:
                 continue
             speedups = self.speedups(mix, holding.job)
             for key, milli in holding.usage:
@@ -85,10 +84,10 @@ class ThroughputFairShare:
                     rate += milli / MILLI_PER_GPU * speedups.get(key[len(GPU_MODEL_PREFIX) :], 1.0)
         return rate
 
-    def job_key(self, job: Job, state: CycleState) -> SortKey:
+    def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
         return (attained_seconds(job), -job.priority, job.submitted_at)
 
-    def queue_key(self, queue: str, state: CycleState) -> SortKey:
-        spec = state.ledger.queues.get(queue)
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
+        spec = cluster.quotas.queues.get(queue)
         weight = spec.weight if spec is not None else 1.0
-        return (self.normalised_rate(queue, state) / weight,)
+        return (self.normalised_rate(queue, cluster) / weight,)

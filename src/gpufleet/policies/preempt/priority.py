@@ -25,20 +25,30 @@ import numpy as np
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.quotas import CPU, GPU, MEMORY, QueueSpec
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.plugins import JobView, Trial, VictimChoice
-from gpufleet.scheduling.state import CycleState, Holding
-from gpufleet.scheduling.status import Code, Status, unschedulable, wait
-from gpufleet.scheduling.table import BoolArray, IntArray, WorkerArrays, rows_count
+from gpufleet.scheduling.plugin_api import (
+    BoolArray,
+    ClusterView,
+    Code,
+    Holding,
+    IntArray,
+    JobView,
+    Status,
+    VictimChoice,
+    WhatIf,
+    rows_count,
+    unschedulable,
+    wait,
+)
 
 NAME = "priority"
 NODES_TRIED = 32
 
 
 def _eligible(
-    job: Job, queue: str, priority: int, state: CycleState, reclaiming: bool, needs: frozenset[str]
+    job: Job, queue: str, priority: int, cluster: ClusterView, reclaiming: bool, needs: frozenset[str]
 ) -> str | None:
     """Why a job of (`queue`, `priority`) may be preempted for `job`, or None if it may not."""
-    ledger = state.ledger
+    ledger = cluster.quotas
     if queue == job.queue:
         if priority < job.priority:
             return f"lower priority ({priority} < {job.priority}) in queue {job.queue}"
@@ -55,20 +65,20 @@ def _eligible(
     return None
 
 
-def _cost(holding: Holding, state: CycleState) -> tuple[float, ...]:
+def _cost(holding: Holding, cluster: ClusterView) -> tuple[float, ...]:
     running = holding.running
     assert running is not None
     return (
         float(holding.job.priority),
-        running.lost_work_seconds(state.now),
+        running.lost_work_seconds(cluster.now),
         -running.started_at,
     )
 
 
-def _capable_nodes(job: Job, state: CycleState) -> BoolArray:
+def _capable_nodes(job: Job, cluster: ClusterView) -> BoolArray:
     """Nodes that could hold one worker of the job if they were empty (depends on capacity only)."""
     request = job.request
-    table = state.table
+    table = cluster.nodes
 
     def compute() -> BoolArray:
         lut = table.model_lut(request.models)
@@ -78,33 +88,31 @@ def _capable_nodes(job: Job, state: CycleState) -> BoolArray:
             fits &= rows_count(capable) >= request.gpus
         return np.asarray(fits, dtype=np.bool_)
 
-    return state.memo(("preempt.capable", request), compute)
+    return cluster.memo(("preempt.capable", request), compute)
 
 
-def _potential_workers(job: Job, state: CycleState, candidates: list[Holding]) -> IntArray:
+def _potential_workers(job: Job, cluster: ClusterView, what_if: WhatIf, candidates: list[Holding]) -> IntArray:
     """Per node: how many workers of the job would fit if every candidate on it were stopped."""
-    table = state.table
+    table = cluster.nodes
     request = job.request
     milli = table.gpu_milli_free.copy()
     gpu_mem = table.gpu_mem_free.copy()
     cpu = table.cpu_free.copy()
     mem = table.mem_free.copy()
-    held = state.arrays_of([h.job.id for h in candidates])
-    if held is None:
-        held = WorkerArrays.of(table, [w for h in candidates for w in h.workers])
+    held = what_if.held([h.job.id for h in candidates])
     # Integer sums: adding all at once gives exactly what adding one by one does.
     np.add.at(cpu, held.node, held.cpu)
     np.add.at(mem, held.node, held.memory)
     at = (held.share_node, held.share_gpu)
     np.add.at(milli, at, held.share_milli)
     np.add.at(gpu_mem, at, held.share_memory)
-    workers = np.where(_capable_nodes(job, state), 1 << 20, 0).astype(np.int64)
+    workers = np.where(_capable_nodes(job, cluster), 1 << 20, 0).astype(np.int64)
     if request.cpu_milli:
         workers = np.minimum(workers, cpu // request.cpu_milli)
     if request.memory:
         workers = np.minimum(workers, mem // request.memory)
     if request.gpus:
-        usable = state.memo(
+        usable = cluster.memo(
             ("preempt.capable_gpus", request.models, request.gpu_memory),
             lambda: (
                 table.spec_lut(request.models)[table.gpu_model]
@@ -131,29 +139,29 @@ class PriorityPreemption:
     name: ClassVar[str] = NAME
 
     def candidates(
-        self, job: Job, state: CycleState, demand: dict[str, int], quota_ok: bool
+        self, job: Job, cluster: ClusterView, demand: dict[str, int], quota_ok: bool
     ) -> tuple[list[Holding], dict[str, str]]:
         """Running jobs that may be stopped for `job`, and why each may. Only those that free a node the
         job could use, or quota it is short of, are worth stopping."""
-        ledger = state.ledger
+        ledger = cluster.quotas
         reclaiming = ledger.within_nominal(job.queue, demand)
         needs = frozenset(key for key, amount in demand.items() if amount)
-        capable = _capable_nodes(job, state)
-        index = state.table.index
+        capable = _capable_nodes(job, cluster)
+        index = cluster.nodes.index
         spec = ledger.queues.get(job.queue)
         cohort = spec.cohort if spec is not None else None
         reasons: dict[str, str] = {}
         candidates: list[Holding] = []
-        for (queue, priority), members in sorted(state.preemptible_by_group.items()):
-            why = self.eligible(job, queue, priority, state, reclaiming, needs)
+        for (queue, priority), members in sorted(cluster.preemptible_groups.items()):
+            why = self.eligible(job, queue, priority, cluster, reclaiming, needs)
             if why is None:
                 continue
             frees_quota = not quota_ok and (
                 queue == job.queue or (cohort is not None and _cohort(ledger.queues.get(queue)) == cohort)
             )
             for job_id in members:
-                holding = state.holdings.get(job_id)
-                if holding is None or job_id in state.evicting:
+                holding = cluster.holdings.get(job_id)
+                if holding is None or job_id in cluster.evicting:
                     continue
                 if frees_quota or any(capable[index[w.node]] for w in holding.workers):
                     reasons[job_id] = why
@@ -161,16 +169,16 @@ class PriorityPreemption:
         return candidates, reasons
 
     def eligible(
-        self, job: Job, queue: str, priority: int, state: CycleState, reclaiming: bool, needs: frozenset[str]
+        self, job: Job, queue: str, priority: int, cluster: ClusterView, reclaiming: bool, needs: frozenset[str]
     ) -> str | None:
         """Why jobs of (`queue`, `priority`) may be stopped for `job`, or None."""
-        return _eligible(job, queue, priority, state, reclaiming, needs)
+        return _eligible(job, queue, priority, cluster, reclaiming, needs)
 
-    def cost(self, holding: Holding, state: CycleState) -> tuple[float, ...]:
+    def cost(self, holding: Holding, cluster: ClusterView) -> tuple[float, ...]:
         """Victims are taken cheapest first: lower priority, less work lost, younger."""
-        return _cost(holding, state)
+        return _cost(holding, cluster)
 
-    def preempt(self, view: JobView, state: CycleState, blocked_by: Status, trial: Trial) -> VictimChoice:
+    def preempt(self, view: JobView, cluster: ClusterView, blocked_by: Status, what_if: WhatIf) -> VictimChoice:
         job = view.job
         request = job.request
         demand = {
@@ -178,72 +186,72 @@ class PriorityPreemption:
             CPU: request.cpu_milli * job.gang_size,
             MEMORY: request.memory * job.gang_size,
         }
-        quota_ok = trial.admits(job, state).ok
-        candidates, reasons = self.candidates(job, state, demand, quota_ok)
+        quota_ok = what_if.admits(job).ok
+        candidates, reasons = self.candidates(job, cluster, demand, quota_ok)
         if not candidates:
             return _refusal(blocked_by, "no job that may be preempted for it holds what it needs")
         # A victim's cost depends on the victim and the time only, not on the view: once per cycle.
-        known: dict[str, tuple[float, ...]] = state.per_cycle(("preempt.costs", self), dict)
+        known: dict[str, tuple[float, ...]] = cluster.per_cycle(("preempt.costs", self), dict)
         costs: dict[str, tuple[float, ...]] = {}
         for h in candidates:
             cost = known.get(h.job.id)
             if cost is None:
-                cost = known[h.job.id] = self.cost(h, state)
+                cost = known[h.job.id] = self.cost(h, cluster)
             costs[h.job.id] = cost
         candidates.sort(key=lambda h: (*costs[h.job.id], h.job.id))
         chosen: list[str] | None = None
-        potential = _potential_workers(job, state, candidates)
+        potential = _potential_workers(job, cluster, what_if, candidates)
         if int(np.minimum(potential, job.gang_size).sum()) < job.gang_size:
             return _refusal(blocked_by, f"preempting all {len(candidates)} eligible jobs would not make room")
         if job.gang_size == 1 and quota_ok:
-            chosen = self._on_one_node(job, state, trial, candidates, potential > 0, costs)
+            chosen = self._on_one_node(job, cluster, what_if, candidates, potential > 0, costs)
         if chosen is None:
             ids = [h.job.id for h in candidates]
-            with state.without(ids):
-                helps = trial.fits(job, state)
+            with what_if.without(ids):
+                helps = what_if.fits(job)
             if not helps:
                 return _refusal(blocked_by, f"preempting all {len(ids)} eligible jobs would not make room")
-            chosen = self._greedy(job, state, trial, ids)
-        with state.without(chosen):
-            if not trial.fits(job, state):  # pragma: no cover - defensive: the search guarantees it
+            chosen = self._greedy(job, what_if, ids)
+        with what_if.without(chosen):
+            if not what_if.fits(job):  # pragma: no cover - defensive: the search guarantees it
                 return VictimChoice((), unschedulable(NAME, "preemption search found no valid victim set"))
         victims = tuple((v, reasons[v]) for v in chosen)
         status = wait(NAME, f"preempting {len(chosen)} job(s) to make room: {', '.join(chosen)}")
         return VictimChoice(victims, status)
 
-    def _greedy(self, job: Job, state: CycleState, trial: Trial, ordered: list[str]) -> list[str]:
+    def _greedy(self, job: Job, what_if: WhatIf, ordered: list[str]) -> list[str]:
         removed: list[str] = []
         for job_id in ordered:
-            state.remove(job_id)
+            what_if.remove(job_id)
             removed.append(job_id)
-            if trial.fits(job, state):
+            if what_if.fits(job):
                 break
-        return self._reprieve(job, state, trial, removed)
+        return self._reprieve(job, what_if, removed)
 
-    def _reprieve(self, job: Job, state: CycleState, trial: Trial, removed: list[str]) -> list[str]:
+    def _reprieve(self, job: Job, what_if: WhatIf, removed: list[str]) -> list[str]:
         """Given `removed` (taken out of the view, cheapest first), put back every victim not needed."""
         kept = list(removed)
         for job_id in reversed(removed):
-            state.restore(job_id)
-            if trial.fits(job, state):
+            what_if.restore(job_id)
+            if what_if.fits(job):
                 kept.remove(job_id)
             else:
-                state.remove(job_id)
+                what_if.remove(job_id)
         for job_id in reversed(kept):
-            state.restore(job_id)
+            what_if.restore(job_id)
         return kept
 
     def _on_one_node(
         self,
         job: Job,
-        state: CycleState,
-        trial: Trial,
+        cluster: ClusterView,
+        what_if: WhatIf,
         candidates: list[Holding],
         potential: BoolArray,
         costs: dict[str, tuple[float, ...]],
     ) -> list[str] | None:
         """The cheapest victim set that makes room on a single node, among the nodes that could host it."""
-        index = state.table.index
+        index = cluster.nodes.index
         per_node: dict[int, list[Holding]] = defaultdict(list)
         for holding in candidates:
             for node in sorted({index[w.node] for w in holding.workers}):
@@ -263,15 +271,15 @@ class PriorityPreemption:
                 continue  # no victim set on this node can beat the best one: same choice, no search
             removed: list[str] = []
             for holding in per_node[node]:
-                state.remove(holding.job.id)
+                what_if.remove(holding.job.id)
                 removed.append(holding.job.id)
-                if trial.worker_fits(job, state, node) and trial.fits(job, state):
+                if what_if.worker_fits(job, node) and what_if.fits(job):
                     break
             else:
                 for job_id in reversed(removed):
-                    state.restore(job_id)
+                    what_if.restore(job_id)
                 continue
-            kept = self._reprieve(job, state, trial, removed)
+            kept = self._reprieve(job, what_if, removed)
             if not kept:
                 continue  # it would fit with nobody stopped here: not a victim set
             kept_costs = [costs[v] for v in kept]

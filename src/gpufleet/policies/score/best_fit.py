@@ -12,9 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState, Evaluation
-from gpufleet.scheduling.table import FloatArray, IntArray
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
 
 NAME = "best_fit"
 MAX_SPEC_CPU_MILLI = 128_000
@@ -30,9 +28,9 @@ class BestFit:
         self.gpu_weight = gpu_weight
 
     def score(
-        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+        self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
-        table = state.table
+        table = cluster.nodes
         request = view.job.request
         cpu_left = (table.cpu_free[candidates] - request.cpu_milli) / MAX_SPEC_CPU_MILLI
         gpu_left = (table.node_milli_free[candidates] - request.gpu_milli_total) / MAX_SPEC_GPU_MILLI

@@ -7,16 +7,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState, Evaluation
-from gpufleet.scheduling.table import FloatArray, IntArray
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
 
 NAME = "bin_pack"
 
 
-def free_fraction_after(view: JobView, state: CycleState, candidates: IntArray) -> FloatArray:
+def free_fraction_after(view: JobView, cluster: ClusterView, candidates: IntArray) -> FloatArray:
     """Fraction of each candidate node's capacity left free once the worker is placed there."""
-    table = state.table
+    table = cluster.nodes
     request = view.job.request
     if request.gpus:
         free = table.node_milli_free[candidates] - request.gpu_milli_total
@@ -34,6 +32,6 @@ class BinPack:
     node_local: ClassVar[bool] = True
 
     def score(
-        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+        self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
-        return 100.0 * (1.0 - free_fraction_after(view, state, candidates))
+        return 100.0 * (1.0 - free_fraction_after(view, cluster, candidates))

@@ -12,7 +12,8 @@ so it is truncated to a whole point (0..100), and nodes whose growth differs by 
 tie and go to the first node (the lowest index here). That coarse tie is part of the published FGD: the
 `fgd` profile (FGD as published) truncates, and reproduces the published allocation on both openb pod lists
 (`docs/results/`); exact scores and the same first-node ties allocate about a point less on `default`.
-The profiles built on FGD (`fgd-bf`, `fgd-plus`, `default`) keep exact scores and break near-ties on purpose.
+`fgd-plus` and `default` build on that published FGD; `fgd-bf` keeps exact scores and breaks near-ties with
+best fit on purpose.
 
 The target workload is a constructor parameter (`TargetWorkload`, or (gpu_milli, gpus, models, weight)
 tuples); the registry's factory uses `GENERIC_TARGET`. The paper builds it from the trace being scheduled:
@@ -38,11 +39,20 @@ import numpy as np
 
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import WorkerRequest
-from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike
-from gpufleet.scheduling.fragmentation_few import FewNodes
-from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState, Evaluation
-from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable
+from gpufleet.scheduling.plugin_api import (
+    GENERIC_TARGET,
+    BoolArray,
+    ClusterView,
+    EvaluationView,
+    FewNodes,
+    FloatArray,
+    GangContext,
+    IntArray,
+    JobView,
+    NodeInfo,
+    TargetWorkload,
+    TaskLike,
+)
 
 NAME = "fgd"
 MAX_CLASSES = 512  # request classes memoised before the memo starts over (~40 kB each on 1,213 nodes)
@@ -90,7 +100,7 @@ class GradientMemo:
         self.few = FewNodes(target)  # the gradient of the few rows that changed, per placement
         self.max_classes = max_classes
         # The table last seen (held: its contents are read once more when another one comes).
-        self._table: NodeTable | None = None
+        self._table: NodeInfo | None = None
         self._table_clock = 0
         self._epoch = 0  # bumped whenever another table object comes
         self._names: tuple[str, ...] | None = None
@@ -105,10 +115,10 @@ class GradientMemo:
         self._memory_matters = bool(target.class_memory.any())
 
     @staticmethod
-    def _contents(table: NodeTable) -> tuple[IntArray, ...]:
+    def _contents(table: NodeInfo) -> tuple[IntArray, ...]:
         return (table.gpu_milli_free, table.gpu_model, table.cpu_free, table.mem_free)
 
-    def _observe(self, table: NodeTable) -> None:
+    def _observe(self, table: NodeInfo) -> None:
         """Note which nodes changed since the last call, and when. Other nodes or GPU models: start over
         (model ids are indices into `table.models`)."""
         old = self._table
@@ -158,7 +168,7 @@ class GradientMemo:
             lut.tobytes(),
         )
 
-    def _entry(self, table: NodeTable, request: WorkerRequest, lut: BoolArray) -> _Entry:
+    def _entry(self, table: NodeInfo, request: WorkerRequest, lut: BoolArray) -> _Entry:
         key = self._key(request, lut)
         entry = self._entries.get(key)
         if entry is None:
@@ -168,7 +178,7 @@ class GradientMemo:
         return entry
 
     def growth(
-        self, table: NodeTable, request: WorkerRequest, lut: BoolArray, evaluation: Evaluation, rows: IntArray
+        self, table: NodeInfo, request: WorkerRequest, lut: BoolArray, evaluation: EvaluationView, rows: IntArray
     ) -> tuple[FloatArray, IntArray]:
         """(growth, best GPU) for `rows`: `placement_delta(table, target, request, rows, usable[rows])`."""
         self._observe(table)
@@ -188,7 +198,7 @@ class GradientMemo:
             entry.computed[redo] = self._clock
         return entry.growth[rows], entry.gpu[rows]
 
-    def best_gpu(self, table: NodeTable, request: WorkerRequest, lut: BoolArray, node: int, usable: BoolArray) -> int:
+    def best_gpu(self, table: NodeInfo, request: WorkerRequest, lut: BoolArray, node: int, usable: BoolArray) -> int:
         """The GPU a fractional worker should take on `node` (-1: none), from the memo when it is current."""
         entry = self._entries.get(self._key(request, lut))
         current = (
@@ -233,7 +243,7 @@ class FgdScore:
         self._score = truncated_score if truncate else growth_score
 
     def score(
-        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+        self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
-        growth, _ = self.memo.growth(state.table, view.job.request, view.model_lut, evaluation, candidates)
+        growth, _ = self.memo.growth(cluster.nodes, view.job.request, view.model_lut, evaluation, candidates)
         return self._score(growth)

@@ -33,15 +33,23 @@ from typing import ClassVar
 import numpy as np
 
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike
-from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState, Evaluation
-from gpufleet.scheduling.table import FloatArray, IntArray, NodeTable
+from gpufleet.scheduling.plugin_api import (
+    GENERIC_TARGET,
+    ClusterView,
+    EvaluationView,
+    FloatArray,
+    GangContext,
+    IntArray,
+    JobView,
+    NodeInfo,
+    TargetWorkload,
+    TaskLike,
+)
 
 NAME = "model_scarcity"
 
 
-def model_pressure(table: NodeTable, target: TargetWorkload) -> FloatArray:
+def model_pressure(table: NodeInfo, target: TargetWorkload) -> FloatArray:
     """Pressure per model id of the table (`table.models` order) plus a last slot, 0, for "no GPU"."""
     models = len(table.models)
     capacity = np.bincount(table.gpu_model[table.gpu_exists], minlength=models + 1).astype(np.float64)
@@ -65,7 +73,7 @@ def model_pressure(table: NodeTable, target: TargetWorkload) -> FloatArray:
     return pressure
 
 
-def node_scores(table: NodeTable, pressure: FloatArray) -> FloatArray:
+def node_scores(table: NodeInfo, pressure: FloatArray) -> FloatArray:
     """`100 / (1 + mean pressure of the node's GPUs)` per node; 100 for nodes without GPUs."""
     per_gpu = np.where(table.gpu_exists, pressure[table.gpu_model], 0.0)
     mean = per_gpu.sum(axis=1) / np.maximum(table.gpu_count, 1)
@@ -83,7 +91,7 @@ class ModelScarcity:
         self._layout: IntArray | None = None  # the table's gpu_model array the scores were computed for
         self._scores: FloatArray = np.zeros(0, dtype=np.float64)
 
-    def scores_for(self, table: NodeTable) -> FloatArray:
+    def scores_for(self, table: NodeInfo) -> FloatArray:
         """Every node's score (for GPU jobs), computed once per table layout."""
         if self._layout is not table.gpu_model:
             self._scores = node_scores(table, model_pressure(table, self.target))
@@ -91,8 +99,8 @@ class ModelScarcity:
         return self._scores
 
     def score(
-        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+        self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
         if not view.job.request.gpus:
             return np.full(len(candidates), 100.0, dtype=np.float64)
-        return np.asarray(self.scores_for(state.table)[candidates], dtype=np.float64)
+        return np.asarray(self.scores_for(cluster.nodes)[candidates], dtype=np.float64)

@@ -13,9 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState, Evaluation
-from gpufleet.scheduling.table import FloatArray, IntArray
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
 
 NAME = "random"
 _UINT64 = (1 << 64) - 1
@@ -37,7 +35,7 @@ class RandomScore:
     node_local: ClassVar[bool] = False
 
     def score(
-        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+        self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
-        values = draw(state.snapshot.seed, view.job.id, len(gang.nodes), len(state.table))
+        values = draw(cluster.seed, view.job.id, len(gang.nodes), len(cluster.nodes))
         return np.asarray(100.0 * values[candidates], dtype=np.float64)

@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gpufleet.policies.score.bin_pack import free_fraction_after
-from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState, Evaluation
-from gpufleet.scheduling.table import FloatArray, IntArray
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
 
 NAME = "spread"
 
@@ -17,6 +15,6 @@ class Spread:
     node_local: ClassVar[bool] = True
 
     def score(
-        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+        self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
-        return 100.0 * free_fraction_after(view, state, candidates)
+        return 100.0 * free_fraction_after(view, cluster, candidates)

@@ -25,10 +25,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.domain.throughput import ThroughputTable, job_scale, model_key
-from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState, Evaluation
-from gpufleet.scheduling.table import FloatArray, IntArray
+from gpufleet.domain.throughput_table import ThroughputTable, job_scale, model_key
+from gpufleet.scheduling.plugin_api import ClusterView, EvaluationView, FloatArray, GangContext, IntArray, JobView
 
 NAME = "throughput"
 
@@ -79,12 +77,12 @@ class ThroughputScore:
         return cached
 
     def score(
-        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+        self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
         job = view.job
         if job.job_type not in self._types or job.request.gpus == 0 or job.request.fractional:
             return np.zeros(len(candidates), dtype=np.float64)
-        table = state.table
+        table = cluster.nodes
         gpus, consolidated = job_scale(job)
         lut = self.lut(table.models, job.job_type, gpus, consolidated)
         values = np.where(evaluation.usable[candidates], lut[table.gpu_model[candidates]], 0.0)

@@ -6,9 +6,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.scheduling.plugins import GangContext, JobView
-from gpufleet.scheduling.state import CycleState, Evaluation
-from gpufleet.scheduling.table import FloatArray, IntArray, rows_count
+from gpufleet.scheduling.plugin_api import (
+    ClusterView,
+    EvaluationView,
+    FloatArray,
+    GangContext,
+    IntArray,
+    JobView,
+    rows_count,
+)
 
 NAME = "topology"
 
@@ -18,10 +24,10 @@ class Topology:
     node_local: ClassVar[bool] = True
 
     def score(
-        self, view: JobView, state: CycleState, evaluation: Evaluation, candidates: IntArray, gang: GangContext
+        self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
         request = view.job.request
-        table = state.table
+        table = cluster.nodes
         parts: list[FloatArray] = []
         if request.gpus > 1:
             parts.append((evaluation.largest_group[candidates] >= request.gpus).astype(np.float64))

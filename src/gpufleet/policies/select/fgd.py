@@ -22,9 +22,15 @@ import numpy as np
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.policies.score.fgd import GradientMemo, shared_memo, truncated_score
 from gpufleet.policies.select.pack import PackGpus
-from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike
-from gpufleet.scheduling.plugins import JobView
-from gpufleet.scheduling.table import BoolArray, IntArray, NodeTable
+from gpufleet.scheduling.plugin_api import (
+    GENERIC_TARGET,
+    BoolArray,
+    IntArray,
+    JobView,
+    NodeInfo,
+    TargetWorkload,
+    TaskLike,
+)
 
 NAME = "fgd"
 
@@ -44,7 +50,7 @@ class FgdSelect:
         self.truncate = truncate
         self._whole = PackGpus()
 
-    def select(self, view: JobView, table: NodeTable, node: int, usable: BoolArray) -> tuple[int, ...]:
+    def select(self, view: JobView, table: NodeInfo, node: int, usable: BoolArray) -> tuple[int, ...]:
         request = view.job.request
         if not request.fractional:
             return self._whole.select(view, table, node, usable)
@@ -59,7 +65,7 @@ class FgdSelect:
             )
         return (gpu,)
 
-    def _first_best_point(self, table: NodeTable, view: JobView, node: int, usable: BoolArray) -> int:
+    def _first_best_point(self, table: NodeInfo, view: JobView, node: int, usable: BoolArray) -> int:
         """The first usable GPU whose growth scores the highest whole point (-1: none has room)."""
         gpus: IntArray = usable.nonzero()[0]
         if not len(gpus):

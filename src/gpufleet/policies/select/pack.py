@@ -11,8 +11,7 @@ from typing import ClassVar
 
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.scheduling.plugins import JobView
-from gpufleet.scheduling.table import BoolArray, NodeTable
+from gpufleet.scheduling.plugin_api import BoolArray, JobView, NodeInfo
 
 NAME = "pack"
 
@@ -20,7 +19,7 @@ NAME = "pack"
 class PackGpus:
     name: ClassVar[str] = NAME
 
-    def select(self, view: JobView, table: NodeTable, node: int, usable: BoolArray) -> tuple[int, ...]:
+    def select(self, view: JobView, table: NodeInfo, node: int, usable: BoolArray) -> tuple[int, ...]:
         request = view.job.request
         indices: list[int] = usable.nonzero()[0].tolist()
         groups = table.gpu_nvlink_rows[node]

@@ -12,8 +12,8 @@ from gpufleet.domain.quotas import CPU, GPU, GPU_MODEL_PREFIX, MEMORY
 from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.policies.order.fair_share import weighted_dominant_share
 from gpufleet.server.auth import Principal
-from gpufleet.server.errors import NotFoundError
 from gpufleet.server.gpu_monitor import FleetPoint, Telemetry
+from gpufleet.server.http_errors import NotFoundError
 from gpufleet.server.schemas import GpuNowOut, NodeOut, QueueOut, QuotaOut, TelemetryOut
 from gpufleet.server.service import Service
 

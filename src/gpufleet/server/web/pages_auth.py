@@ -11,8 +11,8 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from gpufleet.ports.admin import Role
-from gpufleet.server.api import authenticate
-from gpufleet.server.errors import TeamTokenRefusedError, UnauthorizedError
+from gpufleet.server.http_app import authenticate
+from gpufleet.server.http_errors import TeamTokenRefusedError, UnauthorizedError
 from gpufleet.server.web.common import WebRoute, prefix_of, render, service_of, url_for, web_session
 from gpufleet.server.web.security import (
     SESSION_COOKIE,

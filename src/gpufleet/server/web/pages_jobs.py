@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.ports.admin import JobOrder, JobQuery
-from gpufleet.server.errors import NotFoundError
 from gpufleet.server.gpu_monitor import Telemetry
+from gpufleet.server.http_errors import NotFoundError
 from gpufleet.server.schemas import JobUsageOut, LogsOut
 from gpufleet.server.web.common import WebRoute, render, service_of, url_for, web_session
 from gpufleet.server.web.fleet import telemetry_of

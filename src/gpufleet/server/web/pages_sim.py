@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Form, Query, Request, UploadFile
 from fastapi.responses import RedirectResponse, Response
 
-from gpufleet.server.errors import NotFoundError
+from gpufleet.server.http_errors import NotFoundError
 from gpufleet.server.web.common import WebRoute, render, service_of, url_for, web_session
 from gpufleet.server.web.security import WebSession, check_csrf
 from gpufleet.server.web.simresults import MAX_RESULTS_BYTES, Results, ResultsError, parse_results

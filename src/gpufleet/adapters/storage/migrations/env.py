@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from gpufleet.adapters.storage.engine import make_engine, parse_url
 from gpufleet.adapters.storage.schema import metadata
+from gpufleet.adapters.storage.sql_engine import make_engine, parse_url
 
 config = context.config
 

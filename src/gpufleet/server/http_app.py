@@ -17,7 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpufleet import __version__
-from gpufleet.adapters.storage.engine import StoreFullError, StoreUnavailableError
+from gpufleet.adapters.storage.sql_engine import StoreFullError, StoreUnavailableError
 from gpufleet.domain.errors import (
     FieldProblem,
     GpufleetError,
@@ -31,7 +31,7 @@ from gpufleet.ports.admin import Role
 from gpufleet.server.auth import Principal
 from gpufleet.server.body_limit import BodyLimit
 from gpufleet.server.context import ApiContext
-from gpufleet.server.errors import ConflictError, ForbiddenError, UnauthorizedError, UnavailableError
+from gpufleet.server.http_errors import ConflictError, ForbiddenError, UnauthorizedError, UnavailableError
 from gpufleet.server.limits import MAX_BODY_BYTES
 from gpufleet.server.ratelimit import RateLimitedError
 from gpufleet.server.schemas import ErrorOut, HealthOut, IsolationOut

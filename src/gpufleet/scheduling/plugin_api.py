@@ -1,0 +1,463 @@
+"""The plugin API: everything a policy plugin sees of the scheduling core, and the only module of
+`gpufleet.scheduling` that `gpufleet.policies` may import (an import-linter contract enforces it).
+
+As the Kubernetes scheduler framework gives its plugins a snapshot of node info and a per-cycle store, a
+plugin here gets, per call, the job it decides on (`JobView`) and a read-only view of the cycle
+(`ClusterView`): the node table (`NodeInfo`, arrays that refuse writes), quotas as queries (`Quotas`), what
+running jobs hold (`Holding`), what learners predicted for pending jobs (`RunEstimate`), and caches it may
+fill for the cycle (`memo`, `current`, `per_cycle`). Never the working state itself.
+
+The one capability that changes the view is preemption's `WhatIf`: take running jobs out, try the job,
+put them back exactly. A preemption plugin gets it as an argument; nothing else does.
+
+Extension points, each with one uniform signature (the core never asks a plugin's name):
+
+- OrderPlugin: which job goes next (a sort key within a queue, and a rank between queue heads).
+- AdmitPlugin: may this job be considered now (quota, gang feasibility); may narrow the GPU models.
+- FilterPlugin: narrows the per-GPU mask of usable GPUs and says per node whether it passes, and why not.
+- ScorePlugin: scores passing nodes 0..100; the profile weighs them.
+- SelectPlugin: picks the GPUs inside the chosen node.
+- PreemptPlugin: finds victims on a what-if view for a job that does not fit.
+- Learner: learns from finished jobs, outside the cycle (the control loop feeds it); what it learned reaches
+  the cycle as data, never by the cycle calling it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, ClassVar, Final, Protocol, TypeVar
+
+import numpy as np
+
+from gpufleet.domain.cluster import WorkerPlacement
+from gpufleet.domain.jobs import Job, JobId, RunningJob
+from gpufleet.domain.quotas import QueueSpec
+from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike
+from gpufleet.scheduling.fragmentation_few import FewNodes
+from gpufleet.scheduling.ledger import QuotaVerdict, Usage
+from gpufleet.scheduling.plugin_registry import Registry
+from gpufleet.scheduling.status import SUCCESS, Code, Status, Wake, unresolvable, unschedulable, wait
+from gpufleet.scheduling.table import (
+    ALL_ROWS,
+    BoolArray,
+    FloatArray,
+    IntArray,
+    NodeInfo,
+    Rows,
+    WorkerArrays,
+    rows_any,
+    rows_count,
+)
+
+if TYPE_CHECKING:
+    from gpufleet.scheduling.state import CycleState
+
+__all__ = [
+    "ALL_ROWS",
+    "GENERIC_TARGET",
+    "SUCCESS",
+    "AdmitPlugin",
+    "BoolArray",
+    "ClusterView",
+    "Code",
+    "CycleStore",
+    "EvaluationView",
+    "FewNodes",
+    "FilterPlugin",
+    "FilterResult",
+    "FloatArray",
+    "GangContext",
+    "Holding",
+    "IntArray",
+    "JobView",
+    "Learner",
+    "NodeInfo",
+    "OrderPlugin",
+    "PreemptPlugin",
+    "Profile",
+    "QuotaVerdict",
+    "Quotas",
+    "Registry",
+    "Rows",
+    "RunEstimate",
+    "ScorePlugin",
+    "SelectPlugin",
+    "SortKey",
+    "Status",
+    "TargetWorkload",
+    "TaskLike",
+    "VictimChoice",
+    "Wake",
+    "WhatIf",
+    "WorkerArrays",
+    "rows_any",
+    "rows_count",
+    "unresolvable",
+    "unschedulable",
+    "wait",
+]
+
+T = TypeVar("T")
+SortKey = tuple[float | int | str, ...]
+
+
+# --- what plugins are given -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class JobView:
+    """A job as the plugins see it in one attempt: the job, and the GPU models it may use now."""
+
+    job: Job
+    model_lut: BoolArray  # over model ids (+1 "no GPU" slot): models allowed by spec and by admission
+
+
+@dataclass(slots=True)
+class GangContext:
+    """Where the earlier workers of the same job went in this attempt (for topology scores)."""
+
+    nodes: list[int] = field(default_factory=list)
+
+    def node_array(self) -> IntArray:
+        return np.asarray(self.nodes, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A job that holds resources in this cycle: running before it, or placed by it."""
+
+    job: Job
+    workers: tuple[WorkerPlacement, ...]
+    usage: tuple[tuple[str, int], ...]
+    running: RunningJob | None  # None for a placement made in this cycle
+
+
+@dataclass(frozen=True, slots=True)
+class RunEstimate:
+    """What a learner predicted for a job when it became pending, kept while it waits: its run time (`seconds`),
+    the `submitted_at` it was made for, and the GPU-seconds the job had attained then that earn it no credit
+    (those of a job sent to the back of its queue)."""
+
+    submitted_at: float
+    seconds: float
+    uncredited: float = 0.0
+
+
+class Quotas(Protocol):
+    """Quota queries (`QuotaLedger`'s, without the ways to change it)."""
+
+    @property
+    def queues(self) -> Mapping[str, QueueSpec]: ...
+
+    @property
+    def per_model(self) -> frozenset[str]:
+        """Queues with a quota per GPU model (their admission narrows the models a job may use)."""
+        ...
+
+    def used(self, queue: str, key: str) -> int: ...
+
+    def fits(self, queue: str, key: str, amount: int) -> QuotaVerdict: ...
+
+    def within_nominal(self, queue: str, usage: Usage) -> bool: ...
+
+    def over_nominal(self, queue: str, keys: frozenset[str] | None = None) -> bool: ...
+
+    def protected(self, queue: str) -> bool: ...
+
+
+class _QuotaQueries:
+    """`Quotas` at run time: the ledger's query methods, bound once (no call costs more than the ledger's own),
+    and its queues behind a read-only mapping. The ledger's `add` and `raise_to` are not reachable."""
+
+    __slots__ = ("fits", "over_nominal", "per_model", "protected", "queues", "used", "within_nominal")
+
+    def __init__(self, ledger: Quotas) -> None:
+        self.queues: Mapping[str, QueueSpec] = MappingProxyType(ledger.queues)
+        self.per_model = ledger.per_model
+        self.used = ledger.used
+        self.fits = ledger.fits
+        self.within_nominal = ledger.within_nominal
+        self.over_nominal = ledger.over_nominal
+        self.protected = ledger.protected
+
+
+class CycleStore(Protocol):
+    """A cache of the cycle: the value kept under `key`, computed by `compute` the first time it is asked."""
+
+    def __call__(self, key: tuple[object, ...], compute: Callable[[], T]) -> T: ...
+
+
+class EvaluationView(Protocol):
+    """What the filters found for the job's request class over all nodes (read it, never write it)."""
+
+    @property
+    def usable(self) -> BoolArray:
+        """`[N, G]`: GPUs a worker could take."""
+        ...
+
+    @property
+    def passed(self) -> BoolArray:
+        """`[N]`: nodes that pass every filter."""
+        ...
+
+    @property
+    def largest_group(self) -> IntArray:
+        """`[N]`: the most usable GPUs inside one NVLink group of each node."""
+        ...
+
+
+class ClusterView:
+    """One cycle as plugins see it, read-only.
+
+    `nodes` (arrays refuse writes), `quotas` (queries only), `holdings`, `estimates` and `capacity` (read-only
+    mappings), `evicting` and `removed` (sets typed read-only), the cycle's `now` and `seed`. A what-if of a
+    preemption search shows here as it goes (its jobs are in `removed`, their resources free in `nodes`).
+
+    The per-cycle store: `memo` (values that depend on node capacity only; kept for as long as the inventory
+    is), `current` (values of the free resources; valid while no node changed), `per_cycle` (values that hold
+    for the cycle's time and running jobs). Keys start with the plugin's name.
+    """
+
+    __slots__ = (
+        "_capacity",
+        "_estimates",
+        "_holdings",
+        "_state",
+        "current",
+        "memo",
+        "nodes",
+        "per_cycle",
+        "quotas",
+        "seed",
+    )
+
+    def __init__(self, state: CycleState) -> None:
+        self._state = state
+        # A state's table and seed never change (a copy gets its own view): plain attributes, read per call.
+        self.nodes: Final[NodeInfo] = state.table
+        self.seed: Final[int] = state.seed
+        self.quotas: Final[Quotas] = _QuotaQueries(state.ledger)
+        self._holdings: Mapping[JobId, Holding] = MappingProxyType(state.holdings)
+        self._estimates: Mapping[JobId, RunEstimate] = MappingProxyType(state.estimates)
+        self._capacity: Mapping[str, int] = MappingProxyType(state.capacity)
+        self.memo: Final[CycleStore] = state.memo
+        self.current: Final[CycleStore] = state.current
+        self.per_cycle: Final[CycleStore] = state.per_cycle
+
+    @property
+    def now(self) -> float:
+        return self._state.now
+
+    @property
+    def capacity(self) -> Mapping[str, int]:
+        """The cluster's GPU (milli), CPU (milli) and memory (bytes) capacity."""
+        return self._capacity
+
+    @property
+    def holdings(self) -> Mapping[JobId, Holding]:
+        """Every job that holds resources: running before the cycle, or placed in it."""
+        return self._holdings
+
+    @property
+    def estimates(self) -> Mapping[JobId, RunEstimate]:
+        """What the profile's learner predicted for pending jobs (see `Learner`); empty without one."""
+        return self._estimates
+
+    @property
+    def evicting(self) -> AbstractSet[JobId]:
+        """Running jobs being stopped (for a preemptor, a cancel, a timeout)."""
+        return self._state.evicting
+
+    @property
+    def removed(self) -> AbstractSet[JobId]:
+        """Running jobs taken out of the view by the what-if under way."""
+        return self._state.removed
+
+    @property
+    def preemptible_groups(self) -> Mapping[tuple[str, int], Sequence[JobId]]:
+        """Running, preemptible jobs not being stopped, by (queue, priority), each group in job-id order."""
+        return MappingProxyType(self._state.preemptible_by_group)
+
+
+# --- extension points -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """Per node pass masks, each with the reason a node failing it is shown with."""
+
+    checks: tuple[tuple[str, BoolArray], ...]
+
+
+class OrderPlugin(Protocol):
+    name: ClassVar[str]
+
+    def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
+        """Order of jobs (lower first), within a queue and between queue heads. The core appends
+        (submit_seq, id), so every order is total."""
+        ...
+
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
+        """Rank of a queue before its head's `job_key` (lower goes first); () for a global order.
+        May depend on that queue's usage only: the core asks again whenever it changes."""
+        ...
+
+
+class AdmitPlugin(Protocol):
+    name: ClassVar[str]
+
+    def admit(self, view: JobView, cluster: ClusterView) -> Status:
+        """SUCCESS to go on; may narrow `view.model_lut`. Otherwise why the job cannot go now."""
+        ...
+
+
+class FilterPlugin(Protocol):
+    name: ClassVar[str]
+
+    def filter(self, view: JobView, cluster: ClusterView, usable: BoolArray, rows: Rows) -> FilterResult:
+        """Look at the nodes `rows` only: narrow `usable` ([len(rows), G], in place) to the GPUs this
+        worker could take there, and return per-row checks. Must not depend on other nodes."""
+        ...
+
+
+class ScorePlugin(Protocol):
+    """Optionally, a class attribute `node_local = True` says that, for a job of one worker placed without
+    gang context, a node's score depends only on the job's request and allowed GPU models and on that
+    node's rows of the table and of the evaluation (not on the job's identity, other nodes or the candidate
+    set). When every score of a profile says so, the core keeps each request class's scores and recomputes
+    only the nodes that changed, as for the filters. Without it a plugin scores every candidate each time."""
+
+    name: ClassVar[str]
+
+    def score(
+        self,
+        view: JobView,
+        cluster: ClusterView,
+        evaluation: EvaluationView,
+        candidates: IntArray,
+        gang: GangContext,
+    ) -> FloatArray:
+        """Scores in [0, 100] for the candidate nodes (indices into the table), higher is better.
+        `evaluation` holds the filters' results for this job over all nodes."""
+        ...
+
+
+class SelectPlugin(Protocol):
+    name: ClassVar[str]
+
+    def select(self, view: JobView, nodes: NodeInfo, node: int, usable: BoolArray) -> tuple[int, ...]:
+        """GPU indices on `node` for one worker, from `usable[node]`. Must return exactly as many as asked."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class VictimChoice:
+    """What a preemption plugin decided: the victims, or why none (then status says so)."""
+
+    victims: tuple[tuple[str, str], ...]  # (victim job id, why it may be preempted)
+    status: Status
+
+
+class WhatIf(Protocol):
+    """Preemption's one capability to change the view: take running jobs out (their resources and quota
+    become free), try the job there, and put them back exactly. Everything taken out must be put back
+    before `preempt` returns."""
+
+    def remove(self, job_id: JobId) -> None:
+        """Take a running job out of the view until `restore`."""
+        ...
+
+    def restore(self, job_id: JobId) -> None: ...
+
+    def without(self, job_ids: list[JobId]) -> AbstractContextManager[None]:
+        """A what-if with these jobs taken out; everything is restored on exit."""
+        ...
+
+    def held(self, job_ids: list[JobId]) -> WorkerArrays:
+        """What these jobs hold, as arrays (one owner number per job, in the order given)."""
+        ...
+
+    def admits(self, job: Job) -> Status:
+        """Whether the admission plugins (quota, gang) would let the job go on the current view."""
+        ...
+
+    def fits(self, job: Job) -> bool:
+        """Whether the job would be admitted and placed on the current view (nothing is kept)."""
+        ...
+
+    def worker_fits(self, job: Job, node: int) -> bool:
+        """Whether one worker of the job fits on `node` of the current view, ignoring quota."""
+        ...
+
+
+class PreemptPlugin(Protocol):
+    name: ClassVar[str]
+
+    def preempt(self, view: JobView, cluster: ClusterView, blocked_by: Status, what_if: WhatIf) -> VictimChoice:
+        """Victims whose removal makes the job fit, checked on a what-if view, or none and why."""
+        ...
+
+
+class Learner(Protocol):
+    """Learns from what jobs did, outside the cycle. The control loop (live and simulated alike) tells it when a
+    job starts holding resources and when it stops, and whether it ran to its own end (`finished`) or was
+    stopped, preempted or lost; when a job becomes pending it asks for the job's `RunEstimate`, which every
+    cycle then reads as data (`ClusterView.estimates`). The cycle never calls a learner."""
+
+    name: ClassVar[str]
+
+    def started(self, run: RunningJob) -> None:
+        """A job began holding resources (launched, or found running when the loop started)."""
+        ...
+
+    def ended(self, job_id: JobId, now: float, *, finished: bool) -> None:
+        """A job released its resources at `now`: `finished` if it exited on its own, not stopped or lost."""
+        ...
+
+    def estimate(self, job: Job, now: float, earlier: RunEstimate | None) -> RunEstimate:
+        """The estimate of a job that becomes pending now; `earlier`: the one it had while it waited before."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A scheduling policy: one plugin (or weighted list) per extension point.
+
+    `strict_fifo`: a queue whose head cannot be placed holds the jobs behind it (no backfill),
+    as Slurm without backfill and Kueue's StrictFIFO do. Otherwise jobs behind it may go first.
+    `preemption_searches_per_queue`: how many of a queue's jobs may search for victims in one cycle
+    (Kueue considers only each queue's head); the others wait for a later cycle.
+    `learner`: learns run times from finished jobs for the order (QSSF); fed by the control loop.
+    """
+
+    name: str
+    order: OrderPlugin
+    admit: tuple[AdmitPlugin, ...]
+    filters: tuple[FilterPlugin, ...]
+    scores: tuple[tuple[ScorePlugin, float], ...]
+    select: SelectPlugin
+    preempt: PreemptPlugin | None = None
+    strict_fifo: bool = False
+    elastic_grow: bool = True
+    preemption_searches_per_queue: int = 4
+    learner: Learner | None = None
+
+    @property
+    def local_scores(self) -> bool:
+        """Whether every score is node-local (`ScorePlugin.node_local`): scores may be kept per request class."""
+        return all(getattr(plugin, "node_local", False) for plugin, _ in self.scores)
+
+    def describe(self) -> str:
+        parts = [f"order={self.order.name}"]
+        parts.append("admit=" + "+".join(a.name for a in self.admit))
+        parts.append("filter=" + "+".join(f.name for f in self.filters))
+        parts.append("score=" + "+".join(f"{s.name}*{w:g}" for s, w in self.scores))
+        parts.append(f"select={self.select.name}")
+        parts.append(f"preempt={self.preempt.name if self.preempt else 'none'}")
+        if self.learner is not None:
+            parts.append(f"learner={self.learner.name}")
+        return ", ".join(parts)
