@@ -106,3 +106,23 @@ def test_the_same_job_through_torchrun_from_the_env_gpufleet_gave(plane: RayPlan
     first, second = (set(v.split(",")) for v in visible)
     assert len(first) == len(second) == 8
     assert not first & second
+
+
+def test_a_gang_member_failing_on_one_node_stops_the_others_on_theirs(plane: RayPlane) -> None:
+    live = plane.live
+    program = " ".join(live.command("sleep", "600"))
+    # Rank 1 fails once rank 0 (on another node, and sleeping for ten minutes) has started.
+    started = f'grep -q "\\"job\\": \\"$GPUFLEET_JOB_ID\\", \\"attempt\\": 1, \\"rank\\": 0" {live.ledger}'
+    command = f'if [ "$RANK" = 1 ]; then until {started}; do sleep 0.1; done; exit 3; fi; exec {program}'
+    with plane.client() as client:
+        response = client.post(
+            "/v1/jobs", json={"queue": "default", "command": command, "workers": 2, "gpus": 8, "grace_period": "2s"}
+        )
+        assert response.status_code == 201, response.text
+        job = response.json()["id"]
+        done = live.wait_state(client, job, "failed", timeout_s=90)
+    assert done["exit_code"] == 3
+    assert "worker 1 exited 3 on node node-" in done["reason"]
+    [rank0] = live.events("start", job)
+    assert live.events("end", job)[0]["how"] == "signal"  # stopped on its own node, not left running
+    assert rank0["rank"] == 0
