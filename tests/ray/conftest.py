@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from gpufleet.adapters.inventory.emulated import load_inventory_yaml
+from gpufleet.adapters.inventory.emulated_inventory import load_inventory_yaml
 from tests.kit.jobusers import reachable_by_jobs, share, shared_ledger
 from tests.server.live import JOB_PROGRAM, Live
 

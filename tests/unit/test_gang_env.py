@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.adapters.local.env import allocator_env
+from gpufleet.adapters.local.worker_env import allocator_env
 from gpufleet.domain import make_node
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.ports import Launch

@@ -165,7 +165,7 @@ def bench_ray(
     as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
 ) -> None:
     """Jobs on a local Ray cluster: submit -> all workers started p50/p99, launches/s, node death -> requeued."""
-    from gpufleet.bench import ray as ray_bench
+    from gpufleet.bench import ray_fleet as ray_bench
 
     try:
         result = ray_bench.run(nodes, gpus_per_node, jobs)

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.adapters.local.env import allocator_env
 from gpufleet.adapters.local.executor import describe_failure
 from gpufleet.adapters.local.isolation import WorkerSpec
 from gpufleet.adapters.local.logs import LogRetention
+from gpufleet.adapters.local.worker_env import allocator_env
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import JobId
 from gpufleet.ports import BackendCapabilities, Clock, Launch, Observation, ObservationKind

@@ -35,7 +35,7 @@ CLIENTS = 4
 
 
 def run(nodes: int, gpus_per_node: int, jobs: int, timeout_s: float = 600.0) -> dict[str, object]:
-    from gpufleet.adapters.inventory.emulated import load_inventory_yaml
+    from gpufleet.adapters.inventory.emulated_inventory import load_inventory_yaml
     from gpufleet.adapters.ray.local_cluster import LocalRayCluster
 
     if nodes < 2:
