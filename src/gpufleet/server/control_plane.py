@@ -392,6 +392,8 @@ class ControlPlane:
                 "--single-user would run every job as root",
                 "leave it out: as root, gpufleet runs each queue's jobs as an unprivileged user of their own",
             )
+        self.fleet: RayFleet | None = None  # with --ray: the cluster's nodes and agents
+        self.local_cluster: LocalRayCluster | None = None  # with --ray local: the cluster this process started
         self.lock = DataDirLock(settings.data_dir)
         try:
             make_private(settings.data_dir)
@@ -405,8 +407,6 @@ class ControlPlane:
             )
             self.store = self.opened.store
             make_private(settings.data_dir)  # the store's files, just created
-            self.fleet: RayFleet | None = None
-            self.local_cluster: LocalRayCluster | None = None
             if settings.ray is not None:
                 self.inventory = self._join_ray(settings, self.inventory)
             self.store.set_nodes(self.inventory.nodes)
