@@ -46,8 +46,8 @@ from gpufleet.server.store_guard import open_store
 
 if TYPE_CHECKING:
     from gpufleet.adapters.ray.backend import RayBackend
-    from gpufleet.adapters.ray.fleet import RayFleet
     from gpufleet.adapters.ray.local_cluster import LocalRayCluster
+    from gpufleet.adapters.ray.ray_inventory import RayFleet
     from gpufleet.server.gpu_monitor import ProbeFactory, Telemetry
 
 log = logging.getLogger("gpufleet.up")
@@ -425,8 +425,8 @@ class ControlPlane:
             self.backend: LocalBackend | RayBackend
             make_probe: ProbeFactory | None = None
             if self.fleet is not None:
+                from gpufleet.adapters.ray.agent_probe import RayProbe
                 from gpufleet.adapters.ray.backend import RayBackend
-                from gpufleet.adapters.ray.probe import RayProbe
 
                 fleet = self.fleet
                 self.backend = RayBackend(fleet, self.clock)
@@ -520,7 +520,7 @@ class ControlPlane:
         """Connect to the Ray cluster (starting a local one for `--ray local`), find or start every node's
         agent, and return the nodes up now plus the store's others, marked down."""
         from gpufleet.adapters.ray.agent import AgentOptions
-        from gpufleet.adapters.ray.fleet import RayFleet
+        from gpufleet.adapters.ray.ray_inventory import RayFleet
 
         address = settings.ray or "auto"
         if address == "local":

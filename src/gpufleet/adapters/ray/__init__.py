@@ -4,12 +4,12 @@ processes), gpufleet stays the scheduler of record.
 - `agent.py`: `NodeAgent`, one per node (a detached named actor pinned to its node), which starts and
   watches workers with the local executor's own supervisor and isolation, serves log reads, checks a
   MASTER_PORT is free there and samples the node's GPUs.
-- `fleet.py`: `RayFleet`, the connection to the cluster and the inventory source: every alive Ray node with
+- `ray_inventory.py`: `RayFleet`, the connection to the cluster and the inventory source: every alive Ray node with
   GPUs (or named in an emulated inventory) becomes a gpufleet node; nodes that join and leave become the
   node changes the loop already understands (a node down: its jobs LOST and retried; up again: offered again).
 - `backend.py`: `RayBackend`, the `ExecutionBackend` the loop drives: job-level rules (gangs across nodes,
   stop deadlines, observations), talking to the agents without ever blocking the loop.
-- `probe.py`: `RayProbe`, telemetry through the agents.
+- `agent_probe.py`: `RayProbe`, telemetry through the agents.
 - `local_cluster.py`: a Ray cluster of emulated GPU nodes on this machine (`up --ray local`).
 
 Ray never chooses a node or a GPU: the core did. Agents reserve no CPU or GPU in Ray's accounting and set

@@ -40,7 +40,7 @@ from gpufleet.domain.jobs import JobId
 from gpufleet.ports import BackendCapabilities, Clock, Launch, Observation, ObservationKind
 
 if TYPE_CHECKING:
-    from gpufleet.adapters.ray.fleet import RayFleet
+    from gpufleet.adapters.ray.ray_inventory import RayFleet
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpufleet.adapters.ray import require_ray
-from gpufleet.adapters.ray.fleet import NODE_RESOURCE
+from gpufleet.adapters.ray.ray_inventory import NODE_RESOURCE
 from gpufleet.domain.cluster import Node
 
 LOOPBACK = "127.0.0.1"

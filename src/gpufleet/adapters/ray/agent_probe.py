@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-from gpufleet.adapters.ray.fleet import RayFleet
+from gpufleet.adapters.ray.ray_inventory import RayFleet
 from gpufleet.ports.gpu_probe import GpuActivity, GpuSample
 
 log = logging.getLogger(__name__)
