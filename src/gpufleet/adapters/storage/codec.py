@@ -173,9 +173,10 @@ def decode_placement(data: Mapping[str, Any]) -> WorkerPlacement:
     return WorkerPlacement(**_decode(data, _PLACEMENT_READERS))
 
 
-def encode_record(record: JobRecord) -> Json:
+def encode_record(record: JobRecord, job_encoder: Callable[[Job], Json] = encode_job) -> Json:
+    """`job_encoder`: how the record's job is encoded (`EncodedJobs` reuses what it encoded before)."""
     return {
-        "job": encode_job(record.job),
+        "job": job_encoder(record.job),
         "state": record.state.value,
         "version": record.version,
         "attempt": record.attempt,
@@ -195,6 +196,26 @@ def encode_record(record: JobRecord) -> Json:
         "failures": record.failures,
         "reason": record.reason,
     }
+
+
+class EncodedJobs:
+    """`encode_job`, remembering what it encoded by the job object: a record's job stays the same object while
+    the record moves from state to state, so a writer that writes the same jobs again and again (the control
+    loop) encodes each once. Keeps at most `limit` jobs (then starts afresh); a hit is the same object."""
+
+    def __init__(self, limit: int = 65_536) -> None:
+        self.limit = limit
+        self._encoded: dict[int, tuple[Job, Json]] = {}
+
+    def __call__(self, job: Job) -> Json:
+        hit = self._encoded.get(id(job))
+        if hit is not None and hit[0] is job:
+            return hit[1]
+        if len(self._encoded) >= self.limit:
+            self._encoded.clear()
+        encoded = encode_job(job)
+        self._encoded[id(job)] = (job, encoded)
+        return encoded
 
 
 _RECORD_READERS: dict[str, Callable[[Any], Any]] = {
@@ -338,6 +359,7 @@ def decode_node(data: Mapping[str, Any]) -> Node:
 
 
 __all__ = [
+    "EncodedJobs",
     "decode_gpu",
     "decode_job",
     "decode_node",
