@@ -195,10 +195,22 @@ def place_gang(profile: Profile, view: JobView, state: CycleState, size: int) ->
 
 
 def fits(profile: Profile, view: JobView, state: CycleState, size: int) -> bool:
-    """Whether the job would fit now (a trial placement that is undone)."""
+    """Whether `size` workers of the job would be placed now (what `place_gang` would say), the table
+    left as it was.
+
+    Without a trial placement where the answer is already known: when the request is whole GPUs and no
+    passing node has usable free GPUs for a second worker, placing a worker changes its own node only
+    (filters are per node: the class evaluations re-filter just the changed nodes) and that node cannot
+    pass again, while every other passing node still passes; so `place_gang` places all workers exactly
+    when at least `size` nodes pass, wherever its scores would put them."""
+    request = view.job.request
+    if size > 1 and request.gpus and not request.fractional:
+        evaluation = evaluate(profile, view, state)
+        passing = evaluation.passed.nonzero()[0]
+        if not len(passing) or int(rows_count(evaluation.usable[passing]).max()) < 2 * request.gpus:
+            return len(passing) >= size
     outcome = place_gang(profile, view, state, size)
     if isinstance(outcome, Status):
         return False
-    for worker in outcome:
-        state.table.apply(worker, +1)
+    state.table.apply_many(outcome, +1)
     return True
