@@ -90,3 +90,29 @@ def test_a_gang_fit_known_without_placing_is_what_placing_says(world: World) -> 
                 assert not isinstance(outcome, Status)
                 state.table.apply_many(outcome, +1)
             assert known == placed, (job, size)
+
+
+@given(worlds(max_pending=8), st.data())
+def test_the_victim_search_bound_never_says_no_where_the_job_fits(world: World, data: st.DataObject) -> None:
+    """`_Room` is an upper bound as a victim search moves: wherever the what-if view says the job (or one
+    worker on a node) fits, the bound allows it, before and after taking running jobs out and putting
+    them back; so the fit tests it skips would all have said no."""
+    policy = profile(world.profile_name)
+    state = CycleState(world.snapshot)
+    what_if = cycle_module._WhatIf(policy, state)
+    running = sorted(r.id for r in world.snapshot.running)
+    for job in world.pending:
+        search = priority_preemption._Search(job, state.view, what_if)
+        taken = data.draw(st.lists(st.sampled_from(running), unique=True) if running else st.just([]))
+        back = data.draw(st.lists(st.sampled_from(taken), unique=True) if taken else st.just([]))
+        for moves in ((), [(search.remove, j) for j in taken], [(search.restore, j) for j in back]):
+            for move, job_id in moves:
+                move(job_id)
+            if what_if.fits(job):
+                assert search.room.could_fit(), job
+            for node in range(len(state.table)):
+                if what_if.worker_fits(job, node):
+                    assert search.room.could_fit_on(node), (job, node)
+        for job_id in taken:
+            if job_id not in back:
+                search.restore(job_id)
