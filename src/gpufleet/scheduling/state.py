@@ -226,29 +226,7 @@ class CycleState:
                 fact = self._facts(running)
             facts.append(fact)
         inventory.running = {id(f.running): f for f in facts}
-        owner: list[int] = []
-        nodes: list[int] = []
-        cpus: list[int] = []
-        mems: list[int] = []
-        share_owner: list[int] = []
-        share_nodes: list[int] = []
-        share_gpus: list[int] = []
-        share_milli: list[int] = []
-        share_mems: list[int] = []
-        for k, fact in enumerate(facts):
-            owner.extend([k] * len(fact.nodes))
-            nodes.extend(fact.nodes)
-            cpus.extend(fact.cpus)
-            mems.extend(fact.mems)
-            share_owner.extend([k] * len(fact.share_nodes))
-            share_nodes.extend(fact.share_nodes)
-            share_gpus.extend(fact.share_gpus)
-            share_milli.extend(fact.share_milli)
-            share_mems.extend(fact.share_mems)
-
-        arrays = WorkerArrays.from_lists(
-            owner, nodes, cpus, mems, share_owner, share_nodes, share_gpus, share_milli, share_mems
-        )
+        arrays = _worker_arrays(facts)
         table.apply_flat(arrays, -1)
         # Kept for victim searches and what-ifs: `ordered` is the order of the holdings built next.
         self._running_arrays = ({r.job.id: k for k, r in enumerate(ordered)}, arrays)
@@ -452,24 +430,15 @@ class CycleState:
                 kept = {j: known[j] for j in ids if j in known}
                 known.clear()
                 known.update(kept)
-            lists: tuple[list[int], ...] = ([], [], [], [], [], [], [], [], [])
-            owner, nodes, cpus, mems, share_owner, share_nodes, share_gpus, share_milli, share_mems = lists
-            for k, job_id in enumerate(ids):
+            facts: list[_RunningFacts] = []
+            for job_id in ids:
                 running = self.holdings[job_id].running
                 assert running is not None
                 fact = known.get(job_id)
                 if fact is None or fact.running is not running:
                     fact = known[job_id] = self._facts(running)
-                owner.extend([k] * len(fact.nodes))
-                nodes.extend(fact.nodes)
-                cpus.extend(fact.cpus)
-                mems.extend(fact.mems)
-                share_owner.extend([k] * len(fact.share_nodes))
-                share_nodes.extend(fact.share_nodes)
-                share_gpus.extend(fact.share_gpus)
-                share_milli.extend(fact.share_milli)
-                share_mems.extend(fact.share_mems)
-            arrays = WorkerArrays.from_lists(*lists)
+                facts.append(fact)
+            arrays = _worker_arrays(facts)
             self._running_arrays = ({j: k for k, j in enumerate(ids)}, arrays)
         return self._running_arrays
 
@@ -562,3 +531,29 @@ class CycleState:
         finally:
             self._shift(job_ids, -1)
             self.removed.difference_update(job_ids)
+
+
+def _worker_arrays(facts: list[_RunningFacts]) -> WorkerArrays:
+    """What running jobs hold, laid out as flat arrays; job `k` of `facts` is owner `k`."""
+    owner: list[int] = []
+    nodes: list[int] = []
+    cpus: list[int] = []
+    mems: list[int] = []
+    share_owner: list[int] = []
+    share_nodes: list[int] = []
+    share_gpus: list[int] = []
+    share_milli: list[int] = []
+    share_mems: list[int] = []
+    for k, fact in enumerate(facts):
+        owner.extend([k] * len(fact.nodes))
+        nodes.extend(fact.nodes)
+        cpus.extend(fact.cpus)
+        mems.extend(fact.mems)
+        share_owner.extend([k] * len(fact.share_nodes))
+        share_nodes.extend(fact.share_nodes)
+        share_gpus.extend(fact.share_gpus)
+        share_milli.extend(fact.share_milli)
+        share_mems.extend(fact.share_mems)
+    return WorkerArrays.from_lists(
+        owner, nodes, cpus, mems, share_owner, share_nodes, share_gpus, share_milli, share_mems
+    )
