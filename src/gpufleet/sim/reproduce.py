@@ -623,7 +623,9 @@ def reproduce_pollux(
         "Run times come from Pollux's per-application measurements (app-traces: step time per placement and "
         "batch, gradient statistics per epoch), each job at its fixed num_replicas and batch_size (TunedJobs). "
         "Jobs here never change size: no elastic policy is simulated yet, so the Pollux column is the target, "
-        "not a row of ours."
+        "not a row of ours. Our fixed-size runs queue much longer than the published Tiresias+TunedJobs: the "
+        "jobs' run times alone average below its JCT, so the difference is in scheduling (ours places a job "
+        "larger than a node as equal workers, one per node; LAS bands and restarts differ); not yet resolved."
         if measured
         else "Pollux's per-application measurements (app-traces/) are missing here; our run times are a coarse "
         "assumption (see the workload's assumptions), so only the order of magnitude and the ranking of policies "
