@@ -182,8 +182,8 @@ class _Reporter:
             if not batch:
                 return True
             status = self._post(batch, max(0.1, min(TIMEOUT_S, deadline - time.monotonic())))
-            if status is None:
-                return False  # unreachable: keep the batch, try again later
+            if status is None or status == 429 or status >= 500:
+                return False  # unreachable, busy or unwell: keep the batch, try again later
             with self._lock:
                 for _ in range(min(len(batch), len(self.buffer))):
                     self.buffer.popleft()

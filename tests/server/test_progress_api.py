@@ -104,3 +104,26 @@ def test_bad_reports_name_every_field_and_keep_nothing(api: Api) -> None:
     assert_error(api.client.get(f"/v1/jobs/{job['id']}/progress", headers=api.h(api.team_a)), 404)
     # A bad body without a token is refused for the token first: nothing about the job is parsed.
     assert_error(api.client.post(f"/v1/jobs/{job['id']}/reports", content=b"{", headers={}), 401)
+
+
+def test_a_job_that_floods_reports_gets_429_and_other_jobs_carry_on(api: Api) -> None:
+    import warnings
+
+    from gpufleet.server.http_app import create_app
+    from gpufleet.server.ratelimit import Rate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+    flood, calm = submit(api, api.team_a), submit(api, api.team_a)
+    run_on(api, flood["id"])
+    run_on(api, calm["id"], gpus=(1,))
+    api.ctx.team_rate = Rate(2.0, 3.0)
+    report = {"reports": [{"kind": "progress", "samples": 1}]}
+    with TestClient(create_app(api.ctx), raise_server_exceptions=False) as client:
+        url = f"/v1/jobs/{flood['id']}/reports"
+        answers = [client.post(url, json=report, headers=job_token(api, flood["id"])).status_code for _ in range(4)]
+        assert answers == [202, 202, 202, 429]
+        other = client.post(f"/v1/jobs/{calm['id']}/reports", json=report, headers=job_token(api, calm["id"]))
+        assert other.status_code == 202

@@ -10,8 +10,10 @@ from fastapi import APIRouter, Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gpufleet.domain.errors import FieldProblem, SpecError
+from gpufleet.ports.admin import Role
 from gpufleet.server.auth import Principal
-from gpufleet.server.http_app import principal, service
+from gpufleet.server.http_app import client_address, principal, service
+from gpufleet.server.http_errors import UnauthorizedError
 from gpufleet.server.progress_reports import ProgressService, not_reported
 from gpufleet.server.routes_jobs import JobIdPath
 from gpufleet.server.service import Service
@@ -35,13 +37,20 @@ async def receive_reports(
     job_id: JobIdPath,
     request: Request,
     progress: Annotated[ProgressService, Depends(progress_service)],
+    svc: Annotated[Service, Depends(service)],
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(job_bearer)],
 ) -> dict[str, Any]:
     """A batch of reports from a running job: `{"reports": [{"kind": "progress", "at": 1.7e9, "step": 10,
     "samples": 640, "loss": 2.1, "grad_sqr": …, "grad_var": …, "<metric>": …}, {"kind": "checkpoint",
     "duration_s": 12.5}]}`. Only the job's own token of its current attempt is accepted."""
     authorization = request.headers.get("authorization")
-    progress.tokens.attempt_of(authorization, job_id)  # 401 before the body is even read
+    try:
+        progress.tokens.attempt_of(authorization, job_id)  # 401 before the body is even read
+    except UnauthorizedError:
+        svc.limits.check_failed_auth(client_address(request))  # guessing tokens is slowed down as for the API
+        raise
+    # Jobs are untrusted: each is held to a team token's request rate (the runtime sends a batch every 5 s).
+    svc.limits.check_token(f"job:{job_id}", f"job {job_id}", Role.TEAM)
     try:
         body = json.loads(await request.body() or b"null")
     except (ValueError, UnicodeDecodeError) as error:
