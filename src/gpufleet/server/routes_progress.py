@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -16,6 +16,7 @@ from gpufleet.server.http_app import client_address, principal, service
 from gpufleet.server.http_errors import UnauthorizedError
 from gpufleet.server.progress_reports import ProgressService, not_reported
 from gpufleet.server.routes_jobs import JobIdPath
+from gpufleet.server.schemas import ProgressOut, ReportsAcceptedOut
 from gpufleet.server.service import Service
 
 router = APIRouter(tags=["progress"])
@@ -39,7 +40,7 @@ async def receive_reports(
     progress: Annotated[ProgressService, Depends(progress_service)],
     svc: Annotated[Service, Depends(service)],
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(job_bearer)],
-) -> dict[str, Any]:
+) -> ReportsAcceptedOut:
     """A batch of reports from a running job: `{"reports": [{"kind": "progress", "at": 1.7e9, "step": 10,
     "samples": 640, "loss": 2.1, "grad_sqr": …, "grad_var": …, "<metric>": …}, {"kind": "checkpoint",
     "duration_s": 12.5}]}`. Only the job's own token of its current attempt is accepted."""
@@ -61,7 +62,7 @@ async def receive_reports(
     from starlette.concurrency import run_in_threadpool
 
     history = await run_in_threadpool(progress.receive, job_id, authorization, body)
-    return {"accepted": len(body["reports"]), "reports": history.reports}
+    return ReportsAcceptedOut(accepted=len(body["reports"]), reports=history.reports)
 
 
 @router.get("/jobs/{job_id}/progress")
@@ -70,11 +71,11 @@ def job_progress(
     who: Annotated[Principal, Depends(principal)],
     svc: Annotated[Service, Depends(service)],
     progress: Annotated[ProgressService, Depends(progress_service)],
-) -> dict[str, Any]:
+) -> ProgressOut:
     """What the job reported: its last step, samples and loss, throughput (samples/s) at each size it ran at,
     its loss curve and size over time (bounded), and its last checkpoint. 404 if it never reported."""
     record = svc.visible(who, job_id)
     history = progress.history(record)
     if history is None:
         raise not_reported(job_id)
-    return {"job_id": job_id, **history}
+    return ProgressOut(job_id=job_id, **history)
