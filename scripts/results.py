@@ -61,6 +61,7 @@ SETS: dict[str, list[str]] = {
     "helios-september": _helios("september"),
     "helios-december": _helios("december"),
     "gavel": ["--reproduce", "gavel", "--rates", GAVEL_RATES],
+    "pollux": ["--reproduce", "pollux"],
 }
 CHECK_SET, CHECK_SEED, CHECK_POLICY = "fgd-default-tuning", 42, "fgd"
 
@@ -274,6 +275,35 @@ def _gavel_section() -> list[str]:
     return [*lines, ""]
 
 
+def _pollux_section() -> list[str]:
+    if not present("pollux"):
+        return []
+    lines = [
+        "## Pollux's eight workloads: average JCT (s) at fixed sizes against Pollux's published figures",
+        "",
+        "Run times from Pollux's per-application measurements, each job at its fixed GPU count and batch "
+        "(TunedJobs). No elastic policy runs yet, so Pollux's column is the target. Nothing in gpufleet was "
+        "tuned on these workloads. Data: Qiao et al., OSDI'21 (petuum/adaptdl osdi21-artifact), jobs from "
+        "Philly (Jeon et al., ATC'19).",
+        "",
+    ]
+    rows = [
+        (
+            r["policy"],
+            r["workload"],
+            r["avg_jct_s"],
+            r["pollux_avg_jct_s"],
+            r["tiresias_avg_jct_s"],
+            r["ratio_to_tiresias"],
+        )
+        for r in load("pollux")["comparison"]
+        if r["workload"] == "mean" or r["policy"] == "tiresias"
+    ]
+    header = ("policy", "workload", "avg JCT s", "Pollux's s", "Tiresias' s", "ratio to Tiresias")
+    lines += _table(header, rows)
+    return [*lines, ""]
+
+
 def index() -> str:
     missing = [name for name in SETS if not present(name)]
     lines = [
@@ -288,6 +318,7 @@ def index() -> str:
         *_share_section(SHARES),
         *_helios_section(("oct-nov", "september", "december")),
         *_gavel_section(),
+        *_pollux_section(),
     ]
     if missing:
         lines += [

@@ -18,10 +18,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpufleet.cli import progress_view
 from gpufleet.cli.client import (
     IDEMPOTENCY_HEADER,
     TOKEN_ENV,
     URL_ENV,
+    ApiError,
     Client,
     new_idempotency_key,
     resolve,
@@ -211,12 +213,26 @@ def show(
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
+    progress: Annotated[
+        bool, typer.Option("--progress", help="Also the loss curve, size over time and last metrics it reported.")
+    ] = False,
+    png: Annotated[
+        Path | None,
+        typer.Option("--png", help="Plot loss against samples and GPUs against time to this PNG file.", dir_okay=False),
+    ] = None,
 ) -> None:
-    """Everything about one job."""
+    """Everything about one job, with what it reported of its progress (gpufleet.runtime.report)."""
     with _client(url, token) as client:
         job = client.get(f"/v1/jobs/{job_id}")
+        history = _progress_of(client, job_id)
+    if png is not None:
+        if history is None:
+            raise GpufleetError(
+                f"job {job_id} has not reported progress: nothing to plot", "call gpufleet.runtime.report in the job"
+            )
+        progress_view.plot(history, job_id, png)
     if as_json:
-        _print_json(job)
+        _print_json({**job, "progress": history})
         return
     request = job["request"]
     lines = [
@@ -236,9 +252,25 @@ def show(
     for worker in job["placement"]:
         gpus = ", ".join(f"{g['index']} ({g['model']}, {g['fraction']:g})" for g in worker["gpus"]) or "no GPUs"
         lines.append(markup(f"worker {worker['rank']}: {worker['node']} GPUs {gpus}"))
+    lines.extend(progress_view.summary_lines(history))
+    if progress and history is not None:
+        lines.extend(progress_view.detail_lines(history))
+    if png is not None:
+        lines.append(markup(f"plot written to {png}"))
     console = _console()
     for line in lines:
         console.print(line)
+
+
+def _progress_of(client: Client, job_id: str) -> dict[str, Any] | None:
+    """The job's progress history, or None if it never reported (or the API predates reports)."""
+    try:
+        history: dict[str, Any] = client.get(f"/v1/jobs/{job_id}/progress")
+    except ApiError as error:
+        if error.status == 404:
+            return None
+        raise
+    return history
 
 
 def explain(

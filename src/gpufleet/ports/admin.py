@@ -1,11 +1,11 @@
 """What the control plane's API needs from its store beyond the loop's `StateStore`: queues, nodes,
-tokens, job queries, idempotency keys and the audit log. Implemented by the SQL store; every method is
-one short transaction."""
+tokens, job queries, idempotency keys, the audit log and jobs' progress histories. Implemented by the SQL
+store; every method is one short transaction."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -14,6 +14,7 @@ from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.lifecycle import JobState
+from gpufleet.domain.progress import JobProgress
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import StateStore
@@ -184,3 +185,11 @@ class AdminStore(StateStore, Protocol):
     def get_setting(self, key: str) -> str | None: ...
 
     def set_setting(self, key: str, value: str) -> None: ...
+
+    def job_progress(self, job_id: str) -> JobProgress | None:
+        """What the job reported about itself (`domain/progress.py`), or None if it never reported."""
+        ...
+
+    def update_progress(self, job_id: str, now: float, update: Callable[[JobProgress], JobProgress]) -> JobProgress:
+        """Apply `update` to the job's history in one transaction and return the result."""
+        ...

@@ -65,6 +65,7 @@ __all__ = [
     "ClusterView",
     "Code",
     "CycleStore",
+    "ElasticJob",
     "EvaluationView",
     "FewNodes",
     "FilterPlugin",
@@ -82,6 +83,8 @@ __all__ = [
     "QuotaVerdict",
     "Quotas",
     "Registry",
+    "ResizeInput",
+    "ResizePlugin",
     "Rows",
     "RunEstimate",
     "ScorePlugin",
@@ -421,6 +424,46 @@ class Learner(Protocol):
     def estimate(self, job: Job, now: float, earlier: RunEstimate | None) -> RunEstimate:
         """The estimate of a job that becomes pending now; `earlier`: the one it had while it waited before."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticJob:
+    """A running elastic job as a resize policy sees it. Sizes are GPUs, in steps of `step` (a worker's GPUs).
+    `goodput[g]`: its expected rate of progress at g GPUs (any unit, the same for every size of this job:
+    throughput x statistical efficiency), for every allowed size from `min_gpus` to `max_gpus`.
+    `remaining_s`: how long it is expected to run at its current size (None: unknown)."""
+
+    id: JobId
+    queue: str
+    gpus: int
+    min_gpus: int
+    max_gpus: int
+    step: int
+    goodput: Mapping[int, float]
+    last_resized_at: float | None = None
+    remaining_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResizeInput:
+    """What a resize policy decides from: the running elastic jobs, the GPUs free now, the GPUs each queue may
+    still take within its quota (`headroom`; a queue not listed: unlimited), and the jobs waiting, in the
+    order the cycle would place them, as (queue, GPUs they need at least)."""
+
+    now: float
+    free_gpus: int
+    jobs: tuple[ElasticJob, ...]
+    headroom: Mapping[str, int]
+    waiting: tuple[tuple[str, int], ...] = ()
+
+
+class ResizePlugin(Protocol):
+    """Chooses new sizes for running elastic jobs: grow into idle GPUs, shrink toward `min_gpus` to admit
+    waiting jobs. Returns only the jobs whose size changes. A pure function of its input."""
+
+    name: ClassVar[str]
+
+    def resize(self, given: ResizeInput) -> Mapping[JobId, int]: ...
 
 
 @dataclass(frozen=True, slots=True)

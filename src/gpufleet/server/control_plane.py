@@ -40,6 +40,7 @@ from gpufleet.ports.admin import JobQuery
 from gpufleet.ports.gpu_probe import GpuActivity, GpuProbe
 from gpufleet.scheduling.fragmentation import TargetWorkload
 from gpufleet.server.context import ApiContext
+from gpufleet.server.job_tokens import JobTokens
 from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
 from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
 from gpufleet.server.store_guard import open_store
@@ -110,6 +111,13 @@ class UpSettings:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def job_reachable_url(self) -> str:
+        """The API as jobs on this machine reach it (a wildcard address is reached on loopback)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
 
 
@@ -441,6 +449,12 @@ class ControlPlane:
                 ) -> GpuProbe:
                     return RayProbe(fleet, activity, weights)
             else:
+                job_tokens = JobTokens(self.store)
+                report_base = settings.job_reachable_url
+
+                def job_env(job_id: str, attempt: int) -> Mapping[str, str]:
+                    return job_tokens.env(report_base, job_id, attempt)
+
                 self.backend = LocalBackend(
                     settings.data_dir / "jobs",
                     self.inventory.nodes,
@@ -448,6 +462,7 @@ class ControlPlane:
                     emulated=self.inventory.emulated,
                     isolation=self.isolation,
                     log_dir=settings.log_dir,
+                    job_env=job_env,
                 )
                 self.isolation_report = self.backend.isolation_report(single_user_allowed=settings.single_user)
             self.log_janitor = LogJanitor(

@@ -165,7 +165,9 @@ def isolation_out(ctx: ApiContext) -> IsolationOut | None:
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
-    from gpufleet.server import routes_admin, routes_jobs, routes_telemetry
+    from gpufleet.server import routes_admin, routes_jobs, routes_progress, routes_telemetry
+    from gpufleet.server.job_tokens import JobTokens
+    from gpufleet.server.progress_reports import ProgressService
     from gpufleet.server.web import mount_web
 
     app = FastAPI(
@@ -176,6 +178,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     )
     app.state.service = Service(ctx)
     app.state.ctx = ctx
+    app.state.progress = ProgressService(ctx.store, ctx.clock, JobTokens(ctx.store))
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.exception_handler(GpufleetError)
@@ -254,5 +257,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_jobs.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_admin.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_telemetry.router, prefix="/v1", responses=ERRORS)
+    app.include_router(routes_progress.router, prefix="/v1", responses=ERRORS)
     mount_web(app)  # the dashboard at `/`, over the same service
     return app

@@ -523,3 +523,36 @@ class JobGpuMemoryOut(BaseModel):
 
 
 JobUsageOut.model_rebuild()
+
+
+class SizeThroughputOut(BaseModel):
+    gpus: int = Field(description="GPUs the job held (its workers' count if it holds none).")
+    samples: float = Field(description="Samples counted at this size, between consecutive reports.")
+    seconds: float = Field(description="Seconds over which they were counted.")
+    reports: int
+    samples_per_s: float | None
+
+
+class ProgressOut(BaseModel):
+    """What a job reported about itself (gpufleet.runtime.report / checkpoint_saved), bounded."""
+
+    job_id: str
+    reports: int
+    last_at: float | None = Field(description="When the latest report was made (epoch seconds).")
+    step: int | None
+    samples: float | None
+    loss: float | None
+    grad_sqr: float | None
+    grad_var: float | None
+    metrics: dict[str, float] = Field(description="Other numbers it reported, as last seen (at most 32).")
+    loss_curve: list[tuple[float, float]] = Field(description="(samples, loss), at most 512, thinner in the past.")
+    sizes: list[tuple[float, int]] = Field(description="(time, GPUs) each time its size changed.")
+    throughput: list[SizeThroughputOut]
+    last_checkpoint_at: float | None
+    checkpoint_duration_s: float | None
+    checkpoints: int
+
+
+class ReportsAcceptedOut(BaseModel):
+    accepted: int = Field(description="Reports of this batch, all kept.")
+    reports: int = Field(description="Reports the job has made in all.")

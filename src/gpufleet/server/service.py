@@ -170,6 +170,10 @@ class Service:
     def _queue_names(self) -> set[str]:
         return {q.name for q in self.store.queues()}
 
+    def visible(self, principal: Principal, job_id: JobId) -> JobRecord:
+        """The job if the principal may see it; NotFoundError otherwise."""
+        return self._visible(principal, job_id)
+
     def _visible(self, principal: Principal, job_id: JobId) -> JobRecord:
         record = self.store.get(job_id)
         # Another team's job answers as missing, not forbidden: its existence is not theirs to learn.

@@ -17,7 +17,7 @@ import errno
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,9 +76,13 @@ class LocalBackend:
         gang_grace_s: float = 5.0,
         isolation: Isolation | None = None,
         log_dir: Path | None = None,
+        job_env: Callable[[JobId, int], Mapping[str, str]] | None = None,
     ) -> None:
         """`isolation`: how workers start (default: as this process's user, without cgroups; the control
-        plane passes `Isolation.detect(...)`). `log_dir`: where logs go (default: under `state_dir`)."""
+        plane passes `Isolation.detect(...)`). `log_dir`: where logs go (default: under `state_dir`).
+        `job_env(job id, attempt)`: variables the control plane gives every worker of that attempt (its
+        progress-report URL and job token), set after the job's own as the allocator's are."""
+        self.job_env = job_env
         self.nodes = {node.name: node for node in nodes}
         self.clock = clock
         self.emulated = emulated
@@ -129,15 +133,19 @@ class LocalBackend:
         port: int | None = None
         try:
             port = self.ports.acquire(_owner(key))
+            granted = dict(self.job_env(job.id, launch.attempt)) if self.job_env is not None else {}
             envs = [
-                allocator_env(
-                    launch,
-                    rank,
-                    self.nodes,
-                    master_addr=self.master_addr,
-                    master_port=port,
-                    emulated=self.emulated,
-                )
+                {
+                    **allocator_env(
+                        launch,
+                        rank,
+                        self.nodes,
+                        master_addr=self.master_addr,
+                        master_port=port,
+                        emulated=self.emulated,
+                    ),
+                    **granted,
+                }
                 for rank in range(len(launch.workers))
             ]
         except GpufleetError as exc:

@@ -160,3 +160,13 @@ CLUSTER_VERSION = "cluster_version"
 SUBMIT_SEQ = "submit_seq"
 REQUEST_SEQ = "request_seq"
 COUNTERS = {CLUSTER_VERSION: 1, SUBMIT_SEQ: 0, REQUEST_SEQ: 0}
+
+# What each job reported about itself (`domain/progress.py`): one row per job that ever reported, its bounded
+# history as JSON, rewritten by each batch of reports.
+job_progress = sa.Table(
+    "job_progress",
+    metadata,
+    sa.Column("job_id", sa.String(), sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("updated_at", sa.Float(), nullable=False),
+    sa.Column("value", sa.Text(), nullable=False),
+)

@@ -1,0 +1,1 @@
+"""Resize plugins: new sizes for running elastic jobs."""

@@ -1,0 +1,186 @@
+"""Pollux's six applications as measured (OSDI'21 artifact, `pollux-osdi21/app-traces/`): how fast each runs
+at a number of GPUs and a batch size, and how much a sample is worth at that batch size.
+
+- **Throughput.** `placements.csv` gives seconds per step per placement (digits: GPUs per node) and per-GPU
+  batch; `scalability.csv` the same for larger allocations by (nodes, GPUs). A job of G GPUs on nodes of 4 is
+  placed as our gangs are (`split_gang`: 6 -> two nodes of 3, "33"); its step time at per-GPU batch b is
+  interpolated linearly between measured batches, and beyond the largest measured one it accumulates
+  gradients (time grows in proportion).
+- **Statistical efficiency.** Per epoch, the gradient's squared norm and variance measured at the smallest
+  validated total batch B0. At total batch B (scale s = B / B0) one step is worth
+  `gain = (var + sqr) / (var / s + sqr)` steps at B0 (between 1 and s): large batches pay off early in
+  training, when the gradient is noisy, less later.
+- **Work.** A job ends after its application's epochs (the rows of the B0 file; bert 2, cifar10 100, ncf 10,
+  imagenet 90, deepspeech2 80, yolov3 50, as the published simulator did, with no target metric); the
+  `progress` column, in B0-steps, marks where each epoch ends.
+
+So `seconds(G, B)` is the run time of a whole job at a fixed size and batch (what Tiresias with TunedJobs
+runs), and `goodput(G, B, progress)` its rate of progress at a point of training (what an elastic policy
+weighs). Facts and measurements are Pollux's; the code is ours.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet.sim.workload import WorkloadError
+from gpufleet.sim.workloads._common import split_gang
+from gpufleet.sim.workloads._csv import CsvTable
+
+APP_TRACES = "app-traces"
+# The published simulator capped yolov3's per-GPU batch at 8 (memory).
+MAX_LOCAL_BATCH: Mapping[str, int] = {"yolov3": 8}
+# Every change of a job's allocation costs this long without progress (restart from its checkpoint).
+RESTART_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Epochs:
+    """Where each epoch ends (B0-steps) and the gradient statistics measured over it."""
+
+    ends: tuple[float, ...]
+    grad_sqr: tuple[float, ...]
+    grad_var: tuple[float, ...]
+
+    def index(self, progress: float) -> int:
+        """The epoch `progress` is in (the last one once past the end)."""
+        return min(bisect.bisect_right(self.ends, progress), len(self.ends) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Application:
+    name: str
+    base_batch: int  # B0: the smallest validated total batch
+    epochs: Epochs
+    # placement string -> (per-GPU batches, step seconds), batches ascending
+    steps: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
+    max_local_batch: int | None = None
+
+    @property
+    def total_progress(self) -> float:
+        return self.epochs.ends[-1]
+
+    def step_time(self, gpus: int, batch: float, gpus_per_node: int = 4) -> float:
+        """Seconds per step of total batch `batch` on `gpus` GPUs placed as our gangs are."""
+        workers, per_node = split_gang(gpus, gpus_per_node)
+        key = str(per_node) * workers if workers <= 4 else f"n{workers}r{gpus}"
+        measured = self.steps.get(key)
+        if measured is None:
+            raise WorkloadError(
+                f"application {self.name!r} has no step time measured for {gpus} GPUs ({workers} nodes)",
+                "run it at a size its placements.csv or scalability.csv covers",
+            )
+        local = batch / gpus
+        batches, times = measured
+        cap = min(self.max_local_batch or batches[-1], batches[-1])
+        if local > cap:  # gradient accumulation: several passes per step
+            return _interpolate(batches, times, cap) * local / cap
+        return _interpolate(batches, times, max(local, batches[0]))
+
+    def gain(self, batch: float, progress: float) -> float:
+        """How many B0-steps one step of total batch `batch` is worth at `progress`."""
+        scale = max(1.0, batch / self.base_batch)
+        i = self.epochs.index(progress)
+        sqr, var = self.epochs.grad_sqr[i], self.epochs.grad_var[i]
+        if sqr <= 0:
+            return scale
+        return (var + sqr) / (var / scale + sqr)
+
+    def goodput(self, gpus: int, batch: float, progress: float) -> float:
+        """B0-steps per second at this size, batch and point of training."""
+        return self.gain(batch, progress) / self.step_time(gpus, batch)
+
+    def seconds(self, gpus: int, batch: float, progress: float = 0.0) -> float:
+        """Run time from `progress` to the end at a fixed size and batch."""
+        step = self.step_time(gpus, batch)
+        total, start = 0.0, progress
+        for i, end in enumerate(self.epochs.ends):
+            if end <= start:
+                continue
+            total += (end - start) * step / self.gain(batch, end - 1e-9 if i else 0.0)
+            start = end
+        return total
+
+
+def _interpolate(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
+    i = bisect.bisect_left(xs, x)
+    if i < len(xs) and xs[i] == x:
+        return ys[i]
+    if i == 0:
+        return ys[0]
+    if i >= len(xs):
+        return ys[-1]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def load_application(folder: Path, name: str) -> Application:
+    """One application's measurements from `folder` (= app-traces/<name>)."""
+    if not folder.is_dir():
+        raise WorkloadError("does not exist", f"put Pollux's {APP_TRACES}/{name}/ there", path=folder)
+    validations = sorted(
+        (int(f.stem.split("-", 1)[1]), f) for f in folder.glob("validation-*.csv") if f.stem.split("-", 1)[1].isdigit()
+    )
+    if not validations:
+        raise WorkloadError("has no validation-<batch>.csv", "give the application's gradient statistics", path=folder)
+    base_batch, base_file = validations[0]
+    ends, sqrs, vars_ = [], [], []
+    for row in CsvTable(base_file, "Pollux validation CSV", ("progress", "grad_sqr", "grad_var")):
+        ends.append(row.number("progress", positive=True))
+        sqrs.append(row.number("grad_sqr", minimum=0))
+        vars_.append(row.number("grad_var", minimum=0))
+    if not ends or any(b <= a for a, b in itertools.pairwise(ends)):
+        raise WorkloadError("epochs' progress is empty or not increasing", "give one row per epoch", path=base_file)
+    table: dict[str, dict[float, float]] = {}
+    for row in CsvTable(folder / "placements.csv", "Pollux placements CSV", ("placement", "local_bsz", "step_time")):
+        table.setdefault(row.text("placement"), {})[row.number("local_bsz", positive=True)] = row.number(
+            "step_time", positive=True
+        )
+    scalability = CsvTable(
+        folder / "scalability.csv",
+        "Pollux scalability CSV",
+        ("num_nodes", "num_replicas", "local_bsz", "step_time"),
+    )
+    for row in scalability:
+        key = f"n{row.integer('num_nodes', minimum=1)}r{row.integer('num_replicas', minimum=1)}"
+        table.setdefault(key, {})[row.number("local_bsz", positive=True)] = row.number("step_time", positive=True)
+    steps = {key: (tuple(sorted(points)), tuple(points[b] for b in sorted(points))) for key, points in table.items()}
+    return Application(
+        name, base_batch, Epochs(tuple(ends), tuple(sqrs), tuple(vars_)), steps, MAX_LOCAL_BATCH.get(name)
+    )
+
+
+def load_applications(pollux_folder: Path, names: tuple[str, ...]) -> dict[str, Application]:
+    root = Path(pollux_folder) / APP_TRACES
+    if not root.is_dir():
+        raise WorkloadError(
+            "has no app-traces folder (Pollux's per-application measurements)",
+            "put the petuum/adaptdl osdi21-artifact simulator/traces/<app>/ folders under app-traces/",
+            path=pollux_folder,
+        )
+    return {name: load_application(root / name, name) for name in names}
+
+
+def measured_durations(
+    workload_file: Path, apps: Mapping[str, Application], gpus_per_node: int = 4
+) -> dict[str, float]:
+    """Each job's run time at its workload's fixed size (`num_replicas`) and total batch (`batch_size`), from
+    its application's measurements: what a non-adaptive scheduler runs (Pollux's TunedJobs)."""
+    table = CsvTable(workload_file, "Pollux workload CSV", ("name", "application", "num_replicas", "batch_size"))
+    out: dict[str, float] = {}
+    for row in table:
+        app = apps.get(row.text("application"))
+        if app is None:
+            known = ", ".join(sorted(apps))
+            raise row.error("application", f"is {row.text('application')!r}", f"use one of {known}")
+        gpus = row.integer("num_replicas", minimum=1)
+        batch = row.number("batch_size", positive=True)
+        try:
+            out[row.text("name")] = app.seconds(gpus, batch)
+        except WorkloadError as error:
+            raise row.error("num_replicas", error.message, error.fix) from None
+    return out
