@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from gpufleet.scheduling.plugin_api import Profile, SortKey, Wake
 from gpufleet.scheduling.state import InventoryCache
 
 S = JobState
+ROUND_BURST = 1 << 30  # with rounds, every job of an active group is decided
 log = logging.getLogger(__name__)
 
 
@@ -104,7 +106,7 @@ class Reconciler:
         self.profile = profile
         self.events = events
         self.settings = settings or ReconcilerSettings()
-        self.pending = PendingIndex(profile.strict_fifo)
+        self.pending = self._pending_index()
         self.learning = Learning(profile.learner)
         self.inventory = InventoryCache()  # the node inventory's table and memo, kept across rebuilds
         self.nominated: set[JobId] = set()
@@ -112,6 +114,7 @@ class Reconciler:
         self._request_cursor = 0
         self._cluster_version = -1
         self._last_retry_all = clock.now()
+        self._next_round = self._round_after(clock.now())
         self._deadlines: list[tuple[float, JobId, int]] = []  # (max runtime end, job, attempt), a heap
         self._known: dict[JobId, JobRecord] = {}  # every active job's record as last read or written
         self._rebuild()
@@ -127,7 +130,7 @@ class Reconciler:
             # Another writer changed a job under us (a second control plane on the same store, or a
             # bug). Nothing was launched for the rejected write: resynchronise from the store.
             log.warning("store changed under the control loop (%s); resynchronising", error)
-            self.pending = PendingIndex(self.profile.strict_fifo)
+            self.pending = self._pending_index()
             self.nominated.clear()
             self._rebuild()
         return report
@@ -146,6 +149,10 @@ class Reconciler:
         if self.profile.preempt is not None and now >= self._last_retry_all + self.settings.retry_all_s:
             self.pending.wake_all()
             self._last_retry_all = now
+        if self._next_round is not None and now >= self._next_round:
+            # A round begins: every pending job is decided again against the round's plan.
+            self.pending.wake_all()
+            self._next_round = self._round_after(now)
         for _ in range(self.settings.max_cycles_per_step):
             jobs = self.pending.to_decide(self.nominated)
             if not jobs:
@@ -183,10 +190,26 @@ class Reconciler:
         return report
 
     def next_retry_at(self) -> float | None:
-        """When parked jobs will be retried regardless of events (None: only events wake them)."""
+        """When parked jobs will be retried regardless of events (None: only events wake them): the next
+        round boundary for a profile that allocates in rounds while jobs wait, else the periodic retry."""
+        if self._next_round is not None and len(self.pending):
+            return self._next_round
         if self.profile.preempt is None or not self.pending.parked:
             return None
         return self._last_retry_all + self.settings.retry_all_s
+
+    def _pending_index(self) -> PendingIndex:
+        # A profile that allocates in rounds plans over every waiting job: decide them all, not a burst.
+        if self.profile.round_s is not None:
+            return PendingIndex(self.profile.strict_fifo, burst=ROUND_BURST)
+        return PendingIndex(self.profile.strict_fifo)
+
+    def _round_after(self, now: float) -> float | None:
+        """The first round boundary after `now` (None: the profile does not allocate in rounds)."""
+        length = self.profile.round_s
+        if length is None:
+            return None
+        return (math.floor(now / length) + 1) * length
 
     # --- snapshot ---------------------------------------------------------------------------------
 

@@ -1,0 +1,293 @@
+"""A round's plan, from the cycle's view: which jobs run on which GPU model next, and how far each lags its share.
+
+Gavel's round-based mechanism (Narayanan et al., OSDI 2020, §5): the allocation (`lp.solve`) gives every active
+job a target fraction of time `x[j, m]` on each GPU model; each round, the jobs that received least of their
+target so far go first. Here, for job j and model m:
+
+    target[j, m]   = x[j, m] * (now - submitted_at)              seconds it should have had on m by now
+    received[j, m] = seconds it ran on m (earlier runs from the learner's record, plus the current run)
+    priority[j, m] = x[j, m] / (received[j, m] / age)             Gavel's: share wanted over share received
+
+and jobs take models in order of priority, each job once, while the model has GPUs for it (a job that fits
+nowhere planned waits). The plan is a pure function of the view: the running jobs (`holdings`), the jobs the
+cycle decides (`pending`), what the learner recorded (`estimates[...].service`), the node table and the time.
+It is computed once per cycle and cached per cycle (`ClusterView.per_cycle`); the LP itself is cached by its
+input (the classes and their counts), which changes only when jobs come, go or change weight band.
+
+Active jobs are the running ones (not being stopped) and the pending ones the cycle decides. A job type the
+throughput table lacks, or a model it lacks, counts at the same speed on every model (as the agnostic
+baseline counts every job); `agnostic=True` counts every job that way (Gavel's `max_min_fairness`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpufleet.domain.jobs import Job, JobId
+from gpufleet.domain.resources import MILLI_PER_GPU
+from gpufleet.domain.throughput_table import ThroughputTable, job_scale, model_key
+from gpufleet.policies.rounds.lp import Allocation, Problem, solve
+from gpufleet.scheduling.plugin_api import ClusterView, Holding
+
+# Time in the system below which a job's received fraction is not meaningful (its priority is then its share).
+MIN_AGE_S = 1.0
+# Shares below this are rounding noise of the LP: the job is not planned on that model.
+MIN_SHARE = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class WeightBands:
+    """Weights by attained service (GPU-hours over the job's GPUs, i.e. hours of service): a job whose
+    service is below `thresholds_h[i]` has weight `weights[i]`, above all of them `weights[-1]`. One band of
+    weight 1 is plain max-min fairness (Gavel); falling weights favour jobs that have had little service,
+    as least-attained-service schedulers do (Tiresias)."""
+
+    thresholds_h: tuple[float, ...] = ()
+    weights: tuple[float, ...] = (1.0,)
+
+    def __post_init__(self) -> None:
+        if len(self.weights) != len(self.thresholds_h) + 1 or not all(w > 0 for w in self.weights):
+            raise ValueError("give one weight > 0 per band: len(weights) == len(thresholds_h) + 1")
+
+    def weight(self, service_hours: float) -> float:
+        for threshold, weight in zip(self.thresholds_h, self.weights, strict=False):
+            if service_hours < threshold:
+                return weight
+        return self.weights[-1]
+
+
+@dataclass(slots=True)
+class JobPlan:
+    """One active job in the round: its target share and received seconds per model, its priority on each."""
+
+    job: Job
+    running_on: str | None  # the model it runs on now (None: pending, or evicting)
+    share: dict[str, float]
+    received: dict[str, float]
+    age: float
+    weight: float
+    normalised: float  # its normalised throughput under the allocation (1.0 = an equal share of the cluster)
+
+    def priority(self, model: str) -> float:
+        share = self.share.get(model, 0.0)
+        if share <= MIN_SHARE:
+            return 0.0
+        if self.age < MIN_AGE_S:
+            return share * 1e9
+        fraction = self.received.get(model, 0.0) / self.age
+        return share / fraction if fraction > 0 else share * 1e9
+
+    def lag_s(self, model: str) -> float:
+        """Seconds of `model` it is behind its target (negative: ahead)."""
+        return self.share.get(model, 0.0) * self.age - self.received.get(model, 0.0)
+
+
+@dataclass(slots=True)
+class RoundPlan:
+    """`assigned`: job -> the model it runs on this round, in plan order (`rank`); `jobs`: every active job;
+    `round_start`/`next_round`: the round's bounds on the cycle's clock; `level`: the LP's max-min level."""
+
+    round_start: float
+    next_round: float
+    level: float
+    jobs: dict[JobId, JobPlan] = field(default_factory=dict)
+    assigned: dict[JobId, str] = field(default_factory=dict)
+    rank: dict[JobId, int] = field(default_factory=dict)
+
+
+class Planner:
+    """Builds round plans for a throughput table (None: agnostic), with its LP cache."""
+
+    def __init__(
+        self,
+        table: ThroughputTable | None,
+        *,
+        round_s: float,
+        agnostic: bool = False,
+        bands: WeightBands | None = None,
+        efficient: bool = True,
+        queue_fair: bool = True,
+    ) -> None:
+        self.table = None if agnostic else table
+        self.round_s = round_s
+        self.bands = bands or WeightBands()
+        self.efficient = efficient
+        self.queue_fair = queue_fair
+        self._types = frozenset(self.table.job_types) if self.table is not None else frozenset()
+        self._rows: dict[tuple[tuple[str, ...], str, int, bool], tuple[float, ...]] = {}
+        self._solved: dict[tuple[object, ...], Allocation] = {}
+
+    # --- pieces ------------------------------------------------------------------------------------------
+
+    def models(self, cluster: ClusterView) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The cluster's GPU models (those with GPUs) and their GPU counts."""
+
+        def compute() -> tuple[tuple[str, ...], tuple[int, ...]]:
+            table = cluster.nodes
+            counts = np.bincount(table.gpu_model[table.gpu_exists], minlength=len(table.models))
+            kept = [(model_key(m), int(n)) for m, n in zip(table.models, counts, strict=False) if n]
+            return tuple(m for m, _ in kept), tuple(n for _, n in kept)
+
+        return cluster.memo(("rounds.models",), compute)
+
+    def row(self, models: tuple[str, ...], job: Job) -> tuple[float, ...]:
+        """The job's throughput on each model at its GPU count; equal speeds where the table cannot say."""
+        gpus, consolidated = job_scale(job)
+        key = (models, job.job_type, gpus, consolidated)
+        cached = self._rows.get(key)
+        if cached is None:
+            if self.table is None or job.job_type not in self._types:
+                cached = (1.0,) * len(models)
+            else:
+                speeds = [self.table.get(job.job_type, m, gpus, consolidated=consolidated) for m in models]
+                known = [s for s in speeds if s is not None]
+                fill = float(np.mean(known)) if known else 1.0
+                cached = tuple(float(s) if s is not None else fill for s in speeds)
+                if not any(cached):
+                    cached = (1.0,) * len(models)
+            self._rows[key] = cached
+        return cached
+
+    def received(self, cluster: ClusterView, job: Job, holding: Holding | None) -> dict[str, float]:
+        """Seconds of service per model: earlier runs (the learner's record, by node) and the current run."""
+        table = cluster.nodes
+        gpus = job.gpu_milli_total / MILLI_PER_GPU or 1.0
+        seconds: dict[str, float] = {}
+        estimate = cluster.estimates.get(job.id)
+        recorded = 0.0
+        if estimate is not None:
+            for node, gpu_seconds in estimate.service:
+                row = table.index.get(node)
+                if row is None:
+                    continue
+                model = _node_model(cluster, row)
+                if model is not None:
+                    seconds[model] = seconds.get(model, 0.0) + gpu_seconds / gpus
+                    recorded += gpu_seconds
+        if holding is not None and holding.running is not None:
+            model = _job_model(cluster, holding)
+            if model is not None:
+                seconds[model] = seconds.get(model, 0.0) + max(0.0, cluster.now - holding.running.started_at)
+        # Service the learner has no record of (e.g. earned before a restart of the control plane) is counted,
+        # without a model, in `unplaced`: `plan` spreads it over the job's shares.
+        unrecorded = max(0.0, job.attained_gpu_seconds - recorded) / gpus
+        if unrecorded > 1.0:
+            seconds[""] = unrecorded
+        return seconds
+
+    # --- the plan ----------------------------------------------------------------------------------------
+
+    def plan(self, cluster: ClusterView) -> RoundPlan:
+        now = cluster.now
+        start = np.floor(now / self.round_s) * self.round_s
+        models, counts = self.models(cluster)
+        result = RoundPlan(float(start), float(start + self.round_s), 0.0)
+        active: list[tuple[Job, Holding | None]] = []
+        for job_id in sorted(cluster.holdings):
+            holding = cluster.holdings[job_id]
+            if holding.running is None or job_id in cluster.evicting:
+                continue
+            active.append((holding.job, holding))
+        active.extend((job, None) for job in sorted(cluster.pending, key=lambda j: j.id))
+        if not active or not models:
+            return result
+        queue_sizes: dict[str, int] = {}
+        for job, _ in active:
+            queue_sizes[job.queue] = queue_sizes.get(job.queue, 0) + 1
+        queues = cluster.quotas.queues
+        # Classes: (throughput row, GPUs, weight) -> jobs.
+        classes: dict[tuple[tuple[float, ...], int, float], list[int]] = {}
+        facts: list[tuple[dict[str, float], float]] = []
+        for i, (job, holding) in enumerate(active):
+            received = self.received(cluster, job, holding)
+            service_h = sum(received.values()) / 3600.0
+            weight = self.bands.weight(service_h)
+            if self.queue_fair:
+                spec = queues.get(job.queue)
+                weight *= (spec.weight if spec is not None else 1.0) / queue_sizes[job.queue]
+            facts.append((received, weight))
+            gpus = max(1, round(job.gpu_milli_total / MILLI_PER_GPU))
+            classes.setdefault((self.row(models, job), gpus, weight), []).append(i)
+        keys = sorted(classes)
+        allocation = self._solve(keys, [len(classes[k]) for k in keys], counts)
+        result.level = allocation.level
+        for c, key in enumerate(keys):
+            share_row = allocation.share[c]
+            for i in classes[key]:
+                job, holding = active[i]
+                received, weight = facts[i]
+                share = {m: float(s) for m, s in zip(models, share_row, strict=True) if s > MIN_SHARE}
+                unplaced = received.pop("", 0.0)
+                if unplaced and share:
+                    total = sum(share.values())
+                    for m, s in share.items():
+                        received[m] = received.get(m, 0.0) + unplaced * s / total
+                result.jobs[job.id] = JobPlan(
+                    job,
+                    _job_model(cluster, holding) if holding is not None else None,
+                    share,
+                    received,
+                    max(0.0, now - job.submitted_at),
+                    weight,
+                    float(allocation.normalised[c]),
+                )
+        self._assign(result, dict(zip(models, counts, strict=True)))
+        return result
+
+    def _solve(self, keys: Sequence[tuple[tuple[float, ...], int, float]], sizes: list[int], capacity: tuple[int, ...]) -> Allocation:
+        cache_key = (tuple(keys), tuple(sizes), capacity)
+        hit = self._solved.get(cache_key)
+        if hit is None:
+            problem = Problem(
+                throughput=np.array([k[0] for k in keys], dtype=np.float64),
+                gpus=np.array([k[1] for k in keys], dtype=np.int64),
+                count=np.array(sizes, dtype=np.int64),
+                weight=np.array([k[2] for k in keys], dtype=np.float64),
+                capacity=np.array(capacity, dtype=np.int64),
+            )
+            hit = solve(problem, efficient=self.efficient)
+            if len(self._solved) > 4096:
+                self._solved.clear()
+            self._solved[cache_key] = hit
+        return hit
+
+    @staticmethod
+    def _assign(result: RoundPlan, free: dict[str, int]) -> None:
+        """Gavel's greedy: (job, model) pairs by priority, each job once, while the model has its GPUs."""
+        pairs = []
+        for job_id, plan in result.jobs.items():
+            for model in plan.share:
+                priority = plan.priority(model)
+                if priority > 0:
+                    pairs.append((-priority, plan.job.submit_seq, job_id, model))
+        pairs.sort()
+        for _, _, job_id, model in pairs:
+            if job_id in result.assigned:
+                continue
+            gpus = max(1, round(result.jobs[job_id].job.gpu_milli_total / MILLI_PER_GPU))
+            if free[model] >= gpus:
+                free[model] -= gpus
+                result.rank[job_id] = len(result.assigned)
+                result.assigned[job_id] = model
+
+
+def _node_model(cluster: ClusterView, row: int) -> str | None:
+    table = cluster.nodes
+    ids = table.gpu_model[row][table.gpu_exists[row]]
+    return model_key(table.models[int(ids[0])]) if len(ids) else None
+
+
+def _job_model(cluster: ClusterView, holding: Holding) -> str | None:
+    """The GPU model a running job holds (its first GPU's; jobs are planned on one model)."""
+    table = cluster.nodes
+    for worker in holding.workers:
+        row = table.index.get(worker.node)
+        if row is None or not worker.gpus:
+            continue
+        return model_key(table.models[int(table.gpu_model[row, worker.gpus[0].index])])
+    return None
+
+

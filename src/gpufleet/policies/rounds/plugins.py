@@ -1,0 +1,195 @@
+"""The round allocator's plugins: they realise a round's plan (`plan.RoundPlan`) in the ordinary cycle.
+
+- `RoundOrder` (order): jobs planned for the round first, in plan order; the others after, by priority.
+- `RoundAdmit` (admit): a planned job may use only the GPU model it is planned on; an unplanned job may take
+  GPUs nobody planned for (the cluster stays busy) but never preempts.
+- `RoundPreempt` (preempt): a planned job that does not fit stops running jobs on its model that the plan
+  left out, lowest priority first, with the checkpoint signal and grace period of any preemption. Only jobs
+  that started before the current round began and have run `min_run_s` may be stopped, so a job started in a
+  round keeps its GPUs to the round's end.
+- `ServiceLearner` (learner): records on which nodes each job received its GPU time, which the plan turns into
+  time received per GPU model (the control loop feeds it; it reaches the cycle as data, `RunEstimate.service`).
+
+The plan is computed once per cycle by a `Planner` shared by the three plugins of a profile.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import ClassVar
+
+import numpy as np
+
+from gpufleet.domain.jobs import Job, JobId, RunningJob
+from gpufleet.domain.resources import MILLI_PER_GPU
+from gpufleet.domain.throughput_table import model_key
+from gpufleet.policies.rounds.plan import Planner, RoundPlan
+from gpufleet.scheduling.plugin_api import (
+    SUCCESS,
+    ClusterView,
+    Code,
+    Holding,
+    JobView,
+    RunEstimate,
+    SortKey,
+    Status,
+    VictimChoice,
+    WhatIf,
+    wait,
+)
+
+NAME = "rounds"
+
+
+def current_plan(planner: Planner, cluster: ClusterView) -> RoundPlan:
+    return cluster.per_cycle(("rounds.plan", planner), lambda: planner.plan(cluster))
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def waiting_reason(plan: RoundPlan, job: Job, now: float) -> str:
+    """Why a job waits for a round, in people's words (what `explain` shows)."""
+    entry = plan.jobs.get(job.id)
+    next_in = _minutes(max(0.0, plan.next_round - now))
+    if entry is None or not entry.share:
+        return f"waiting for a round: the allocation gives it no GPU share now; next round in {next_in}"
+    model = max(entry.share, key=lambda m: entry.lag_s(m))
+    lag = entry.lag_s(model)
+    gpus = job.gpu_milli_total / MILLI_PER_GPU or 1.0
+    if lag > 0:
+        where = f"behind its fair share of {model} time by {lag * gpus / 3600:.1f} GPU-hours"
+    else:
+        where = f"ahead of its fair share ({entry.share[model]:.0%} of {model} time) while others lag more"
+    return f"waiting for a round: {where}; next round in {next_in}"
+
+
+class RoundOrder:
+    name: ClassVar[str] = NAME
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+
+    def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
+        if not cluster.pending:  # outside a cycle (a new job keyed by the loop): arrival order
+            return (1, 0.0, job.submitted_at)
+        plan = current_plan(self.planner, cluster)
+        rank = plan.rank.get(job.id)
+        if rank is not None:
+            return (0, float(rank), job.submitted_at)
+        entry = plan.jobs.get(job.id)
+        best = max((entry.priority(m) for m in entry.share), default=0.0) if entry is not None else 0.0
+        return (1, -best, job.submitted_at)
+
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
+        return ()
+
+
+class RoundAdmit:
+    name: ClassVar[str] = NAME
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+
+    def admit(self, view: JobView, cluster: ClusterView) -> Status:
+        if not cluster.pending:
+            return SUCCESS
+        plan = current_plan(self.planner, cluster)
+        model = plan.assigned.get(view.job.id)
+        if model is None:
+            return SUCCESS  # may fill GPUs nobody planned for; `RoundPreempt` gives it no victims
+        models = cluster.nodes.models
+        keep = np.zeros_like(view.model_lut)
+        for i, name in enumerate(models):
+            if model_key(name) == model:
+                keep[i] = True
+        view.model_lut &= keep
+        return SUCCESS
+
+
+class RoundPreempt:
+    name: ClassVar[str] = NAME
+
+    def __init__(self, planner: Planner, *, min_run_s: float = 0.0) -> None:
+        self.planner = planner
+        self.min_run_s = min_run_s
+
+    def _eligible(self, holding: Holding, cluster: ClusterView, plan: RoundPlan, model: str) -> bool:
+        running = holding.running
+        job_id = holding.job.id
+        if running is None or not holding.job.preemptible or job_id in cluster.evicting or job_id in cluster.removed:
+            return False
+        if running.started_at >= plan.round_start or cluster.now - running.started_at < self.min_run_s:
+            return False  # its round is not over
+        entry = plan.jobs.get(job_id)
+        if entry is None or entry.running_on != model:
+            return False
+        return plan.assigned.get(job_id) != model  # the plan keeps it where it is
+
+    def preempt(self, view: JobView, cluster: ClusterView, blocked_by: Status, what_if: WhatIf) -> VictimChoice:
+        job = view.job
+        plan = current_plan(self.planner, cluster)
+        model = plan.assigned.get(job.id)
+        if model is None:
+            return VictimChoice((), wait(NAME, waiting_reason(plan, job, cluster.now), blocked_by.message()))
+        candidates = []
+        for job_id, holding in cluster.holdings.items():
+            if holding.job.priority > job.priority or not self._eligible(holding, cluster, plan, model):
+                continue
+            entry = plan.jobs[job_id]
+            candidates.append((entry.priority(model), holding.job.submit_seq * -1, job_id))
+        candidates.sort()
+        chosen: list[JobId] = []
+        fits = False
+        for _, _, job_id in candidates:
+            chosen.append(job_id)
+            with what_if.without(chosen):
+                if what_if.fits(job):
+                    fits = True
+                    break
+        if not fits:
+            reason = f"planned on {model} this round, but its GPUs are held by jobs whose round is not over"
+            return VictimChoice((), Status(Code.UNSCHEDULABLE, (reason, blocked_by.message()), NAME))
+        # Reprieve: keep running every victim the job does not need.
+        for job_id in list(reversed(chosen[:-1])):
+            trial = [j for j in chosen if j != job_id]
+            with what_if.without(trial):
+                if what_if.fits(job):
+                    chosen = trial
+        victims = tuple(
+            (job_id, f"the round's plan gives its {model} GPUs to {job.id} (it has had more of its share)")
+            for job_id in chosen
+        )
+        return VictimChoice(victims, wait(NAME, f"waiting for {len(victims)} job(s) to stop at the round's end"))
+
+
+class ServiceLearner:
+    """Records, per job, the GPU-seconds it received on each node; estimates carry them (`service`)."""
+
+    name: ClassVar[str] = NAME
+
+    def __init__(self) -> None:
+        self._runs: dict[JobId, RunningJob] = {}
+        self._service: dict[JobId, dict[str, float]] = defaultdict(dict)
+
+    def started(self, run: RunningJob) -> None:
+        self._runs[run.id] = run
+
+    def ended(self, job_id: JobId, now: float, *, finished: bool) -> None:
+        run = self._runs.pop(job_id, None)
+        if finished:
+            self._service.pop(job_id, None)
+            return
+        if run is None:
+            return
+        seconds = max(0.0, now - run.started_at)
+        record = self._service[job_id]
+        for worker in run.workers:
+            gpus = sum(share.milli for share in worker.gpus) / MILLI_PER_GPU
+            if gpus:
+                record[worker.node] = record.get(worker.node, 0.0) + gpus * seconds
+
+    def estimate(self, job: Job, now: float, earlier: RunEstimate | None) -> RunEstimate:
+        service = tuple(sorted(self._service.get(job.id, {}).items()))
+        return RunEstimate(job.submitted_at, 0.0, 0.0, service)
