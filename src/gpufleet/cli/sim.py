@@ -309,7 +309,9 @@ def sim(
         ),
     ] = True,
     seeds: Annotated[int, typer.Option(min=1, max=10, help="--reproduce fgd: how many of the seeds 42..51.")] = 1,
-    rates: Annotated[str, typer.Option(help="--reproduce gavel: arrival rates (jobs/hour).")] = "0.4,2.0,3.2",
+    rates: Annotated[
+        str, typer.Option(help="--reproduce gavel|gavel-multi: arrival rates (jobs/hour); default: every published one.")
+    ] = "",
     show_progress: Annotated[
         bool | None,
         typer.Option("--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
@@ -492,7 +494,7 @@ def _reproduce(
         )
     if "pods" in options:
         kwargs["pods"] = str(options["pods"])
-    if name == "gavel":
+    if name in ("gavel", "gavel-multi") and rates.strip():
         try:
             kwargs["rates"] = tuple(float(r) for r in rates.split(",") if r.strip())
         except ValueError:

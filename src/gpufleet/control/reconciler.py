@@ -159,6 +159,7 @@ class Reconciler:
                 break
             started = time.perf_counter()
             work = self.base.fork(now)
+            work.queued = tuple(self.pending.jobs.values())
             result = decide(work, jobs, self.profile, sorted(self.nominated))
             report.core_seconds += time.perf_counter() - started
             report.cycles += 1

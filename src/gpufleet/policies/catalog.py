@@ -259,16 +259,23 @@ def round_profile(
     agnostic: bool = False,
     bands: WeightBands | None = None,
     efficient: bool = True,
+    fill: bool = True,
     round_s: float = ROUND_S,
     min_run_s: float = ROUND_MIN_RUN_S,
 ) -> Profile:
     """A round allocator profile: max-min fair shares of GPU models by LP each round, realised by preemption
-    at round ends; placement inside the planned model packs, with topology for multi-GPU jobs."""
-    planner = Planner(data.throughput, round_s=round_s, agnostic=agnostic, bands=bands, efficient=efficient)
+    at round ends; placement inside the planned model packs, with topology for multi-GPU jobs; GPUs filled
+    mid-round (`fill`) go to the models a job runs fastest on."""
+    planner = Planner(
+        data.throughput, round_s=round_s, agnostic=agnostic, bands=bands, efficient=efficient, fill=fill
+    )
+    scores: tuple[tuple[str | ScorePlugin, float], ...] = (("bin_pack", 1.0), ("topology", 1.0))
+    if fill and not agnostic:
+        scores = ((ThroughputScore(data.throughput), 2.0), *scores)
     profile = build_profile(
         name,
         RoundOrder(planner),
-        (("bin_pack", 1.0), ("topology", 1.0)),
+        scores,
         preempt=RoundPreempt(planner, min_run_s=min_run_s),
         learner=ServiceLearner(),
     )
@@ -317,8 +324,8 @@ PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
     # (service-weighted bands, every GPU kept busy); `gavel-mmf` Gavel's max_min_fairness_perf as published
     # (equal weights, one LP); `max-min` Gavel's heterogeneity-agnostic max_min_fairness (every GPU the same).
     "gavel": lambda data: round_profile("gavel", data, bands=GAVEL_BANDS),
-    "gavel-mmf": lambda data: round_profile("gavel-mmf", data, efficient=False),
-    "max-min": lambda data: round_profile("max-min", data, agnostic=True, efficient=False),
+    "gavel-mmf": lambda data: round_profile("gavel-mmf", data, efficient=False, fill=False),
+    "max-min": lambda data: round_profile("max-min", data, agnostic=True, efficient=False, fill=False),
     "gavel-greedy": _gavel_greedy,
     "tiresias": lambda _: build_profile("tiresias", "las", (("topology", 2.0), ("bin_pack", 1.0)), preempt="las"),
     # Quasi-shortest service first with run times learned online from finished jobs (no oracle durations).

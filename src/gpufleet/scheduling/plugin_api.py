@@ -276,6 +276,13 @@ class ClusterView:
         return self._state.pending
 
     @property
+    def queued(self) -> Sequence[Job]:
+        """Every job waiting (the control loop's whole queue, of which it decides some: `pending`); the jobs
+        decided when the cycle runs on its own."""
+        queued = self._state.queued
+        return queued if queued is not None else self._state.pending
+
+    @property
     def evicting(self) -> AbstractSet[JobId]:
         """Running jobs being stopped (for a preemptor, a cancel, a timeout)."""
         return self._state.evicting

@@ -128,6 +128,7 @@ class CycleState:
         self.seed = snapshot.seed
         self.estimates: Mapping[JobId, RunEstimate] = estimates if estimates is not None else {}
         self.pending: Sequence[Job] = ()  # the jobs a cycle decides on this state (set by `decide`)
+        self.queued: Sequence[Job] | None = None  # every waiting job, when the caller knows more than `pending`
         self.table = inventory.table(snapshot.nodes)
         self._memo = inventory.memo
         self.ledger = QuotaLedger(snapshot.queues)

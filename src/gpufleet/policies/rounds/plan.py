@@ -9,12 +9,12 @@ target so far go first. Here, for job j and model m:
     priority[j, m] = x[j, m] / (received[j, m] / age)             Gavel's: share wanted over share received
 
 and jobs take models in order of priority, each job once, while the model has GPUs for it (a job that fits
-nowhere planned waits). The plan is a pure function of the view: the running jobs (`holdings`), the jobs the
-cycle decides (`pending`), what the learner recorded (`estimates[...].service`), the node table and the time.
+nowhere planned waits). The plan is a pure function of the view: the running jobs (`holdings`), the waiting jobs
+(`queued`), what the learner recorded (`estimates[...].service`), the node table and the time.
 It is computed once per cycle and cached per cycle (`ClusterView.per_cycle`); the LP itself is cached by its
 input (the classes and their counts), which changes only when jobs come, go or change weight band.
 
-Active jobs are the running ones (not being stopped) and the pending ones the cycle decides. A job type the
+Active jobs are the running ones (not being stopped) and every waiting one (`ClusterView.queued`). A job type the
 throughput table lacks, or a model it lacks, counts at the same speed on every model (as the agnostic
 baseline counts every job); `agnostic=True` counts every job that way (Gavel's `max_min_fairness`).
 """
@@ -110,15 +110,28 @@ class Planner:
         bands: WeightBands | None = None,
         efficient: bool = True,
         queue_fair: bool = True,
+        fill: bool = True,
+        boundary_s: float = 5.0,
     ) -> None:
         self.table = None if agnostic else table
         self.round_s = round_s
+        self.fill = fill
+        self.boundary_s = boundary_s
         self.bands = bands or WeightBands()
         self.efficient = efficient
         self.queue_fair = queue_fair
         self._types = frozenset(self.table.job_types) if self.table is not None else frozenset()
         self._rows: dict[tuple[tuple[str, ...], str, int, bool], tuple[float, ...]] = {}
         self._solved: dict[tuple[object, ...], Allocation] = {}
+        self.last_problem: Problem | None = None  # the LP of the latest plan (for benchmarks and tests)
+
+    def round_start(self, now: float) -> float:
+        return float(np.floor(now / self.round_s) * self.round_s)
+
+    def at_boundary(self, now: float) -> bool:
+        """Whether `now` opens a round (within `boundary_s` of its start): the control loop decides every waiting
+        job then, and only then is a plan made and are GPUs taken from running jobs."""
+        return now - self.round_start(now) <= self.boundary_s
 
     # --- pieces ------------------------------------------------------------------------------------------
 
@@ -191,7 +204,7 @@ class Planner:
             if holding.running is None or job_id in cluster.evicting:
                 continue
             active.append((holding.job, holding))
-        active.extend((job, None) for job in sorted(cluster.pending, key=lambda j: j.id))
+        active.extend((job, None) for job in sorted(cluster.queued, key=lambda j: j.id))
         if not active or not models:
             return result
         queue_sizes: dict[str, int] = {}
@@ -241,7 +254,7 @@ class Planner:
         cache_key = (tuple(keys), tuple(sizes), capacity)
         hit = self._solved.get(cache_key)
         if hit is None:
-            problem = Problem(
+            problem = self.last_problem = Problem(
                 throughput=np.array([k[0] for k in keys], dtype=np.float64),
                 gpus=np.array([k[1] for k in keys], dtype=np.int64),
                 count=np.array(sizes, dtype=np.int64),

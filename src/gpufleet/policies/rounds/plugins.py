@@ -1,12 +1,15 @@
 """The round allocator's plugins: they realise a round's plan (`plan.RoundPlan`) in the ordinary cycle.
 
-- `RoundOrder` (order): jobs planned for the round first, in plan order; the others after, by priority.
-- `RoundAdmit` (admit): a planned job may use only the GPU model it is planned on; an unplanned job may take
-  GPUs nobody planned for (the cluster stays busy) but never preempts.
+- `RoundOrder` (order): at a round's start, jobs planned for the round first, in plan order, the others
+  after, by priority; mid-round, least service first.
+- `RoundAdmit` (admit): a planned job may use only the GPU model it is planned on. With `Planner.fill`, jobs
+  not planned (and, mid-round, any job) may take GPUs that are free, so the cluster stays busy, but never
+  preempt; without it (Gavel's own mechanism) jobs start only at a round's start, as planned.
 - `RoundPreempt` (preempt): a planned job that does not fit stops running jobs on its model that the plan
-  left out, lowest priority first, with the checkpoint signal and grace period of any preemption. Only jobs
-  that started before the current round began and have run `min_run_s` may be stopped, so a job started in a
-  round keeps its GPUs to the round's end.
+  left out, lowest priority first, with the checkpoint signal and grace period of any preemption. GPUs change
+  hands only at round boundaries (in the steps within `Planner.boundary_s` of a round's start: the control
+  loop decides every waiting job then), and only jobs that started before the round began and have run
+  `min_run_s` may be stopped, so a job started in a round keeps its GPUs to the round's end.
 - `ServiceLearner` (learner): records on which nodes each job received its GPU time, which the plan turns into
   time received per GPU model (the control loop feeds it; it reaches the cycle as data, `RunEstimate.service`).
 
@@ -65,6 +68,10 @@ def waiting_reason(plan: RoundPlan, job: Job, now: float) -> str:
     return f"waiting for a round: {where}; next round in {next_in}"
 
 
+def _next_round_in(planner: Planner, now: float) -> str:
+    return _minutes(planner.round_start(now) + planner.round_s - now)
+
+
 class RoundOrder:
     name: ClassVar[str] = NAME
 
@@ -72,8 +79,9 @@ class RoundOrder:
         self.planner = planner
 
     def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
-        if not cluster.pending:  # outside a cycle (a new job keyed by the loop): arrival order
-            return (1, 0.0, job.submitted_at)
+        if not cluster.queued or not self.planner.at_boundary(cluster.now):
+            # Outside a cycle (the loop keys a new job), or mid-round (free GPUs only): least service first.
+            return (1, job.attained_gpu_seconds / max(1.0, job.gpu_milli_total / MILLI_PER_GPU), job.submitted_at)
         plan = current_plan(self.planner, cluster)
         rank = plan.rank.get(job.id)
         if rank is not None:
@@ -93,19 +101,43 @@ class RoundAdmit:
         self.planner = planner
 
     def admit(self, view: JobView, cluster: ClusterView) -> Status:
-        if not cluster.pending:
+        if not cluster.queued:
             return SUCCESS
-        plan = current_plan(self.planner, cluster)
-        model = plan.assigned.get(view.job.id)
+        job = view.job
+        planner = self.planner
+        if not planner.at_boundary(cluster.now):
+            if not planner.fill:
+                return wait(NAME, f"waiting for a round: next round in {_next_round_in(planner, cluster.now)}")
+            return self._if_free(job, cluster, None)
+        plan = current_plan(planner, cluster)
+        model = plan.assigned.get(job.id)
         if model is None:
-            return SUCCESS  # may fill GPUs nobody planned for; `RoundPreempt` gives it no victims
-        models = cluster.nodes.models
-        keep = np.zeros_like(view.model_lut)
-        for i, name in enumerate(models):
-            if model_key(name) == model:
-                keep[i] = True
-        view.model_lut &= keep
+            # Not planned this round: it may take GPUs nobody planned for, if there are any.
+            return self._if_free(job, cluster, plan) if planner.fill else wait(NAME, waiting_reason(plan, job, cluster.now))
+        view.model_lut &= self._only(cluster, model)
         return SUCCESS
+
+    def _if_free(self, job: Job, cluster: ClusterView, plan: RoundPlan | None) -> Status:
+        nodes = cluster.nodes
+        free = cluster.current(("rounds.free_milli",), lambda: int(nodes.node_milli_free.sum()))
+        if free >= job.gpu_milli_total:
+            return SUCCESS
+        if plan is None:
+            return wait(NAME, f"waiting for a round: no free GPUs; next round in {_next_round_in(self.planner, cluster.now)}")
+        return wait(NAME, waiting_reason(plan, job, cluster.now))
+
+    @staticmethod
+    def _only(cluster: ClusterView, model: str) -> np.ndarray:
+        """The model-id mask (+1 "no GPU" slot) of the GPU model `model` (compared by `model_key`)."""
+
+        def compute() -> np.ndarray:
+            models = cluster.nodes.models
+            keep = np.zeros(len(models) + 1, dtype=np.bool_)
+            for i, name in enumerate(models):
+                keep[i] = model_key(name) == model
+            return keep
+
+        return cluster.memo(("rounds.only", model), compute)
 
 
 class RoundPreempt:
@@ -115,31 +147,50 @@ class RoundPreempt:
         self.planner = planner
         self.min_run_s = min_run_s
 
-    def _eligible(self, holding: Holding, cluster: ClusterView, plan: RoundPlan, model: str) -> bool:
+    def _eligible(self, holding: Holding, cluster: ClusterView, plan: RoundPlan) -> str | None:
+        """The model a running job could be stopped on for a planned job (None: it keeps running)."""
         running = holding.running
         job_id = holding.job.id
-        if running is None or not holding.job.preemptible or job_id in cluster.evicting or job_id in cluster.removed:
-            return False
+        if running is None or not holding.job.preemptible:
+            return None
         if running.started_at >= plan.round_start or cluster.now - running.started_at < self.min_run_s:
-            return False  # its round is not over
+            return None  # its round is not over
         entry = plan.jobs.get(job_id)
-        if entry is None or entry.running_on != model:
-            return False
-        return plan.assigned.get(job_id) != model  # the plan keeps it where it is
+        if entry is None or entry.running_on is None or plan.assigned.get(job_id) == entry.running_on:
+            return None  # the plan keeps it where it is
+        return entry.running_on
+
+    def _candidates(self, cluster: ClusterView, plan: RoundPlan) -> dict[str, list[tuple[float, int, JobId]]]:
+        """Per model, the running jobs the plan leaves out there, lowest priority first (once per cycle)."""
+
+        def compute() -> dict[str, list[tuple[float, int, JobId]]]:
+            by_model: dict[str, list[tuple[float, int, JobId]]] = defaultdict(list)
+            for job_id, holding in cluster.holdings.items():
+                model = self._eligible(holding, cluster, plan)
+                if model is not None:
+                    priority = plan.jobs[job_id].priority(model)
+                    by_model[model].append((priority, -holding.job.submit_seq, job_id))
+            for ranked in by_model.values():
+                ranked.sort()
+            return by_model
+
+        return cluster.per_cycle(("rounds.candidates", self), compute)
 
     def preempt(self, view: JobView, cluster: ClusterView, blocked_by: Status, what_if: WhatIf) -> VictimChoice:
         job = view.job
+        if not self.planner.at_boundary(cluster.now):
+            next_in = _next_round_in(self.planner, cluster.now)
+            return VictimChoice((), wait(NAME, f"waiting for a round: GPUs change hands then; next round in {next_in}"))
         plan = current_plan(self.planner, cluster)
         model = plan.assigned.get(job.id)
         if model is None:
             return VictimChoice((), wait(NAME, waiting_reason(plan, job, cluster.now), blocked_by.message()))
-        candidates = []
-        for job_id, holding in cluster.holdings.items():
-            if holding.job.priority > job.priority or not self._eligible(holding, cluster, plan, model):
-                continue
-            entry = plan.jobs[job_id]
-            candidates.append((entry.priority(model), holding.job.submit_seq * -1, job_id))
-        candidates.sort()
+        evicting, removed, holdings = cluster.evicting, cluster.removed, cluster.holdings
+        candidates = [
+            c
+            for c in self._candidates(cluster, plan).get(model, ())
+            if c[2] not in evicting and c[2] not in removed and holdings[c[2]].job.priority <= job.priority
+        ]
         chosen: list[JobId] = []
         fits = False
         for _, _, job_id in candidates:
