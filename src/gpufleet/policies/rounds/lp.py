@@ -19,8 +19,10 @@ Two things keep it fast and well-posed at 1,000+ active jobs:
 - Jobs with the same throughput row, GPU count and weight are one *class* with a count: the LP is convex and
   symmetric in the jobs of a class, so some optimum gives them equal shares, and the variables are per
   class (26 job types x 4 GPU counts x a few weights, whatever the number of jobs).
-- A second LP (`efficient=True`) keeps every job at the max-min level `t*` and maximises the total normalised
-  throughput: max-min alone leaves GPUs idle whenever one bottleneck job fixes `t*` (Gavel's single LP may).
+- A second LP (`efficient=True`) keeps every job at the max-min level `t*` and maximises what every queue
+  gets, the same for each queue per unit of its weight (`group`, `group_weight`): max-min alone leaves GPUs
+  idle whenever one bottleneck job fixes `t*` (Gavel's single LP may), and giving the rest to whoever gains
+  most would break the queues' equal shares. With one queue it maximises the total normalised throughput.
 
 The solver is HiGHS through `scipy.optimize.linprog` (dual simplex), imported when first solving.
 """
@@ -49,6 +51,8 @@ class Problem:
     count: IntArray
     weight: FloatArray
     capacity: IntArray
+    group: IntArray | None = None  # the queue (0..Q-1) of each class; None: one queue
+    group_weight: FloatArray | None = None  # each queue's weight (default: equal)
 
     def __post_init__(self) -> None:
         c, m = self.throughput.shape if self.throughput.ndim == 2 else (-1, -1)
@@ -97,7 +101,7 @@ def equal_share_throughput(problem: Problem) -> FloatArray:
 def solve(problem: Problem, *, efficient: bool = True) -> Allocation:
     """The max-min fair allocation of `problem` (see the module docstring)."""
     from scipy.optimize import linprog  # a well-kept LP solver (HiGHS); loaded on first use
-    from scipy.sparse import coo_array, vstack
+    from scipy.sparse import coo_array, hstack, vstack
 
     classes, models = problem.throughput.shape
     runnable = problem.throughput > 0
@@ -138,12 +142,36 @@ def solve(problem: Problem, *, efficient: bool = True) -> Allocation:
     level = float(first.x[n])
     x = first.x[:n]
     if efficient and level > 0:
-        # Keep every class at the max-min level; maximise the total normalised throughput.
+        # Keep every class at the max-min level; maximise Z, each queue's normalised throughput over its weight,
+        # equal for every queue (with one queue: the total). Variables: x, t (fixed at the level), Z.
         floor = level * (1.0 - SLACK)
-        bounds = [(0.0, None)] * n + [(floor, floor)]
-        total = np.zeros(n + 1)
-        total[:n] = -gain * problem.count[rows_c]
-        second = linprog(total, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
+        groups = problem.group if problem.group is not None else np.zeros(classes, dtype=np.int64)
+        count_groups = int(groups.max()) + 1
+        group_weight = (
+            problem.group_weight if problem.group_weight is not None else np.ones(count_groups, dtype=np.float64)
+        )
+        live_groups = np.unique(groups[rows_c])
+        g_index = np.full(count_groups, -1, dtype=np.int64)
+        g_index[live_groups] = np.arange(len(live_groups))
+        # sum_{c in q} count * gain * x - Z * W_q = 0
+        balance = coo_array(
+            (
+                np.concatenate([gain * problem.count[rows_c], -group_weight[live_groups]]),
+                (
+                    np.concatenate([g_index[groups[rows_c]], np.arange(len(live_groups))]),
+                    np.concatenate([var, np.full(len(live_groups), n + 1)]),
+                ),
+            ),
+            shape=(len(live_groups), n + 2),
+        )
+        a_ub2 = hstack([a_ub, coo_array((a_ub.shape[0], 1))]).tocsr()
+        bounds = [(0.0, None)] * n + [(floor, floor), (0.0, None)]
+        objective = np.zeros(n + 2)
+        objective[n + 1] = -1.0
+        second = linprog(
+            objective, A_ub=a_ub2, b_ub=b_ub, A_eq=balance.tocsr(), b_eq=np.zeros(len(live_groups)),
+            bounds=bounds, method="highs",
+        )
         if second.status == 0:
             x = second.x[:n]
     share[rows_c, cols_m] = np.clip(x, 0.0, 1.0)

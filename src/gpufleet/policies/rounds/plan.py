@@ -1,17 +1,20 @@
 """A round's plan, from the cycle's view: which jobs run on which GPU model next, and how far each lags its share.
 
 Gavel's round-based mechanism (Narayanan et al., OSDI 2020, §5): the allocation (`lp.solve`) gives every active
-job a target fraction of time `x[j, m]` on each GPU model; each round, the jobs that received least of their
-target so far go first. Here, for job j and model m:
+job a target fraction of time `x[j, m]` on each GPU model, hence a target normalised throughput `r[j]` (1.0 =
+what an equal share of the cluster gives it). Each round the jobs that lag their target most go first:
 
-    target[j, m]   = x[j, m] * (now - submitted_at)              seconds it should have had on m by now
-    received[j, m] = seconds it ran on m (earlier runs from the learner's record, plus the current run)
-    priority[j, m] = x[j, m] / (received[j, m] / age)             Gavel's: share wanted over share received
+    served[j]  = sum over models of seconds it ran there x its normalised speed there
+    deficit[j] = r[j] * (now - submitted_at) - served[j]
 
-and jobs take models in order of priority, each job once, while the model has GPUs for it (a job that fits
-nowhere planned waits). The plan is a pure function of the view: the running jobs (`holdings`), the waiting jobs
-(`queued`), what the learner recorded (`estimates[...].service`), the node table and the time.
-It is computed once per cycle and cached per cycle (`ClusterView.per_cycle`); the LP itself is cached by its
+and jobs take models in order of deficit, each job once, on the model of its allocation where its time lags
+its share most (`x[j, m] * age - seconds on m`) that still has GPUs for it; a job that fits nowhere planned waits. Gavel ranks (job,
+model) pairs by share wanted over share received per model; counting lag in normalised service instead
+corrects the rounding of every earlier round, so what each job (and each queue) receives tracks the LP's
+allocation, which is what fairness is measured in. A running job planned on another model than its own is stopped
+at the round's start (when a planned job needs its GPUs) and takes its planned model from the queue. The plan is a
+pure function of the view: the running jobs (`holdings`), the waiting jobs (`queued`), what the learner
+recorded (`estimates[...].service`), the node table and the time. It is computed once per cycle and cached per cycle (`ClusterView.per_cycle`); the LP itself is cached by its
 input (the classes and their counts), which changes only when jobs come, go or change weight band.
 
 Active jobs are the running ones (not being stopped) and every waiting one (`ClusterView.queued`). A job type the
@@ -70,15 +73,21 @@ class JobPlan:
     age: float
     weight: float
     normalised: float  # its normalised throughput under the allocation (1.0 = an equal share of the cluster)
+    gain: dict[str, float] = field(default_factory=dict)  # normalised throughput per second on each model
+
+    @property
+    def served(self) -> float:
+        """Normalised service received so far (seconds on each model times its normalised speed there)."""
+        return sum(seconds * self.gain.get(model, 0.0) for model, seconds in self.received.items())
+
+    @property
+    def deficit(self) -> float:
+        """How far its normalised service lags what its allocation gives it over its time in the system."""
+        return self.normalised * self.age - self.served
 
     def priority(self, model: str) -> float:
-        share = self.share.get(model, 0.0)
-        if share <= MIN_SHARE:
-            return 0.0
-        if self.age < MIN_AGE_S:
-            return share * 1e9
-        fraction = self.received.get(model, 0.0) / self.age
-        return share / fraction if fraction > 0 else share * 1e9
+        """How much it lags its target (normalised seconds); 0 where its allocation gives it no time."""
+        return self.deficit if self.share.get(model, 0.0) > MIN_SHARE else float("-inf")
 
     def lag_s(self, model: str) -> float:
         """Seconds of `model` it is behind its target (negative: ahead)."""
@@ -199,20 +208,24 @@ class Planner:
         models, counts = self.models(cluster)
         result = RoundPlan(float(start), float(start + self.round_s), 0.0)
         active: list[tuple[Job, Holding | None]] = []
+        stopping: list[Job] = []  # being stopped: active, but they run nowhere next (they wait, then compete)
         for job_id in sorted(cluster.holdings):
             holding = cluster.holdings[job_id]
-            if holding.running is None or job_id in cluster.evicting:
+            if holding.running is None:
                 continue
-            active.append((holding.job, holding))
-        active.extend((job, None) for job in sorted(cluster.queued, key=lambda j: j.id))
+            if job_id in cluster.evicting:
+                stopping.append(holding.job)
+            else:
+                active.append((holding.job, holding))
+        active.extend((job, None) for job in sorted((*cluster.queued, *stopping), key=lambda j: j.id))
         if not active or not models:
             return result
         queue_sizes: dict[str, int] = {}
         for job, _ in active:
             queue_sizes[job.queue] = queue_sizes.get(job.queue, 0) + 1
         queues = cluster.quotas.queues
-        # Classes: (throughput row, GPUs, weight) -> jobs.
-        classes: dict[tuple[tuple[float, ...], int, float], list[int]] = {}
+        # Classes: (queue, throughput row, GPUs, weight) -> jobs.
+        classes: dict[tuple[str, tuple[float, ...], int, float], list[int]] = {}
         facts: list[tuple[dict[str, float], float]] = []
         for i, (job, holding) in enumerate(active):
             received = self.received(cluster, job, holding)
@@ -223,10 +236,21 @@ class Planner:
                 weight *= (spec.weight if spec is not None else 1.0) / queue_sizes[job.queue]
             facts.append((received, weight))
             gpus = max(1, round(job.gpu_milli_total / MILLI_PER_GPU))
-            classes.setdefault((self.row(models, job), gpus, weight), []).append(i)
+            queue = job.queue if self.queue_fair else ""
+            classes.setdefault((queue, self.row(models, job), gpus, weight), []).append(i)
         keys = sorted(classes)
-        allocation = self._solve(keys, [len(classes[k]) for k in keys], counts)
+        names = sorted({k[0] for k in keys})
+        group_weights = tuple(
+            (queues[q].weight if q in queues else 1.0) if self.queue_fair else 1.0 for q in names
+        )
+        allocation = self._solve(keys, [len(classes[k]) for k in keys], counts, names, group_weights)
         result.level = allocation.level
+        total = sum(counts)
+        gains = []
+        for key in keys:
+            row = key[1]
+            entitled = sum(t * n for t, n in zip(row, counts, strict=True)) / total
+            gains.append({m: t / entitled for m, t in zip(models, row, strict=True)} if entitled > 0 else {})
         for c, key in enumerate(keys):
             share_row = allocation.share[c]
             for i in classes[key]:
@@ -246,20 +270,31 @@ class Planner:
                     max(0.0, now - job.submitted_at),
                     weight,
                     float(allocation.normalised[c]),
+                    gains[c],
                 )
-        self._assign(result, dict(zip(models, counts, strict=True)))
+        self._assign(result, dict(zip(models, counts, strict=True)), frozenset(j.id for j in stopping))
         return result
 
-    def _solve(self, keys: Sequence[tuple[tuple[float, ...], int, float]], sizes: list[int], capacity: tuple[int, ...]) -> Allocation:
-        cache_key = (tuple(keys), tuple(sizes), capacity)
+    def _solve(
+        self,
+        keys: Sequence[tuple[str, tuple[float, ...], int, float]],
+        sizes: list[int],
+        capacity: tuple[int, ...],
+        groups: list[str],
+        group_weights: tuple[float, ...],
+    ) -> Allocation:
+        cache_key = (tuple(keys), tuple(sizes), capacity, group_weights)
         hit = self._solved.get(cache_key)
         if hit is None:
+            group_of = {q: i for i, q in enumerate(groups)}
             problem = self.last_problem = Problem(
-                throughput=np.array([k[0] for k in keys], dtype=np.float64),
-                gpus=np.array([k[1] for k in keys], dtype=np.int64),
+                throughput=np.array([k[1] for k in keys], dtype=np.float64),
+                gpus=np.array([k[2] for k in keys], dtype=np.int64),
                 count=np.array(sizes, dtype=np.int64),
-                weight=np.array([k[2] for k in keys], dtype=np.float64),
+                weight=np.array([k[3] for k in keys], dtype=np.float64),
                 capacity=np.array(capacity, dtype=np.int64),
+                group=np.array([group_of[k[0]] for k in keys], dtype=np.int64),
+                group_weight=np.array(group_weights, dtype=np.float64),
             )
             hit = solve(problem, efficient=self.efficient)
             if len(self._solved) > 4096:
@@ -268,23 +303,25 @@ class Planner:
         return hit
 
     @staticmethod
-    def _assign(result: RoundPlan, free: dict[str, int]) -> None:
-        """Gavel's greedy: (job, model) pairs by priority, each job once, while the model has its GPUs."""
-        pairs = []
-        for job_id, plan in result.jobs.items():
-            for model in plan.share:
-                priority = plan.priority(model)
-                if priority > 0:
-                    pairs.append((-priority, plan.job.submit_seq, job_id, model))
-        pairs.sort()
-        for _, _, job_id, model in pairs:
-            if job_id in result.assigned:
-                continue
-            gpus = max(1, round(result.jobs[job_id].job.gpu_milli_total / MILLI_PER_GPU))
-            if free[model] >= gpus:
-                free[model] -= gpus
-                result.rank[job_id] = len(result.assigned)
-                result.assigned[job_id] = model
+    def _assign(result: RoundPlan, free: dict[str, int], stopping: frozenset[JobId]) -> None:
+        """Jobs by deficit (largest first), each on the model of its allocation it lags most on that still has
+        its GPUs. A running job planned on another model than its own is stopped at the round's start when a
+        planned job needs its GPUs, and then takes its planned model from the queue."""
+        order = sorted(
+            (-plan.deficit, plan.job.submit_seq, job_id)
+            for job_id, plan in result.jobs.items()
+            if job_id not in stopping and plan.share
+        )
+        for _, _, job_id in order:
+            plan = result.jobs[job_id]
+            gpus = max(1, round(plan.job.gpu_milli_total / MILLI_PER_GPU))
+            choices = sorted(plan.share, key=lambda m: (-plan.lag_s(m), m))
+            for model in choices:
+                if free.get(model, 0) >= gpus:
+                    free[model] -= gpus
+                    result.rank[job_id] = len(result.assigned)
+                    result.assigned[job_id] = model
+                    break
 
 
 def _node_model(cluster: ClusterView, row: int) -> str | None:

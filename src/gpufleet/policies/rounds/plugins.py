@@ -87,8 +87,7 @@ class RoundOrder:
         if rank is not None:
             return (0, float(rank), job.submitted_at)
         entry = plan.jobs.get(job.id)
-        best = max((entry.priority(m) for m in entry.share), default=0.0) if entry is not None else 0.0
-        return (1, -best, job.submitted_at)
+        return (1, -entry.deficit if entry is not None else 0.0, job.submitted_at)
 
     def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
         return ()
