@@ -25,6 +25,7 @@ baseline counts every job); `agnostic=True` counts every job that way (Gavel's `
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,7 @@ from gpufleet.scheduling.plugin_api import ClusterView, Holding
 MIN_AGE_S = 1.0
 # Shares below this are rounding noise of the LP: the job is not planned on that model.
 MIN_SHARE = 1e-6
+GOLDEN = 0.6180339887498949  # the rounding offsets of queues' budgets advance by this every round
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,20 +222,23 @@ class Planner:
         active.extend((job, None) for job in sorted((*cluster.queued, *stopping), key=lambda j: j.id))
         if not active or not models:
             return result
-        queue_sizes: dict[str, int] = {}
-        for job, _ in active:
-            queue_sizes[job.queue] = queue_sizes.get(job.queue, 0) + 1
         queues = cluster.quotas.queues
+        received_of = [self.received(cluster, job, holding) for job, holding in active]
+        bands = [self.bands.weight(sum(r.values()) / 3600.0) for r in received_of]
+        # A queue's jobs share its weight in proportion to their bands: bands order service inside a queue,
+        # never between queues.
+        band_sums: dict[str, float] = defaultdict(float)
+        for (job, _), band in zip(active, bands, strict=True):
+            band_sums[job.queue] += band
         # Classes: (queue, throughput row, GPUs, weight) -> jobs.
         classes: dict[tuple[str, tuple[float, ...], int, float], list[int]] = {}
         facts: list[tuple[dict[str, float], float]] = []
-        for i, (job, holding) in enumerate(active):
-            received = self.received(cluster, job, holding)
-            service_h = sum(received.values()) / 3600.0
-            weight = self.bands.weight(service_h)
+        for i, (job, _) in enumerate(active):
+            received = received_of[i]
+            weight = bands[i]
             if self.queue_fair:
                 spec = queues.get(job.queue)
-                weight *= (spec.weight if spec is not None else 1.0) / queue_sizes[job.queue]
+                weight *= (spec.weight if spec is not None else 1.0) / band_sums[job.queue]
             facts.append((received, weight))
             gpus = max(1, round(job.gpu_milli_total / MILLI_PER_GPU))
             queue = job.queue if self.queue_fair else ""
@@ -272,7 +277,7 @@ class Planner:
                     float(allocation.normalised[c]),
                     gains[c],
                 )
-        self._assign(result, dict(zip(models, counts, strict=True)), frozenset(j.id for j in stopping))
+        self._assign(result, dict(zip(models, counts, strict=True)), frozenset(j.id for j in stopping), now)
         return result
 
     def _solve(
@@ -302,26 +307,48 @@ class Planner:
             self._solved[cache_key] = hit
         return hit
 
-    @staticmethod
-    def _assign(result: RoundPlan, free: dict[str, int], stopping: frozenset[JobId]) -> None:
+    def _assign(self, result: RoundPlan, free: dict[str, int], stopping: frozenset[JobId], now: float) -> None:
         """Jobs by deficit (largest first), each on the model of its allocation it lags most on that still has
-        its GPUs. A running job planned on another model than its own is stopped at the round's start when a
-        planned job needs its GPUs, and then takes its planned model from the queue."""
+        its GPUs, within its queue's budget of that model this round. A running job planned on another model
+        than its own is stopped at the round's start when a planned job needs its GPUs, and then takes its
+        planned model from the queue.
+
+        A queue's budget of a model is the GPUs its jobs' shares add up to (the LP's, which gives queues equal
+        shares per weight), rounded with an offset that moves every round (a low-discrepancy sequence), so a
+        queue gets its fractional GPUs in the right proportion of rounds; what the budgets leave free goes
+        to whoever lags most."""
         order = sorted(
             (-plan.deficit, plan.job.submit_seq, job_id)
             for job_id, plan in result.jobs.items()
             if job_id not in stopping and plan.share
         )
-        for _, _, job_id in order:
-            plan = result.jobs[job_id]
+        wanted: dict[tuple[str, str], float] = defaultdict(float)
+        for plan in result.jobs.values():
             gpus = max(1, round(plan.job.gpu_milli_total / MILLI_PER_GPU))
-            choices = sorted(plan.share, key=lambda m: (-plan.lag_s(m), m))
-            for model in choices:
-                if free.get(model, 0) >= gpus:
+            for model, share in plan.share.items():
+                wanted[(plan.job.queue, model)] += gpus * share
+        round_index = int(np.floor(now / self.round_s))
+        budget = {
+            key: int(np.floor(amount + ((round_index * GOLDEN + i * 0.5) % 1.0)))
+            for i, (key, amount) in enumerate(sorted(wanted.items()))
+        }
+        left: list[str] = []
+        for within_budget in (True, False):
+            for _, _, job_id in order if within_budget else [(0, 0, j) for j in left]:
+                plan = result.jobs[job_id]
+                gpus = max(1, round(plan.job.gpu_milli_total / MILLI_PER_GPU))
+                for model in sorted(plan.share, key=lambda m: (-plan.lag_s(m), m)):
+                    key = (plan.job.queue, model)
+                    if free.get(model, 0) < gpus or (within_budget and budget.get(key, 0) < gpus):
+                        continue
                     free[model] -= gpus
+                    budget[key] = budget.get(key, 0) - gpus
                     result.rank[job_id] = len(result.assigned)
                     result.assigned[job_id] = model
                     break
+                else:
+                    if within_budget:
+                        left.append(job_id)
 
 
 def _node_model(cluster: ClusterView, row: int) -> str | None:
