@@ -24,6 +24,7 @@ from typing import Any
 
 from gpufleet.domain.errors import UnknownNameError
 from gpufleet.policies.catalog import PROFILES
+from gpufleet.sim.engine import SimSettings
 from gpufleet.sim.experiment import Comparison, Progress, run_experiment, scale_load
 from gpufleet.sim.prices import PriceTable
 from gpufleet.sim.workload import Workload, WorkloadError
@@ -347,7 +348,11 @@ def reproduce_gavel(
             folder, rate_per_hour=rate, seed=seed, num_jobs=num_jobs, multi_gpu=GAVEL_TRACES[trace]
         )
         measured = frozenset(tj.id for tj in workload.jobs[lo:hi]) or None
-        experiment = run_experiment(workload, names, prices=prices, job_ids=measured, progress=progress)
+        # As Gavel's simulator, stop once the measured jobs are done (the later ones only keep the load up).
+        settings = SimSettings(until_done=measured)
+        experiment = run_experiment(
+            workload, names, prices=prices, job_ids=measured, settings=settings, progress=progress
+        )
         experiments.append(experiment)
         for r in experiment.results:
             theirs = GAVEL_POLICIES.get(r.policy)
@@ -370,7 +375,8 @@ def reproduce_gavel(
             )
     w = experiments[0].workload
     notes = (
-        f"Jobs 4000-4999 of {num_jobs} measured, as Gavel does; numpy default_rng({seed}), not Gavel's random stream.",
+        f"Jobs 4000-4999 of {num_jobs} measured, as Gavel does, and the run stops when they are done; numpy "
+        f"default_rng({seed}), not Gavel's random stream.",
         "gavel-mmf and max-min are Gavel's max_min_fairness_perf and max_min_fairness as published (equal "
         "weights, one LP per round, 360 s rounds); gavel is ours (service-weighted bands, a second LP that keeps "
         "every GPU busy), compared with the published policy it aims to beat.",
