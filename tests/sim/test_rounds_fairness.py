@@ -14,7 +14,7 @@ from gpufleet.domain import Job, QueueSpec, WorkerRequest
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable, model_key
 from gpufleet.policies.catalog import ROUND_S, PolicyData, profile
-from gpufleet.sim.engine import Simulation, SimSettings
+from gpufleet.sim.engine import SimSettings, Simulation
 from gpufleet.sim.workload import TraceJob, Workload
 
 MODELS = ("A100-80GB", "V100-32GB", "T4")
@@ -89,10 +89,13 @@ def run() -> tuple[dict[str, float], Simulation]:
     return dict(received), sim
 
 
-def test_two_teams_of_equal_weight_receive_equal_normalised_throughput(run: tuple[dict[str, float], Simulation]) -> None:
+def test_two_teams_of_equal_weight_receive_equal_normalised_throughput(
+    run: tuple[dict[str, float], Simulation],
+) -> None:
     received, _ = run
     a, b = received["team-a"], received["team-b"]
-    assert a > 0 and b > 0
+    assert a > 0
+    assert b > 0
     assert abs(a - b) / max(a, b) <= 0.05, received
 
 

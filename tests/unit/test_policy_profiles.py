@@ -17,13 +17,13 @@ from gpufleet.policies.catalog import (
     ORDER,
     PROFILE_BUILDERS,
     PROFILES,
+    ROUND_S,
     SCORE,
     SELECT,
     PolicyData,
     build_profile,
     profile,
 )
-from gpufleet.policies.catalog import ROUND_S
 from gpufleet.policies.order.throughput_fair import ThroughputFairShare
 from gpufleet.policies.rounds.plugins import RoundOrder
 from gpufleet.policies.score.fgd import FgdScore
@@ -94,7 +94,8 @@ def test_policy_data_reaches_the_plugins_that_need_it() -> None:
     gavel = profile("gavel", PolicyData(throughput=TABLE))
     assert isinstance(gavel.order, RoundOrder)
     assert gavel.order.planner.table is TABLE
-    assert gavel.round_s == ROUND_S and gavel.job_specific
+    assert gavel.round_s == ROUND_S
+    assert gavel.job_specific
     assert profile("max-min", PolicyData(throughput=TABLE)).order.planner.table is None  # type: ignore[attr-defined]
 
 

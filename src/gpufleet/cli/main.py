@@ -36,7 +36,9 @@ app.command("top")(top_command)
 app.command("exporter")(exporter_command)
 app.add_typer(report_app, name="report")
 quota_app.command("idle-policy")(idle_policy_command)
-throughput_app = typer.Typer(help="Measured throughputs the round allocator (gavel profiles) reads.", no_args_is_help=True)
+throughput_app = typer.Typer(
+    help="Measured throughputs the round allocator (gavel profiles) reads.", no_args_is_help=True
+)
 app.add_typer(throughput_app, name="throughput")
 
 
@@ -96,13 +98,19 @@ def bench_allocator(
 
 @throughput_app.command("import")
 def throughput_import(
-    file: Annotated[Path, typer.Argument(help="A throughput CSV: Gavel's layout, or job_type,gpu_model,gpus,throughput.")],
+    file: Annotated[
+        Path, typer.Argument(help="A throughput CSV: Gavel's layout, or job_type,gpu_model,gpus,throughput.")
+    ],
     data_dir: Annotated[
-        Path | None, typer.Option(envvar="GPUFLEET_DATA_DIR", help="The control plane's data dir [default: user data dir].")
+        Path | None,
+        typer.Option(envvar="GPUFLEET_DATA_DIR", help="The control plane's data dir [default: user data dir]."),
     ] = None,
-    db: Annotated[str | None, typer.Option(help="The control plane's database URL [default: SQLite in the data dir].")] = None,
+    db: Annotated[
+        str | None, typer.Option(help="The control plane's database URL [default: SQLite in the data dir].")
+    ] = None,
     reference: Annotated[
-        str | None, typer.Option(help="The GPU model job durations are given on (default: the file's, V100 for Gavel's).")
+        str | None,
+        typer.Option(help="The GPU model job durations are given on (default: the file's, V100 for Gavel's)."),
     ] = None,
 ) -> None:
     """Check a measured throughput table and store it for the control plane (read by `gpufleet up` at start)."""

@@ -310,7 +310,8 @@ def sim(
     ] = True,
     seeds: Annotated[int, typer.Option(min=1, max=10, help="--reproduce fgd: how many of the seeds 42..51.")] = 1,
     rates: Annotated[
-        str, typer.Option(help="--reproduce gavel|gavel-multi: arrival rates (jobs/hour); default: every published one.")
+        str,
+        typer.Option(help="--reproduce gavel|gavel-multi: arrival rates (jobs/hour); default: every published one."),
     ] = "",
     show_progress: Annotated[
         bool | None,

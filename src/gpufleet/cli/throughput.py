@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet.server.control_plane import THROUGHPUT_SETTING
 from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable, table_to_json
+from gpufleet.server.control_plane import THROUGHPUT_SETTING
 from gpufleet.sim.workload import WorkloadError
 from gpufleet.sim.workloads._csv import CsvTable
 from gpufleet.sim.workloads.gavel import THROUGHPUT_COLUMNS, load_throughput_table

@@ -148,9 +148,7 @@ def table_from_json(text: str) -> ThroughputTable:
 
     try:
         data = json.loads(text)
-        entries = tuple(
-            ThroughputEntry(str(t), str(m), int(g), float(s), bool(c)) for t, m, g, s, c in data["entries"]
-        )
+        entries = tuple(ThroughputEntry(str(t), str(m), int(g), float(s), bool(c)) for t, m, g, s, c in data["entries"])
         return ThroughputTable(entries, source=str(data.get("source", "")), reference=data.get("reference"))
     except (ValueError, KeyError, TypeError) as error:
         raise WorkloadError(

@@ -67,8 +67,8 @@ Two ways to give them their data:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -266,9 +266,7 @@ def round_profile(
     """A round allocator profile: max-min fair shares of GPU models by LP each round, realised by preemption
     at round ends; placement inside the planned model packs, with topology for multi-GPU jobs; GPUs filled
     mid-round (`fill`) go to the models a job runs fastest on."""
-    planner = Planner(
-        data.throughput, round_s=round_s, agnostic=agnostic, bands=bands, efficient=efficient, fill=fill
-    )
+    planner = Planner(data.throughput, round_s=round_s, agnostic=agnostic, bands=bands, efficient=efficient, fill=fill)
     scores: tuple[tuple[str | ScorePlugin, float], ...] = (("bin_pack", 1.0), ("topology", 1.0))
     if fill and not agnostic:
         scores = ((ThroughputScore(data.throughput), 2.0), *scores)

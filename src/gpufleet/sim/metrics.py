@@ -58,9 +58,9 @@ import numpy.typing as npt
 from gpufleet.control.reconciler import Reconciler
 from gpufleet.domain.errors import WorkloadError
 from gpufleet.domain.jobs import Job
-from gpufleet.domain.throughput_table import job_scale
 from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.records import JobRecord
+from gpufleet.domain.throughput_table import job_scale
 from gpufleet.scheduling.fragmentation import TargetWorkload, cluster_fragmentation
 from gpufleet.scheduling.table import NodeTable
 from gpufleet.sim.engine import Sample, SimRun
@@ -689,9 +689,13 @@ def _equal_share_speeds(workload: Workload, jobs: list[Job]) -> npt.NDArray[np.f
         key = (job.job_type, gpus, consolidated)
         if key not in cache:
             try:
-                cache[key] = sum(
-                    table.relative_speed(job.job_type, m, gpus, consolidated=consolidated) * n for m, n in models.items()
-                ) / total
+                cache[key] = (
+                    sum(
+                        table.relative_speed(job.job_type, m, gpus, consolidated=consolidated) * n
+                        for m, n in models.items()
+                    )
+                    / total
+                )
             except WorkloadError:
                 cache[key] = 1.0
         speeds[i] = cache[key] if cache[key] > 0 else 1.0

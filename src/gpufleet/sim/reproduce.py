@@ -15,9 +15,9 @@ how our setup differs. Nothing is tuned to match.
 from __future__ import annotations
 
 import math
-from functools import partial
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -344,9 +344,7 @@ def reproduce_gavel(
     experiments = []
     rows = []
     for rate in rates:
-        workload = load_gavel(
-            folder, rate_per_hour=rate, seed=seed, num_jobs=num_jobs, multi_gpu=GAVEL_TRACES[trace]
-        )
+        workload = load_gavel(folder, rate_per_hour=rate, seed=seed, num_jobs=num_jobs, multi_gpu=GAVEL_TRACES[trace])
         measured = frozenset(tj.id for tj in workload.jobs[lo:hi]) or None
         # As Gavel's simulator, stop once the measured jobs are done (the later ones only keep the load up).
         settings = SimSettings(until_done=measured)
@@ -380,8 +378,7 @@ def reproduce_gavel(
         "gavel-mmf and max-min are Gavel's max_min_fairness_perf and max_min_fairness as published (equal "
         "weights, one LP per round, 360 s rounds); gavel is ours (service-weighted bands, a second LP that keeps "
         "every GPU busy), compared with the published policy it aims to beat.",
-        "tiresias (preemptive 2D-LAS, event-driven) has no published counterpart on this trace: no published "
-        "column.",
+        "tiresias (preemptive 2D-LAS, event-driven) has no published counterpart on this trace: no published column.",
         "Heterogeneity-agnostic event-driven profiles (fifo, tiresias) break placement ties by node name, so at low "
         "load jobs land on the K80s first (the slowest GPUs, named first).",
         "rho: ours approximates the 1/N share with the mean number of jobs in the system (gpufleet.sim.metrics).",

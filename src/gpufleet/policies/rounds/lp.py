@@ -169,8 +169,13 @@ def solve(problem: Problem, *, efficient: bool = True) -> Allocation:
         objective = np.zeros(n + 2)
         objective[n + 1] = -1.0
         second = linprog(
-            objective, A_ub=a_ub2, b_ub=b_ub, A_eq=balance.tocsr(), b_eq=np.zeros(len(live_groups)),
-            bounds=bounds, method="highs",
+            objective,
+            A_ub=a_ub2,
+            b_ub=b_ub,
+            A_eq=balance.tocsr(),
+            b_eq=np.zeros(len(live_groups)),
+            bounds=bounds,
+            method="highs",
         )
         if second.status == 0:
             x = second.x[:n]

@@ -8,24 +8,29 @@ what an equal share of the cluster gives it). Each round the jobs that lag their
     deficit[j] = r[j] * (now - submitted_at) - served[j]
 
 and jobs take models in order of deficit, each job once, on the model of its allocation where its time lags
-its share most (`x[j, m] * age - seconds on m`) that still has GPUs for it; a job that fits nowhere planned waits. Gavel ranks (job,
-model) pairs by share wanted over share received per model; counting lag in normalised service instead
-corrects the rounding of every earlier round, so what each job (and each queue) receives tracks the LP's
-allocation, which is what fairness is measured in. A running job planned on another model than its own is stopped
-at the round's start (when a planned job needs its GPUs) and takes its planned model from the queue. The plan is a
-pure function of the view: the running jobs (`holdings`), the waiting jobs (`queued`), what the learner
-recorded (`estimates[...].service`), the node table and the time. It is computed once per cycle and cached per cycle (`ClusterView.per_cycle`); the LP itself is cached by its
-input (the classes and their counts), which changes only when jobs come, go or change weight band.
+its share most (`x[j, m] * age - seconds on m`) that still has GPUs for it, within its queue's budget of that
+model for the round; a job that fits nowhere planned waits. Gavel ranks (job, model) pairs by share wanted
+over share received per model; counting lag in normalised service instead corrects the rounding of every
+earlier round, so what each job receives tracks the LP's allocation, which is what fairness is measured in.
+A running job planned on another model than its own is stopped at the round's start (when a planned job
+needs its GPUs) and takes its planned model from the queue.
 
-Active jobs are the running ones (not being stopped) and every waiting one (`ClusterView.queued`). A job type the
-throughput table lacks, or a model it lacks, counts at the same speed on every model (as the agnostic
-baseline counts every job); `agnostic=True` counts every job that way (Gavel's `max_min_fairness`).
+The plan is a pure function of the view: the running jobs (`holdings`), the waiting jobs (`queued`), what
+the learner recorded (`estimates[...].service`), the node table and the time. It is computed once per cycle
+(`ClusterView.per_cycle`), at round starts only; the LP is cached by its input (the classes and their
+counts), which changes only when jobs come, go or change weight band.
+
+Active jobs are the running ones and every waiting one (`ClusterView.queued`; jobs being stopped count as
+waiting). A job type the throughput table lacks, or a model it lacks, counts at the same speed on every
+model (as the agnostic baseline counts every job); `agnostic=True` counts every job that way (Gavel's
+`max_min_fairness`). Bands of service (`WeightBands`) weigh jobs inside a queue only: a queue's jobs share
+its weight in proportion to their bands.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -245,9 +250,7 @@ class Planner:
             classes.setdefault((queue, self.row(models, job), gpus, weight), []).append(i)
         keys = sorted(classes)
         names = sorted({k[0] for k in keys})
-        group_weights = tuple(
-            (queues[q].weight if q in queues else 1.0) if self.queue_fair else 1.0 for q in names
-        )
+        group_weights = tuple((queues[q].weight if q in queues else 1.0) if self.queue_fair else 1.0 for q in names)
         allocation = self._solve(keys, [len(classes[k]) for k in keys], counts, names, group_weights)
         result.level = allocation.level
         total = sum(counts)
@@ -259,17 +262,17 @@ class Planner:
         for c, key in enumerate(keys):
             share_row = allocation.share[c]
             for i in classes[key]:
-                job, holding = active[i]
+                job, held = active[i]
                 received, weight = facts[i]
                 share = {m: float(s) for m, s in zip(models, share_row, strict=True) if s > MIN_SHARE}
                 unplaced = received.pop("", 0.0)
                 if unplaced and share:
-                    total = sum(share.values())
+                    shared = sum(share.values())
                     for m, s in share.items():
-                        received[m] = received.get(m, 0.0) + unplaced * s / total
+                        received[m] = received.get(m, 0.0) + unplaced * s / shared
                 result.jobs[job.id] = JobPlan(
                     job,
-                    _job_model(cluster, holding) if holding is not None else None,
+                    _job_model(cluster, held) if held is not None else None,
                     share,
                     received,
                     max(0.0, now - job.submitted_at),
@@ -366,5 +369,3 @@ def _job_model(cluster: ClusterView, holding: Holding) -> str | None:
             continue
         return model_key(table.models[int(table.gpu_model[row, worker.gpus[0].index])])
     return None
-
-

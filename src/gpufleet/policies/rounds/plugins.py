@@ -58,7 +58,7 @@ def waiting_reason(plan: RoundPlan, job: Job, now: float) -> str:
     next_in = _minutes(max(0.0, plan.next_round - now))
     if entry is None or not entry.share:
         return f"waiting for a round: the allocation gives it no GPU share now; next round in {next_in}"
-    model = max(entry.share, key=lambda m: entry.lag_s(m))
+    model = max(entry.share, key=entry.lag_s)
     lag = entry.lag_s(model)
     gpus = job.gpu_milli_total / MILLI_PER_GPU or 1.0
     if lag > 0:
@@ -112,7 +112,11 @@ class RoundAdmit:
         model = plan.assigned.get(job.id)
         if model is None:
             # Not planned this round: it may take GPUs nobody planned for, if there are any.
-            return self._if_free(job, cluster, plan) if planner.fill else wait(NAME, waiting_reason(plan, job, cluster.now))
+            return (
+                self._if_free(job, cluster, plan)
+                if planner.fill
+                else wait(NAME, waiting_reason(plan, job, cluster.now))
+            )
         view.model_lut &= self._only(cluster, model)
         return SUCCESS
 
@@ -122,7 +126,9 @@ class RoundAdmit:
         if free >= job.gpu_milli_total:
             return SUCCESS
         if plan is None:
-            return wait(NAME, f"waiting for a round: no free GPUs; next round in {_next_round_in(self.planner, cluster.now)}")
+            return wait(
+                NAME, f"waiting for a round: no free GPUs; next round in {_next_round_in(self.planner, cluster.now)}"
+            )
         return wait(NAME, waiting_reason(plan, job, cluster.now))
 
     @staticmethod
