@@ -385,6 +385,14 @@ def reproduce_gavel(
         f"Workload: {w.citation} License: {w.license}",
     )
     label = "single-GPU" if trace == "continuous-single" else "multi-GPU"
+    # Every published curve of the trace (JCT against rate), for the plot beside ours.
+    curves: dict[str, dict[str, list[float]]] = {}
+    for (t, metric, rate_key, policy), value in sorted(published.items()):
+        if t == trace and metric == "avg_jct_hours":
+            curve = curves.setdefault(policy, {"rate_jobs_per_hour": [], "avg_jct_hours": []})
+            curve["rate_jobs_per_hour"].append(rate_key)
+            curve["avg_jct_hours"].append(value)
+    series = {"policy_names": {n: GAVEL_POLICIES[n] for n in names if n in GAVEL_POLICIES}, "published": curves}
     return Comparison(
         "gavel" if trace == "continuous-single" else "gavel-multi",
         f"Gavel continuous {label} trace: avg JCT (hours) and finish-time fairness, ours vs Gavel (OSDI'20)",
@@ -403,6 +411,7 @@ def reproduce_gavel(
         tuple(experiments),
         f"{GAVEL_FILE} (stanford-futuredata/gavel); {gavel_source.CITATION}",
         notes,
+        series,
     )
 
 
