@@ -1,5 +1,6 @@
-"""Session fixtures shared by every test folder: a private PostgreSQL server (see tests/kit/postgres.py) and
-our fake NVML library (tests/telemetry/fakenvml)."""
+"""Session fixtures shared by every test folder: a private PostgreSQL server (see tests/kit/postgres.py), our
+fake NVML library (tests/telemetry/fakenvml), the removal of the job users the session created, and the
+closing banner when tests went without the public traces (tests/kit/traces.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit import traces
+from tests.kit.jobusers import job_users_and_folders
 from tests.kit.postgres import OPT_OUT, PostgresServer, PostgresUnavailableError, opted_out
 from tests.telemetry.fakenvml import build_library
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_job_users() -> Iterator[None]:
+    """A control plane run as root creates a user per queue (gpufleet-<queue>): the session removes those it
+    created, and the folders it shared with their jobs."""
+    with job_users_and_folders():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +55,30 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return build_library(tmp_path_factory.mktemp("fakenvml"))
     except RuntimeError as exc:
         pytest.fail(str(exc))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say loudly how many tests did not run for want of the public traces (skipped on request, or failed)."""
+    stats = terminalreporter.stats
+    skipped = sum(1 for r in stats.get("skipped", []) if traces.SKIP_PREFIX in str(getattr(r, "longrepr", "")))
+    failed = sum(
+        1
+        for kind in ("failed", "error")
+        for r in stats.get(kind, [])
+        if f"{traces.TRACES_ENV}=DIR" in getattr(r, "longreprtext", "")
+    )
+    if not skipped and not failed:
+        return
+    where = traces.traces_folder()
+    if skipped:
+        terminalreporter.write_sep("!", f"{skipped} TESTS SKIPPED: public traces not found at {where}", red=True)
+        terminalreporter.write_line(
+            f"{traces.OPT_OUT}=1 turned them into skips: the published-result claims were NOT checked. "
+            f"Set {traces.TRACES_ENV}=DIR (or put the traces at {traces.DEFAULT_TRACES}) and run again."
+        )
+    if failed:
+        terminalreporter.write_sep("!", f"{failed} TESTS FAILED: public traces not found at {where}", red=True)
+        terminalreporter.write_line(
+            f"to fix: set {traces.TRACES_ENV}=DIR to the folder holding the trace folders, or put them at "
+            f"{traces.DEFAULT_TRACES}; {traces.OPT_OUT}=1 skips these tests instead (and says so)."
+        )

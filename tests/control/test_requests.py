@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from gpufleet.adapters.storage.memory import InMemoryStore
-from gpufleet.control.reconciler import Reconciler
-from gpufleet.domain import GiB, Job, JobState, make_node
+from gpufleet.control.reconciler import Reconciler, ReconcilerSettings
+from gpufleet.domain import GiB, Job, JobState, QueueSpec, make_node
 from gpufleet.domain.jobs import RunSpec
 from gpufleet.domain.records import StopCause
 from gpufleet.policies.catalog import profile
@@ -194,3 +194,59 @@ def test_a_reclaim_stops_an_idle_job_and_requeues_it_as_reclaimed_not_preempted(
     assert "at the back of queue default" in reasons[-1]
     assert store.get("idle").state is S.PENDING
     assert store.get("waits").state is S.LAUNCHING
+
+
+def test_force_cancel_kills_at_once_whatever_the_grace_and_is_recorded_as_such() -> None:
+    store, backend, clock, loop = setup()
+    run_job(store, backend, loop, with_run(make_job("a").gpus(2).build(), grace_s=3600.0))
+    store.request("a", RequestKind.FORCE_CANCEL, "by alice", at=1.0)
+    loop.step()
+    assert backend.stops == [("a", 1, 0.0)]
+    backend.observe("a", ObservationKind.STOPPED, 1.1)
+    loop.step()
+    record = store.get("a")
+    assert record.state is S.CANCELLED
+    assert record.reason == "force-cancelled (killed at once, without its grace period): by alice"
+
+
+def test_force_cancel_of_a_job_already_stopping_with_its_grace_kills_it_now() -> None:
+    store, backend, clock, loop = setup()
+    run_job(store, backend, loop, with_run(make_job("a").gpus(2).build(), grace_s=600.0))
+    store.request("a", RequestKind.CANCEL, "by alice", at=1.0)
+    loop.step()
+    assert backend.stops == [("a", 1, 600.0)]
+    store.request("a", RequestKind.FORCE_CANCEL, "by admin", at=2.0)
+    loop.step()
+    assert backend.stops == [("a", 1, 600.0), ("a", 1, 0.0)]
+    assert store.get("a").state is S.EVICTING
+    assert "force-cancelled" in store.get("a").reason
+    backend.observe("a", ObservationKind.STOPPED, 2.1)
+    loop.step()
+    assert store.get("a").state is S.CANCELLED
+
+
+def test_force_cancel_of_a_pending_job_cancels_it() -> None:
+    store, backend, clock, loop = setup()
+    store.submit(make_job("big").gpus(8).build(), at=0.0)
+    store.submit(make_job("waits").gpus(8).build(), at=0.0)
+    loop.step()
+    store.request("waits", RequestKind.FORCE_CANCEL, "by alice", at=1.0)
+    loop.step()
+    assert store.get("waits").state is S.CANCELLED
+    assert backend.stops == []
+
+
+def test_a_stop_never_waits_longer_than_the_queues_maximum_grace() -> None:
+    """A job stored before its queue had a cap (or with the cap lowered since) asks for a day: it gets the cap."""
+    store = InMemoryStore(
+        [make_node("n0", "A100-80GB", 8, 80 * GiB)],
+        [QueueSpec("default", max_grace_s=60.0), QueueSpec("free")],
+    )
+    backend = ScriptedBackend()
+    loop = Reconciler(store, backend, ManualClock(), profile("default"), settings=ReconcilerSettings(max_grace_s=3600))
+    run_job(store, backend, loop, with_run(make_job("capped").gpus(1).build(), grace_s=86400.0))
+    run_job(store, backend, loop, with_run(make_job("other").queue("free").gpus(1).build(), grace_s=86400.0))
+    store.request("capped", RequestKind.CANCEL, "", at=1.0)
+    store.request("other", RequestKind.CANCEL, "", at=1.0)
+    loop.step()
+    assert sorted(backend.stops) == [("capped", 1, 60.0), ("other", 1, 3600.0)]

@@ -102,8 +102,17 @@ class Harness:
         self.backends.append(backend)
         return backend
 
+    def backend_at(self, state: Path, **kwargs: object) -> LocalBackend:
+        """A backend whose state folder is elsewhere (a small disk); its workers are killed afterwards too."""
+        backend = LocalBackend(state, [self.node], WallClock(), emulated=True, **kwargs)  # type: ignore[arg-type]
+        self.backends.append(backend)
+        return backend
+
     def run(self, *args: str, **kwargs: object) -> RunSpec:
         return RunSpec((sys.executable, str(self.program), *args), **kwargs)  # type: ignore[arg-type]
+
+    def run_code(self, code: str, *args: str) -> RunSpec:
+        return RunSpec((sys.executable, "-c", code, *args))
 
     def launch(
         self,
@@ -194,6 +203,9 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     assert node.gpus[0].memory == 80 * GiB
     h = Harness(tmp_path, node, program)
     yield h
+    for elsewhere in {b.layout.root for b in h.backends} - {h.state}:
+        with contextlib.suppress(OSError):
+            LocalBackend(elsewhere, [node], WallClock(), emulated=True).adopt([])
     # Whatever a test left running is killed: a fresh backend adopting nothing kills every worker it finds.
     if (h.state / "run").exists():
         LocalBackend(h.state, [node], WallClock(), emulated=True).adopt([])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import socket
 import time
@@ -57,7 +58,12 @@ def test_each_worker_gets_its_gpus_ranks_and_rendezvous(harness: Harness, monkey
         assert env["GPUFLEET_ATTEMPT"] == "1"
         assert env["GPUFLEET_EMULATED"] == "1"
         assert env["USER_VAR"] == "1"
-        assert env["FROM_CONTROL_PLANE"] == "inherited"
+        # Nothing of the control plane's own environment reaches a job: it may hold the operator's secrets.
+        assert "FROM_CONTROL_PLANE" not in env
+        assert env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        assert env["LANG"] == "C.UTF-8"
+        assert env["USER"] == env["LOGNAME"] == pwd.getpwuid(os.geteuid()).pw_name
+        assert env["HOME"] == pwd.getpwuid(os.geteuid()).pw_dir
         assert "GPUFLEET_GPU_FRACTION" not in env
 
 

@@ -90,7 +90,7 @@ def test_without_extras_the_client_and_the_simulator_work_and_up_says_what_to_in
     bare: Path, tmp_path: Path
 ) -> None:
     python = bare / "python"
-    for module in ("fastapi", "sqlalchemy", "uvicorn", "psutil", "prometheus_client", "pynvml", "matplotlib"):
+    for module in ("fastapi", "sqlalchemy", "uvicorn", "psutil", "prometheus_client", "jinja2", "pynvml", "matplotlib"):
         probe = subprocess.run([str(python), "-c", f"import {module}"], check=False, capture_output=True)
         assert probe.returncode != 0, f"{module} is importable without its extra"
     assert gpufleet(bare, "--help").returncode == 0

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 
 from gpufleet.bench.api import LocalServer
+from tests.kit.jobusers import JOB_PYTHON, reachable_by_jobs, share, shared_ledger
 
 JOB_PROGRAM = r"""
 import json, os, signal, sys, time
@@ -32,18 +32,19 @@ def note(event, **more):
     with open(ledger, "a") as f:
         f.write(line + "\n")
 
-note("start", env=env)
-print(f"hello from rank {env.get('RANK')} of job {env.get('GPUFLEET_JOB_ID')}", flush=True)
-
 def on_term(signo, frame):
     note("end", how="signal")
     sys.exit(0)
 
+# The handler is in place before the start is noted: a test that stops the job once it saw it start must
+# find it ready for the signal.
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore-term" else on_term)
+note("start", env=env)
+print(f"hello from rank {env.get('RANK')} of job {env.get('GPUFLEET_JOB_ID')}", flush=True)
+
 if mode == "ignore-term":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while True:
         time.sleep(0.05)
-signal.signal(signal.SIGTERM, on_term)
 if mode == "sleep":
     time.sleep(float(arg))
 elif mode == "wait-file":
@@ -52,6 +53,15 @@ elif mode == "wait-file":
 elif mode == "exit":
     note("end", how="exit")
     sys.exit(int(arg))
+elif mode == "fill":  # write 64 MiB of output (a disk may fill up), then wait for the file `arg`, exit 3
+    chunk = "y" * 65535 + "\n"
+    for _ in range(1024):
+        sys.stdout.write(chunk)
+    sys.stdout.flush()
+    while not os.path.exists(arg):
+        time.sleep(0.02)
+    note("end", how="exit")
+    sys.exit(3)
 note("end", how="done")
 """
 
@@ -66,6 +76,11 @@ class Live:
     ledger: Path
 
     @property
+    def shared(self) -> Path:
+        """The folder the jobs can reach (they run as their queue's own user): for files they wait for."""
+        return self.program.parent
+
+    @property
     def url(self) -> str:
         return self.server.url
 
@@ -73,7 +88,7 @@ class Live:
         return self.server.client()
 
     def command(self, mode: str, arg: str = "") -> list[str]:
-        return [sys.executable, str(self.program), str(self.ledger), mode, *([arg] if arg else [])]
+        return [JOB_PYTHON, str(self.program), str(self.ledger), mode, *([arg] if arg else [])]
 
     def submit(self, client: httpx.Client, mode: str, arg: str = "", **spec: Any) -> str:
         body = {"queue": "default", "command": self.command(mode, arg), **spec}
@@ -122,11 +137,14 @@ class Live:
 
 
 def start(root: Path, *extra: str, emulate: str = "8xA100-80GB") -> Live:
+    """`gpufleet up` on `root/data`; the jobs' program and ledger in `root/shared`, which jobs running as
+    their queue's own user can reach."""
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
-    program = root / "job.py"
-    program.write_text(JOB_PROGRAM)
-    return Live(LocalServer(data, emulate=emulate, extra=extra), root, program, root / "ledger.jsonl")
+    shared = reachable_by_jobs(root / "shared")
+    program = share(shared / "job.py", JOB_PROGRAM)
+    ledger = shared_ledger(shared / "ledger.jsonl")
+    return Live(LocalServer(data, emulate=emulate, extra=extra), root, program, ledger)
 
 
 def alive(pid: int) -> bool:

@@ -14,7 +14,9 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
+from gpufleet.adapters.local.isolation import IsolationReport
 from gpufleet.cli.main import app
+from gpufleet.domain.errors import GpufleetError
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import Role
 from gpufleet.server.auth import bootstrap_admin, create_token
@@ -194,3 +196,39 @@ def _spec_file(folder: Path) -> str:
 
 def run_on_live(live: Live, job_id: str) -> None:
     run_on(live, job_id)  # type: ignore[arg-type]
+
+
+def test_login_keeps_the_token_in_a_private_file_in_a_private_folder(
+    live: Live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "fresh" / "gpufleet" / "client.toml"
+    monkeypatch.setenv("GPUFLEET_CLIENT_CONFIG", str(config))
+    assert live.runner.invoke(app, ["login", live.url, live.admin]).exit_code == 0
+    assert config.stat().st_mode & 0o777 == 0o600
+    assert config.parent.stat().st_mode & 0o777 == 0o700  # the admin token's folder: not even listable by others
+
+
+def test_quota_run_as_and_nodes_say_how_jobs_are_isolated(live: Live) -> None:
+    def check(user: str) -> None:
+        if user == "root":
+            raise GpufleetError("user 'root' has root's uid 0", "map the queue to an unprivileged user")
+
+    live.ctx.check_run_as = check
+    live.ctx.isolation = IsolationReport("jobs run as their queue's own user", "cgroups v1: memory limits", False)
+    assert "queue team-r created" in live.cli("quota", "set", "team-r", "--gpu", "2", "--run-as", "research")
+    live.cli("quota", "set", "team-r", "--gpu", "3")  # keeps the mapping
+    queue = next(q for q in json.loads(live.cli("queues", "--json")) if q["name"] == "team-r")
+    assert queue["run_as"] == "research"
+    assert "research" in live.cli("queues")
+    out = live.cli("quota", "set", "team-r", "--run-as", "root", code=2)
+    assert "run_as: user 'root' has root's uid 0; to fix: map the queue to an unprivileged user" in out
+    assert "is not a user name" in live.cli("quota", "set", "team-r", "--run-as", "Bad Name", code=2)
+    live.cli("quota", "set", "team-r", "--run-as", "")  # back to the queue's own user
+    assert next(q for q in json.loads(live.cli("queues", "--json")) if q["name"] == "team-r")["run_as"] is None
+    # Who mapped the queue to which OS user is in the audit log (the refused mappings changed nothing).
+    mapped = [e for e in json.loads(live.cli("audit", "--json")) if e["target"] == "team-r"]
+    assert [e["action"] for e in mapped] == ["queue.set"] * 3
+    assert sum('"run_as": "research"' in e["detail"] for e in mapped) == 2
+    nodes = live.cli("nodes")
+    assert "jobs: jobs run as their queue's own user" in nodes
+    assert "limits: cgroups v1: memory limits" in nodes

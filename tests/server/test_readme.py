@@ -24,3 +24,28 @@ def test_the_readme_job_spec_is_accepted_and_means_what_it_says() -> None:
     assert job.run.grace_s == 30.0
     assert job.run.max_runtime_s == 12 * 3600
     assert job.run.retries == 1
+
+
+def test_the_readme_limits_are_the_ones_the_api_enforces() -> None:
+    from gpufleet.server import limits
+    from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE
+
+    text = README.read_text()
+    table = text[text.index("| what | at most |") : text.index("Booleans are not numbers")]
+    for value in (limits.MAX_GPUS_PER_WORKER, limits.MAX_CPU_PER_WORKER, limits.MAX_WORKERS, limits.MAX_ARGUMENTS,
+                  limits.MAX_ENV_VARS, limits.MAX_QUOTA_GPUS, limits.MAX_QUOTA_CPU):  # fmt: skip
+        assert f"{value:,}" in table, value
+    sized = [
+        (limits.MAX_BYTES_PER_WORKER, 1 << 50, "1 PiB"),
+        (limits.MAX_QUOTA_BYTES, 1 << 60, "1 EiB"),
+        (limits.MAX_ARGUMENT, 128 * 1024, "128 KiB each"),
+        (limits.MAX_COMMAND, 256 * 1024, "256 KiB in all"),
+        (limits.MAX_ENV_VALUE, 32 * 1024, "32 KiB each"),
+        (limits.MAX_BODY_BYTES, 1 << 20, "1 MiB"),
+        (limits.DEFAULT_MAX_GRACE_S, 3600, "maximum (1h)"),
+        (limits.MAX_DURATION_S, 366 * 86400, "366 days"),
+    ]
+    assert [(value, words in table) for value, _, words in sized] == [(value, True) for _, value, _ in sized]
+    rates = f"{TEAM_RATE.per_s:g} requests a second on average, bursts of {TEAM_RATE.burst:g}"
+    assert rates in text.replace("\n", " ")
+    assert f"admin tokens {ADMIN_RATE.per_s:,.0f} and {ADMIN_RATE.burst:,.0f}" in text.replace("\n", " ")

@@ -39,6 +39,8 @@ from gpufleet.domain.resources import WorkerRequest
 from gpufleet.ports import Launch
 from gpufleet.scheduling.state import Holding
 from gpufleet.server.gpu_monitor import LoopView, Telemetry
+from tests.kit.jobusers import JOB_PYTHON, reachable_by_jobs
+from tests.kit.jobusers import share as share_file
 from tests.telemetry.fakenvml import CONFIG_ENV, build_library, write_config, write_procs
 
 GiB = 1024**3
@@ -138,22 +140,22 @@ def up_on_fake_nvml(tmp_path: Path) -> Iterator[NvmlUp]:
 
 def test_nvml_processes_are_mapped_to_jobs_through_their_process_trees(up_on_fake_nvml: NvmlUp) -> None:
     up = up_on_fake_nvml
-    program = up.root / "job.py"
-    program.write_text(JOB)
+    shared = reachable_by_jobs(up.root / "shared")  # jobs run as their queue's user: reachable by it
+    program = share_file(shared / "job.py", JOB)
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     started: list[dict[str, Any]] = []
     try:
         with httpx.Client(base_url=up.url, headers={"Authorization": f"Bearer {up.token}"}, timeout=30) as client:
 
             def submit(name: str, gpus: float) -> str:
-                body = {"queue": "default", "command": [sys.executable, str(program), str(up.root / name)]}
+                body = {"queue": "default", "command": [JOB_PYTHON, str(program), str(shared / name)]}
                 response = client.post("/v1/jobs", json={**body, "gpus": gpus})
                 assert response.status_code == 201, response.text
                 return str(response.json()["id"])
 
             whole = submit("whole.json", 1)
             half = submit("half.json", 0.5)
-            a, b = _wait_file(up.root / "whole.json"), _wait_file(up.root / "half.json")
+            a, b = _wait_file(shared / "whole.json"), _wait_file(shared / "half.json")
             started += [a, b]
             gpu_a, gpu_b = int(a["gpus"]), int(b["gpus"])
             # NVML (the fake) now reports: the whole job's grandchild with 10 GiB, the half job's own process

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.bench.api import LocalServer
+from tests.kit.jobusers import reachable_by_jobs, share, shared_ledger
 from tests.server.live import JOB_PROGRAM
 from tests.telemetry.fakenvml import CONFIG_ENV, write_config
 
@@ -27,9 +28,9 @@ def test_up_discovers_gpus_through_nvml_and_hands_out_their_uuids(tmp_path: Path
     )
     data = tmp_path / "data"
     data.mkdir()
-    program = tmp_path / "job.py"
-    program.write_text(JOB_PROGRAM)
-    ledger = tmp_path / "ledger.jsonl"
+    shared = reachable_by_jobs(tmp_path / "shared")  # jobs run as their queue's user: reachable by it
+    program = share(shared / "job.py", JOB_PROGRAM)
+    ledger = shared_ledger(shared / "ledger.jsonl")
     env = {"LD_LIBRARY_PATH": str(fake_nvml), CONFIG_ENV: str(config)}
     server = LocalServer(data, emulate=None, extra=("--stop-jobs",), env=env)
     try:
@@ -43,7 +44,7 @@ def test_up_discovers_gpus_through_nvml_and_hands_out_their_uuids(tmp_path: Path
             job = client.post("/v1/jobs", json=body).json()["id"]
             deadline = time.monotonic() + 20
             while client.get(f"/v1/jobs/{job}").json()["state"] != "succeeded":
-                assert time.monotonic() < deadline, client.get(f"/v1/jobs/{job}").json()
+                assert time.monotonic() < deadline, client.get(f"/v1/jobs/{job}").json()["reason"]
                 time.sleep(0.05)
     finally:
         server.stop()

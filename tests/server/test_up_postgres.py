@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_control_plane_runs_on_postgresql_and_a_restart_adopts_its_jobs(tmp_path: Path, postgres_url: str) -> None:
     live = start(tmp_path, "--db", postgres_url)
-    gate = tmp_path / "go"
+    gate = live.shared / "go"  # where the job (its queue's own user) can see it
     try:
         with live.http() as client:
             quick = live.submit(client, "sleep", "0.1", name="quick", gpus=1)

@@ -1,4 +1,4 @@
-"""Fixtures for the workload loader tests: the shared public traces beside the checkout, loaded once."""
+"""Fixtures for the workload loader tests: the public traces (`tests/kit/traces.py`), loaded once."""
 
 from __future__ import annotations
 
@@ -8,17 +8,13 @@ import pytest
 
 from gpufleet.sim.workload import Workload
 from gpufleet.sim.workloads import load_openb, load_philly
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TRACES = REPO_ROOT.parent / "shared" / "traces"
+from tests.kit import traces
 
 
 @pytest.fixture(scope="session")
 def traces_root() -> Path:
-    """`../shared/traces` relative to the repository root; present in CI and in the dev setup."""
-    if not TRACES.is_dir():
-        pytest.skip(f"public traces not found at {TRACES} (expected ../shared/traces beside the checkout)")
-    return TRACES
+    """$GPUFLEET_TRACES or ../shared/traces; a missing folder fails the test (see tests/kit/traces.py)."""
+    return traces.traces_root()
 
 
 @pytest.fixture(scope="session")

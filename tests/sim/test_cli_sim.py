@@ -9,6 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
+from gpufleet.cli.sim import parse_seeds
+from gpufleet.sim.workload import WorkloadError
 
 SMALL = ["--set", "jobs=60", "--set", "nodes=4"]
 
@@ -154,3 +156,36 @@ def test_set_options_of_a_reproduction_are_checked(runner: CliRunner, tmp_path: 
         assert result.exit_code == 2, result.output
         assert message in result.stderr
         assert "to fix:" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "seeds"),
+    [
+        ("1", (42,)),
+        ("3", (42, 43, 44)),
+        ("47-51", (47, 48, 49, 50, 51)),
+        ("42,45", (42, 45)),
+        ("7", tuple(range(42, 49))),
+    ],
+)
+def test_seeds_are_a_count_a_range_or_a_list(text: str, seeds: tuple[int, ...]) -> None:
+    assert parse_seeds(text) == seeds
+
+
+@pytest.mark.parametrize("text", ["0", "11", "x", "51-47", "42,42", "-3"])
+def test_bad_seeds_are_refused_with_the_forms_that_work(text: str) -> None:
+    with pytest.raises(WorkloadError) as caught:
+        parse_seeds(text)
+    assert "range (47-51)" in caught.value.fix
+
+
+def test_reproduction_options_are_checked_before_anything_runs(runner: CliRunner, traces_root: Path) -> None:
+    for args, message in (
+        (["--reproduce", "helios-philly", "--set", "window=june"], "no Philly window named 'june'"),
+        (["--reproduce", "fgd", "--load-scale", "2"], "--load-scale applies to --reproduce helios-philly"),
+        (["--reproduce", "helios-philly", "--set", "pods=default"], "--set pods does not apply"),
+        (["--reproduce", "helios-calibration", "-p", "sjf"], "the calibration runs strict FIFO only"),
+    ):
+        result = runner.invoke(app, ["sim", *args, "--traces", str(traces_root)])
+        assert result.exit_code == 2, result.output
+        assert message in result.stderr

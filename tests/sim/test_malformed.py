@@ -9,6 +9,7 @@ import pytest
 from gpufleet.domain import GpufleetError
 from gpufleet.sim.workload import WorkloadError
 from gpufleet.sim.workloads import (
+    fgd_workload,
     load_openb,
     load_openb_nodes,
     load_openb_pods,
@@ -212,3 +213,35 @@ def test_bad_pollux_and_tiresias_rows(tmp_path: Path) -> None:
     _write(tmp_path, "cluster_spec.csv", "num_switch,num_node_p_switch,num_gpu_p_node,num_cpu_p_node,mem_p_node")
     with pytest.raises(WorkloadError, match="0 data rows"):
         load_tiresias(tmp_path)
+
+
+MINIMAL_POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli"
+
+
+def test_a_pod_list_with_only_the_five_request_columns_runs_the_fgd_protocol(tmp_path: Path) -> None:
+    """Some openb pod lists give only name and requests (no models, no times): the FGD protocol needs no more."""
+    _openb(tmp_path)
+    _write(
+        tmp_path,
+        "openb_pod_list_gpushare60.csv",
+        MINIMAL_POD_HEADER,
+        "p0,4000,8192,1,500",
+        "p1,2000,4096,0,0",
+        "p2,8000,16384,2,1000",
+    )
+    pods = load_openb_pods(tmp_path / "openb_pod_list_gpushare60.csv")
+    assert [tj.job.submitted_at for tj in pods] == [0.0, 0.0, 0.0]
+    assert [tj.id for tj in pods] == ["p0", "p1", "p2"]  # the file's order
+    assert all(not tj.job.request.models for tj in pods)  # any model
+    workload = fgd_workload(tmp_path, seed=1, pods="gpushare60")
+    assert workload.name == "openb-fgd-gpushare60-seed1"
+    assert sum(tj.gpu_milli_total for tj in workload.jobs) >= 1.3 * workload.gpu_capacity_milli
+
+
+def test_a_time_replay_of_a_pod_list_without_times_says_what_to_do(tmp_path: Path) -> None:
+    _openb(tmp_path)
+    _write(tmp_path, "openb_pod_list_minimal.csv", MINIMAL_POD_HEADER, "p0,4000,8192,1,500")
+    with pytest.raises(WorkloadError, match="column 'creation_time' is missing") as caught:
+        load_openb(tmp_path, pods="minimal")
+    assert "FGD protocol" in caught.value.fix
+    assert "--reproduce fgd --set pods=PATH" in caught.value.fix

@@ -10,6 +10,7 @@ import pytest
 from gpufleet.domain import Job, QueueSpec, WorkerRequest
 from gpufleet.sim.workload import TraceJob, Workload, WorkloadError
 from gpufleet.sim.workloads import fgd_sample_pods, fgd_workload, load_fgd_expected_results
+from gpufleet.sim.workloads.openb_fgd import gpu_share_pct, with_gpu_share
 
 CAPACITY = 6212 * 1000
 
@@ -147,3 +148,26 @@ def test_expected_results_point_and_lookup_errors(openb_dir: Path) -> None:
         results.get("default", "07-Nope", "gpu_alloc_pct")
     with pytest.raises(WorkloadError, match="130"):
         results.get("default", "06-FGD", "gpu_alloc_pct").at(3)
+
+
+@pytest.mark.parametrize("share", [40.0, 80.0, 100.0])
+def test_resampled_lists_have_the_asked_gpu_sharing(openb_default: Workload, share: float) -> None:
+    pods = openb_default.jobs
+    assert gpu_share_pct(pods) == pytest.approx(28.5, abs=0.1)  # the default list's own share
+    resampled = with_gpu_share(pods, share, seed=0)
+    assert gpu_share_pct(resampled) == pytest.approx(share, abs=1.0)
+    gpu_pods = sum(1 for tj in pods if tj.job.request.gpus)
+    assert sum(1 for tj in resampled if tj.job.request.gpus) == gpu_pods
+    assert [tj.id for tj in resampled if not tj.job.request.gpus] == [tj.id for tj in pods if not tj.job.request.gpus]
+    assert len({tj.id for tj in resampled}) == len(resampled)
+    assert {tj.job.request for tj in resampled} <= {tj.job.request for tj in pods}  # drawn from the list
+    assert with_gpu_share(pods, share, seed=0) == resampled
+    assert with_gpu_share(pods, share, seed=1) != resampled
+
+
+def test_resampling_errors(openb_default: Workload) -> None:
+    with pytest.raises(WorkloadError, match="GPU-sharing share is 0 %"):
+        with_gpu_share(openb_default.jobs, 0.0)
+    whole_only = tuple(tj for tj in openb_default.jobs if tj.job.request.gpus and not tj.job.request.fractional)
+    with pytest.raises(WorkloadError, match="lacks fractional or whole-GPU pods"):
+        with_gpu_share(whole_only, 50.0)

@@ -8,15 +8,12 @@ import pytest
 
 from gpufleet.sim.prices import load_price_table, parse_price, prices_from
 from gpufleet.sim.workload import WorkloadError
-
-from .conftest import TRACES
-
-COSTS = TRACES.parent / "costs" / "gcp-gpu-prices-skypilot"
+from tests.kit import traces
 
 
-@pytest.mark.skipif(not COSTS.is_dir(), reason=f"price table not found at {COSTS}")
 def test_gcp_catalog_prices_per_gpu_hour() -> None:
-    table = load_price_table(COSTS)
+    costs = traces.price_tables()
+    table = load_price_table(costs)
     assert table.price("T4") == pytest.approx(0.35)  # us-central1
     assert table.price("A100-80GB") == pytest.approx(1.8462)  # its own row
     assert table.price("H100-80GB") == pytest.approx(4.57009)  # memory suffix dropped -> H100
@@ -24,7 +21,7 @@ def test_gcp_catalog_prices_per_gpu_hour() -> None:
     assert table.price("H200") == pytest.approx(74.49392 / 8)  # an 8-GPU row, per GPU
     assert table.price("G2") is None
     assert table.price("philly-gpu") is None
-    spot = load_price_table(COSTS, spot=True)
+    spot = load_price_table(costs, spot=True)
     assert spot.price("T4") == pytest.approx(0.14)
     assert "host VM not included" in table.basis
 

@@ -133,6 +133,9 @@ queue_specs = st.builds(
     quotas=st.dictionaries(st.sampled_from([GPU, CPU, MEMORY, "gpu:A100-80GB", "gpu:H100"]), quotas(), max_size=4),
     cohort=st.none() | names.filter(str.strip),
     weight=positive,
+    run_as=st.none() | st.from_regex(r"[a-z_][a-z0-9_-]{0,31}", fullmatch=True),
+    max_pending=st.none() | st.integers(0, 10**6),
+    max_grace_s=st.none() | st.floats(0, 7 * 86400),
 )
 
 
@@ -192,7 +195,10 @@ def test_every_field_is_encoded() -> None:
     assert set(encoded["job"]["request"]) == init_fields(WorkerRequest)
     assert set(encoded["job"]["run"]) == init_fields(RunSpec)
     assert set(encoded["workers"][0]) == init_fields(WorkerPlacement)
-    assert set(codec.encode_queue(QueueSpec("q"))) == init_fields(QueueSpec)
+    full = QueueSpec("q", max_pending=3, max_grace_s=60.0, run_as="alice")
+    assert set(codec.encode_queue(full)) == init_fields(QueueSpec)
+    # A queue without limits or a mapped user is stored as before they existed (no key to migrate).
+    assert set(codec.encode_queue(QueueSpec("q"))) == init_fields(QueueSpec) - {"max_pending", "max_grace_s", "run_as"}
     assert set(codec.encode_quota(Quota())) == init_fields(Quota)
     assert set(codec.encode_node(node)) == init_fields(Node)
     assert set(codec.encode_node(node)["gpus"][0]) == init_fields(Gpu)

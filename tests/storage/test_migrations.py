@@ -3,6 +3,7 @@ that cannot be used are refused with a fix."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
@@ -16,7 +17,7 @@ from alembic.runtime.migration import MigrationContext
 
 from gpufleet.adapters.storage.schema import metadata
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
-from gpufleet.adapters.storage.sql_engine import alembic_config, head_revision
+from gpufleet.adapters.storage.sql_engine import alembic_config, head_revision, make_engine, parse_url
 from gpufleet.domain import GpufleetError, QueueSpec
 from tests.storage.conftest import SQL_KINDS, sql_url
 from tests.storage.test_contract import job
@@ -127,8 +128,9 @@ def test_an_unreachable_server_is_a_clear_error() -> None:
 def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     path.write_bytes(b"this is not SQLite" * 100)
-    with pytest.raises(GpufleetError, match="cannot open the database"):
+    with pytest.raises(GpufleetError, match="is not a SQLite database") as caught:
         SqlStore.open(f"sqlite:///{path}")
+    assert "--reset-store" in caught.value.fix
 
 
 def test_default_sqlite_url_is_absolute_and_open_creates_the_folder(
@@ -146,3 +148,53 @@ def test_a_folder_that_cannot_be_made_is_a_clear_error() -> None:
     with pytest.raises(GpufleetError, match="cannot create the folder /proc/nope") as caught:
         SqlStore.open("sqlite:////proc/nope/state.db")
     assert "folder you can write to" in caught.value.fix
+
+
+def test_a_database_of_the_previous_revision_is_brought_to_head_with_its_jobs(url: str) -> None:
+    """0003 -> 0004 on a database in use: the audit and idempotency tables appear, nothing is lost."""
+    engine = make_engine(parse_url(url))
+    try:
+        with engine.begin() as connection:
+            config = alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0003")
+            queue = '{"name": "default", "quotas": {}, "cohort": null, "weight": 1.0}'
+            connection.execute(sa.text("INSERT INTO queues (name, spec) VALUES ('default', :spec)"), {"spec": queue})
+    finally:
+        engine.dispose()
+    with SqlStore.open(url) as store:
+        assert revision_and_diff(url) == (head_revision(), [])
+        assert store.queues() == (QueueSpec("default"),)
+        store.submit(job("a"), at=1.0)
+    with SqlStore.open(url) as store:
+        assert [r.id for r in store.active()] == ["a"]
+        assert store.audit_log() == []
+
+
+def test_jobs_stored_before_0003_get_their_priority_and_an_unknown_submitter(url: str) -> None:
+    from gpufleet.adapters.storage.codec import encode_record
+    from gpufleet.domain.lifecycle import JobState
+    from gpufleet.domain.records import JobRecord
+    from gpufleet.ports.admin import JobQuery
+
+    command.upgrade(alembic_config(url), "0002")
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.text("INSERT INTO queues (name, spec) VALUES ('default', :spec)"), {"spec": "{}"})
+            for seq, (job_id, priority) in enumerate((("low", 0), ("high", 7)), start=1):
+                record = encode_record(JobRecord(job(job_id, priority=priority, submit_seq=seq), JobState.PENDING))
+                del record["job"]["user"]  # as written before the submitter was recorded
+                connection.execute(
+                    sa.text(
+                        "INSERT INTO jobs (id, seq, queue, name, state, version, submitted_at, record) "
+                        "VALUES (:id, :seq, 'default', '', 'pending', 1, 0, :record)"
+                    ),
+                    {"id": job_id, "seq": seq, "record": json.dumps(record)},
+                )
+    finally:
+        engine.dispose()
+    with SqlStore.open(url) as store:  # migrates to head
+        assert store.pending_ahead("default", 0, 1, 10) == (1, ["high"])
+        assert store.pending_ahead("default", 7, 2, 10) == (0, [])
+        assert [r.job.user for r in store.jobs(JobQuery(user=""))] == ["", ""]

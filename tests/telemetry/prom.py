@@ -57,15 +57,23 @@ def get_json(url: str) -> Any:
 
 
 @contextmanager
-def prometheus_server(target: str, workdir: Path, scrape_interval_s: float = 1.0) -> Iterator[str]:
-    """Run Prometheus scraping `target` (host:port); yields its base URL; stops it afterwards."""
+def prometheus_server(
+    target: str, workdir: Path, scrape_interval_s: float = 1.0, bearer: str | None = None, anonymous_too: bool = False
+) -> Iterator[str]:
+    """Run Prometheus scraping `target` (host:port); yields its base URL; stops it afterwards. With `bearer`,
+    the scrape job `gpufleet` sends that token (`authorization: credentials:`); `anonymous_too` adds a job
+    `anonymous` that scrapes the same target without one."""
     binary = require("prometheus")
     config = workdir / "prometheus.yml"
     interval = f"{round(scrape_interval_s * 1000)}ms"  # Prometheus durations take no fractions
-    config.write_text(
+    auth = f"    authorization:\n      type: Bearer\n      credentials: '{bearer}'\n" if bearer else ""
+    text = (
         f"global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n"
-        f"scrape_configs:\n  - job_name: gpufleet\n    static_configs:\n      - targets: ['{target}']\n"
+        f"scrape_configs:\n  - job_name: gpufleet\n{auth}    static_configs:\n      - targets: ['{target}']\n"
     )
+    if anonymous_too:
+        text += f"  - job_name: anonymous\n    static_configs:\n      - targets: ['{target}']\n"
+    config.write_text(text)
     port = free_port()
     log = (workdir / "prometheus.log").open("wb")
     process = subprocess.Popen(

@@ -22,7 +22,7 @@ from gpufleet.scheduling.plugin_api import Registry
 
 EXPECTED = {
     "default": "order=fair_qssf, admit=gang+quota, filter=node_health+gpu_model+fits, "
-    "score=fgd*1+model_scarcity*0.3+best_fit*0.02+topology*1, select=fgd, preempt=las, learner=qssf",
+    "score=fgd*1+model_scarcity*0.3+topology*1, select=fgd, preempt=las, learner=qssf",
     "fair-binpack": "order=fair_share, admit=gang+quota, filter=node_health+gpu_model+fits, "
     "score=bin_pack*1+topology*1, select=pack, preempt=priority",
     "fifo": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=bin_pack*1, select=pack, "

@@ -21,7 +21,7 @@ from gpufleet.domain import (
     make_node,
 )
 from gpufleet.policies.catalog import PolicyData, build_profile, profile
-from gpufleet.policies.score.fgd import FgdScore, GradientMemo, growth_score
+from gpufleet.policies.score.fgd import FgdScore, GradientMemo, growth_score, truncated_score
 from gpufleet.policies.select.fgd import FgdSelect
 from gpufleet.policies.select.pack import PackGpus
 from gpufleet.scheduling.cycle import run_cycle
@@ -249,6 +249,22 @@ def test_growth_maps_to_a_sigmoid_score(growth: float, expected: float) -> None:
     assert growth_score(np.array([growth]))[0] == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("growth", [0.0, -250.0, -39.0, -41.0, 1000.0, 123.4, np.inf])
+def test_the_published_fgd_scores_in_whole_points(growth: float) -> None:
+    """The authors' simulator keeps `int64(100 * sigmoid(-growth / 1000))`: the exact score, truncated."""
+    assert truncated_score(np.array([growth]))[0] == np.floor(growth_score(np.array([growth]))[0])
+
+
+def test_truncated_scores_tie_nodes_whose_growth_differs_by_less_than_a_point() -> None:
+    # growth -30 and 0: exact scores differ, both are 50 in whole points, so the first node wins the tie.
+    snapshot = snapshot_with(("a-no-change", [1000, 1000]), ("b-slightly-better", [1000, 1000]))
+    assert truncated_score(np.array([-30.0, 0.0])).tolist() == [50.0, 50.0]
+    assert growth_score(np.array([-30.0]))[0] > growth_score(np.array([0.0]))[0]
+    exact, _ = score_of(FgdScore(HALF_AND_WHOLE), snapshot, half_job())
+    whole, _ = score_of(FgdScore(HALF_AND_WHOLE, truncate=True), snapshot, half_job())
+    assert whole.tolist() == np.floor(exact).tolist()
+
+
 def test_a_half_gpu_job_prefers_the_node_where_it_completes_a_half_used_gpu() -> None:
     snapshot = snapshot_with(("a-half-used", [500, 1000]), ("b-empty", [1000, 1000]))
     scores, candidates = score_of(FgdScore(HALF_AND_WHOLE), snapshot, half_job())
@@ -312,6 +328,17 @@ def test_select_completes_a_half_used_gpu_rather_than_split_a_whole_one() -> Non
 
 def test_select_takes_the_first_gpu_on_ties() -> None:
     assert select_on(FgdSelect(HALF_AND_WHOLE), [1000, 1000, 1000], half_job()) == (0,)
+
+
+def test_truncated_select_takes_the_first_gpu_of_the_best_whole_point() -> None:
+    """0.1 GPU on [0.3 free, 0.9 free]: GPU 1 grows fragmentation least (-33 milli-GPU), GPU 0 not at all; both
+    score 50 in whole points, and the authors' simulator takes the first GPU with the highest point."""
+    workload = target((500, 1, "", 1.0), (1000, 1, "", 1.0), (300, 1, "", 1.0))
+    job = half_job(share=100)
+    assert select_on(FgdSelect(workload), [300, 900], job) == (1,)
+    assert select_on(FgdSelect(workload, truncate=True), [300, 900], job) == (0,)
+    # A clear difference in points still decides: the half-used GPU completes a 0.5 class.
+    assert select_on(FgdSelect(HALF_AND_WHOLE, truncate=True), [1000, 500, 1000], half_job()) == (1,)
 
 
 def test_select_places_whole_gpus_as_pack_does() -> None:

@@ -4,7 +4,8 @@ A real `gpufleet up` runs as a separate process on loopback with an emulated inv
 directory. Measured:
 
 - **submit throughput**: `clients` concurrent HTTP clients (keep-alive) submit `jobs` one-GPU jobs to one
-  queue; jobs accepted per second of wall time (goal >= 500/s, the figure Slurm states).
+  queue, each with its own `Idempotency-Key` as the CLI sends, within the default rate limits; jobs
+  accepted per second of wall time (goal >= 500/s, the figure Slurm states).
 - **submit -> process started**: on the then idle control plane, one job at a time whose command records
   the wall time it started; latency from just before the HTTP request to that time, p50 and p99 (goal
   p50 <= 100 ms).
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -51,17 +53,23 @@ class LocalServer:
         token: str | None = None,
         port: int | None = None,
         env: dict[str, str] | None = None,
+        python: str = sys.executable,
+        prefix: tuple[str, ...] = (),
+        log_path: Path | None = None,
     ) -> None:
-        """`token`: the admin token of an earlier start on the same data directory (a restart prints none)."""
+        """`token`: the admin token of an earlier start on the same data directory (a restart prints none).
+        `prefix` runs it through another command (e.g. `runuser -u USER --`); `log_path`: where its output
+        goes (default: server.log in the data directory)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
         env = {**os.environ, "GPUFLEET_CLIENT_CONFIG": str(data_dir / "client.toml"), "COLUMNS": "200", **(env or {})}
-        self.log_path = data_dir / "server.log"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_path or data_dir / "server.log"
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.log = open(self.log_path, "a")  # noqa: SIM115 - closed in stop()
         self._known_token = token
-        command = [sys.executable, "-m", "gpufleet", "up", "--data-dir", str(data_dir), "--port", str(self.port)]
+        command = [*prefix, python, "-m", "gpufleet", "up", "--data-dir", str(data_dir), "--port", str(self.port)]
         self.process = subprocess.Popen(
             [*command, *(["--emulate", emulate] if emulate else []), *extra],
             stdout=self.log,
@@ -127,7 +135,8 @@ def _submit_throughput(server: LocalServer, jobs: int, clients: int) -> dict[str
     def work(index: int) -> None:
         with server.client() as client:
             for n in range(per_client[index]):
-                response = client.post("/v1/jobs", json={**spec, "name": f"bench-{index}-{n}"})
+                key = {"Idempotency-Key": str(uuid.uuid4())}
+                response = client.post("/v1/jobs", json={**spec, "name": f"bench-{index}-{n}"}, headers=key)
                 if response.status_code in (200, 201):
                     accepted[index] += 1
                 else:
@@ -153,12 +162,23 @@ def _submit_throughput(server: LocalServer, jobs: int, clients: int) -> dict[str
     }
 
 
+def job_python() -> str:
+    """A Python every user may run: this one, unless it lives where others cannot reach (a per-user
+    install under /root); then the system's. Jobs run as their queue's own user when the control plane is
+    root."""
+    here = Path(sys.executable).resolve()
+    if all(os.stat(p).st_mode & 0o001 for p in (here, *here.parents)):
+        return sys.executable
+    return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+
+
 def _start_latency(server: LocalServer, samples: int, marks: Path) -> dict[str, object]:
     latencies: list[float] = []
+    python = job_python()
     with server.client() as client:
         for i in range(samples):
             mark = marks / f"{i}.t"
-            command = [sys.executable, "-S", "-c", f"import time; open({str(mark)!r}, 'w').write(repr(time.time()))"]
+            command = [python, "-S", "-c", f"import time; open({str(mark)!r}, 'w').write(repr(time.time()))"]
             sent = time.time()
             response = client.post("/v1/jobs", json={"queue": "default", "command": command, "name": f"lat-{i}"})
             response.raise_for_status()
@@ -180,16 +200,18 @@ def _start_latency(server: LocalServer, samples: int, marks: Path) -> dict[str, 
 
 def run(jobs: int = 2000, clients: int = 16, latency_samples: int = 50) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-api-"))
+    # Jobs run as their queue's own user when the control plane is root: their marks go where they may write.
+    marks = Path(tempfile.mkdtemp(prefix="gpufleet-bench-marks-"))
+    marks.chmod(0o1777)
     try:
-        server = LocalServer(root, extra=("--stop-jobs",))
+        server = LocalServer(root / "data", extra=("--stop-jobs",))
         try:
             result: dict[str, object] = {"store": "sqlite", "inventory": "emulated: 8xA100-80GB"}
-            marks = root / "marks"
-            marks.mkdir()
             result |= _start_latency(server, latency_samples, marks)
             result |= _submit_throughput(server, jobs, clients)
         finally:
             server.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(marks, ignore_errors=True)
     return result

@@ -6,12 +6,17 @@ starts with some fractional load, and the pending jobs mix fractional, 1/2/4/8-G
 Cycles run, placed jobs becoming running ones, until a cycle places nothing more; they share one
 `InventoryCache` (the fleet's table and capacity memo, and what was derived from each running job), as the
 control loop's cycles do.
+
+Two rates, because a job is not a unit of work: `placements_per_s` counts jobs placed (a gang is one),
+`gpus_placed_per_s` the GPUs they were given (a half-GPU share counts 0.5). A profile that runs small jobs
+first places many more jobs for about the same GPUs.
 """
 
 from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +36,8 @@ from gpufleet.domain import (
 )
 from gpufleet.domain.snapshot import Placement
 from gpufleet.policies.catalog import profile as named_profile
-from gpufleet.scheduling.cycle import run_cycle
+from gpufleet.scheduling.cycle import CycleResult, run_cycle
+from gpufleet.scheduling.plugin_api import Profile
 from gpufleet.scheduling.state import InventoryCache
 
 MODELS: tuple[tuple[str, int, float], ...] = (
@@ -84,10 +90,18 @@ def build_fleet(nodes: int, pending: int, seed: int) -> Fleet:
         )
         for i in range(0, nodes, 10)
     )
-    kinds = rng.choice(7, size=pending, p=[0.2, 0.3, 0.15, 0.1, 0.1, 0.1, 0.05])
+    jobs = job_mix(rng, pending, names)
+    return Fleet(fleet_nodes, running, queues, tuple(jobs))
+
+
+def job_mix(rng: np.random.Generator, count: int, models: list[str], first: int = 0) -> list[Job]:
+    """`count` jobs of the benchmark's mix, numbered from `first`: 20 % fractional (0.25 or 0.5 GPU), 65 %
+    1/2/4/8 GPUs, 15 % gangs of 2-4 x 8 GPUs; 20 % of the GPU jobs allowed on two models only; priorities
+    0-2; spread evenly over the queues. Jobs are submitted one second apart."""
+    kinds = rng.choice(7, size=count, p=[0.2, 0.3, 0.15, 0.1, 0.1, 0.1, 0.05])
     jobs = []
-    for k in range(pending):
-        kind = int(kinds[k])
+    for k in range(first, first + count):
+        kind = int(kinds[k - first])
         workers = 1
         if kind == 0:
             request = WorkerRequest(gpus=1, gpu_milli=int(rng.choice([250, 500])), cpu_milli=2000)
@@ -97,7 +111,7 @@ def build_fleet(nodes: int, pending: int, seed: int) -> Fleet:
             workers = int(rng.integers(2, 5))
             request = WorkerRequest(gpus=8, cpu_milli=32_000, memory=256 * GiB)
         if rng.random() < 0.2 and request.gpus:
-            allowed = frozenset(rng.choice(names, size=2, replace=False).tolist())
+            allowed = frozenset(rng.choice(models, size=2, replace=False).tolist())
             request = WorkerRequest(
                 request.gpus, request.gpu_milli, request.gpu_memory, request.cpu_milli, request.memory, allowed
             )
@@ -112,44 +126,70 @@ def build_fleet(nodes: int, pending: int, seed: int) -> Fleet:
                 submitted_at=float(k),
             )
         )
-    return Fleet(fleet_nodes, running, queues, tuple(jobs))
+    return jobs
 
 
-def run(nodes: int, pending: int, seed: int = 0, policy: str = "default", max_cycles: int = 50) -> dict[str, object]:
-    fleet = build_fleet(nodes, pending, seed)
-    profile = named_profile(policy)
+@dataclass(frozen=True)
+class Cycle:
+    """One benchmark cycle: what the core was given, what it decided, and how long it took."""
+
+    snapshot: ClusterSnapshot
+    pending: tuple[Job, ...]
+    result: CycleResult
+    seconds: float
+
+
+def cycles(fleet: Fleet, profile: Profile, max_cycles: int = 50) -> Iterator[Cycle]:
+    """`run_cycle` on a fresh snapshot until a cycle decides nothing: placed jobs run from then on,
+    preempted ones are stopped at once (the benchmark's backend) and wait again, nominated."""
     running = {r.id: r for r in fleet.running}
     waiting = {j.id: j for j in fleet.pending}
-    placed = preempted = cycles = 0
-    seconds = 0.0
-    cycle_seconds: list[float] = []
     now = 0.0
     nominated: set[str] = set()
     # The node inventory's table and memo, kept across cycles as a control loop keeps them.
     inventory = InventoryCache()
-    while cycles < max_cycles:
+    for _ in range(max_cycles):
         snapshot = ClusterSnapshot(
             fleet.nodes, tuple(running.values()), fleet.queues, now=now, nominated=tuple(sorted(nominated))
         )
+        pending = tuple(waiting.values())
         start = time.perf_counter()
-        result = run_cycle(snapshot, tuple(waiting.values()), profile, inventory=inventory)
+        result = run_cycle(snapshot, pending, profile, inventory=inventory)
         elapsed = time.perf_counter() - start
-        seconds += elapsed
-        cycle_seconds.append(elapsed)
-        cycles += 1
+        yield Cycle(snapshot, pending, result, elapsed)
         for placement in result.placements:
             job = waiting.pop(placement.job)
             running[job.id] = _running(job, placement, now)
-        for preemption in result.preemptions:  # the bench's backend stops victims at once
+        for preemption in result.preemptions:
             victim = running.pop(preemption.victim)
             waiting[victim.id] = victim.job
             nominated.add(preemption.for_job)
         nominated -= {p.job for p in result.placements}
-        placed += len(result.placements)
-        preempted += len(result.preemptions)
         now += 60.0
         if not result.placements and not result.preemptions:
-            break
+            return
+
+
+def placed_gpus(placement: Placement) -> float:
+    """The GPUs a placement holds, fractions as fractions."""
+    return sum(share.milli for worker in placement.workers for share in worker.gpus) / 1000.0
+
+
+def run(nodes: int, pending: int, seed: int = 0, policy: str = "default", max_cycles: int = 50) -> dict[str, object]:
+    fleet = build_fleet(nodes, pending, seed)
+    placed = preempted = count = 0
+    gpus = seconds = 0.0
+    first_cycle_s = 0.0
+    still_pending = len(fleet.pending)
+    for cycle in cycles(fleet, named_profile(policy), max_cycles):
+        if not count:
+            first_cycle_s = cycle.seconds
+        count += 1
+        seconds += cycle.seconds
+        placed += len(cycle.result.placements)
+        preempted += len(cycle.result.preemptions)
+        gpus += sum(placed_gpus(p) for p in cycle.result.placements)
+        still_pending = len(cycle.pending) - len(cycle.result.placements) + len(cycle.result.preemptions)
     return {
         "benchmark": "scheduler",
         "policy": policy,
@@ -158,12 +198,14 @@ def run(nodes: int, pending: int, seed: int = 0, policy: str = "default", max_cy
         "gpus": nodes * 8,
         "pending": pending,
         "placed": placed,
+        "gpus_placed": round(gpus, 3),
         "preempted": preempted,
-        "still_pending": len(waiting),
-        "cycles": cycles,
+        "still_pending": still_pending,
+        "cycles": count,
         "seconds": round(seconds, 4),
-        "first_cycle_seconds": round(cycle_seconds[0], 4),
+        "first_cycle_seconds": round(first_cycle_s, 4),
         "placements_per_s": round(placed / seconds, 1) if seconds else 0.0,
+        "gpus_placed_per_s": round(gpus / seconds, 1) if seconds else 0.0,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 

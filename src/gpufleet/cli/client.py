@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import time
 import tomllib
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ URL_ENV = "GPUFLEET_URL"
 TOKEN_ENV = "GPUFLEET_TOKEN"
 CONFIG_ENV = "GPUFLEET_CLIENT_CONFIG"
 DEFAULT_URL = "http://127.0.0.1:8080"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 def config_path() -> Path:
@@ -47,7 +52,8 @@ def read_config(path: Path | None = None) -> dict[str, str]:
 def write_config(url: str, token: str, path: Path | None = None) -> Path:
     """Save URL and token for later commands; the file is readable by its owner only (it holds a secret)."""
     file = path or config_path()
-    file.parent.mkdir(parents=True, exist_ok=True)
+    if not file.parent.exists():
+        file.parent.mkdir(mode=0o700, parents=True)  # its folder is private too (others cannot even list it)
     # json.dumps of a str is a valid TOML basic string.
     text = f"url = {json.dumps(url)}\ntoken = {json.dumps(token)}\n"
     descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -94,9 +100,47 @@ class Client:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def call(self, method: str, path: str, *, json_body: Any = None, params: Any = None) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Any = None,
+        headers: dict[str, str] | None = None,
+        retry_s: float = 0.0,
+        on_retry: Callable[[str], None] | None = None,
+    ) -> Any:
+        """One API call; its answer's body, or a GpufleetError. With `retry_s`, a call that could not reach the
+        control plane, lost its connection, or got 429/503 is sent again (with the same headers, so an
+        idempotency key makes that safe) until `retry_s` seconds have passed."""
+        deadline = time.monotonic() + retry_s
+        pause = 0.2
+        told = False
+        while True:
+            try:
+                response = self._send(method, path, json_body, params, headers)
+            except GpufleetError as error:
+                if time.monotonic() + pause > deadline:
+                    raise
+                why = error.message
+            else:
+                retry_after = _retry_after(response)
+                if retry_after is None or time.monotonic() + retry_after > deadline:
+                    return self._answer(response)
+                pause = max(pause, retry_after)
+                why = f"the control plane answered {response.status_code}"
+            if on_retry is not None and not told:
+                on_retry(f"{why}; retrying for up to {retry_s:g} s")
+                told = True
+            time.sleep(pause * random.uniform(1.0, 1.25))
+            pause = min(pause * 2, 5.0)
+
+    def _send(
+        self, method: str, path: str, json_body: Any, params: Any, headers: dict[str, str] | None
+    ) -> httpx.Response:
         try:
-            response = self._http.request(method, path, json=json_body, params=params)
+            return self._http.request(method, path, json=json_body, params=params, headers=headers)
         except httpx.ConnectError:
             raise GpufleetError(
                 f"cannot reach the control plane at {self.target.url}",
@@ -110,6 +154,8 @@ class Client:
             raise GpufleetError(
                 f"cannot talk to the control plane at {self.target.url}: {error}", f"check --url / {URL_ENV}"
             ) from None
+
+    def _answer(self, response: httpx.Response) -> Any:
         if response.status_code == 204:
             return None
         try:
@@ -138,11 +184,42 @@ class Client:
             message += f" (no token given; pass --token, set {TOKEN_ENV}, or run `gpufleet login URL TOKEN`)"
         return ApiError(status, str(body.get("code", "")), message, fields)
 
+    def download(self, path: str, destination: Path) -> None:
+        """POST `path` and stream the answer's body into `destination` (an error answer is raised)."""
+        try:
+            with self._http.stream("POST", path) as response:
+                if not response.is_success:
+                    response.read()
+                    self._answer(response)
+                with destination.open("wb") as out:
+                    for chunk in response.iter_bytes(1 << 20):
+                        out.write(chunk)
+        except httpx.TransportError as error:
+            raise GpufleetError(
+                f"the download from {self.target.url} broke off: {error}",
+                "check that the control plane runs, then retry",
+            ) from None
+
     def get(self, path: str, **params: Any) -> Any:
         return self.call("GET", path, params={k: v for k, v in params.items() if v is not None} or None)
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.call("POST", path, json_body=body)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """Seconds to wait before sending again, for answers that ask for it (429, 503); None for the others."""
+    if response.status_code not in (429, 503):
+        return None
+    try:
+        return max(0.0, float(response.headers.get("retry-after", "1")))
+    except ValueError:
+        return 1.0
+
+
+def new_idempotency_key() -> str:
+    """A fresh key for one submit: its retries send the same one."""
+    return str(uuid.uuid4())
 
 
 def _what(message: str) -> str:

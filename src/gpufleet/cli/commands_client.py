@@ -17,7 +17,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.cli.client import TOKEN_ENV, URL_ENV, Client, resolve, write_config
+from gpufleet.cli.client import (
+    IDEMPOTENCY_HEADER,
+    TOKEN_ENV,
+    URL_ENV,
+    Client,
+    new_idempotency_key,
+    resolve,
+    write_config,
+)
+from gpufleet.cli.safe_text import cell, markup, plain, text_block
 from gpufleet.domain.errors import GpufleetError
 
 UrlOpt = Annotated[str | None, typer.Option("--url", envvar=URL_ENV, help="Control plane URL.", show_default=False)]
@@ -54,7 +63,7 @@ def _client(url: str | None, token: str | None) -> Iterator[Client]:
         with Client(resolve(url, token)) as client:
             yield client
     except GpufleetError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {plain(error)}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -72,7 +81,7 @@ def _size(nbytes: float | None) -> str:
 
 def _state(state: str) -> str:
     style = STATE_STYLE.get(state)
-    return f"[{style}]{state}[/]" if style else state
+    return f"[{style}]{markup(state)}[/]" if style else markup(state)
 
 
 def _since(at: float | None) -> str:
@@ -106,20 +115,34 @@ def submit(
     spec_file: Annotated[str, typer.Argument(metavar="JOB.yaml", help="The job spec.")],
     queue: Annotated[str | None, typer.Option(help="Submit to this queue (overrides the spec's).")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it ends; exit 1 unless it succeeded.")] = False,
+    retry_for: Annotated[
+        float, typer.Option(min=0, help="Seconds to keep retrying when the control plane is unreachable or busy.")
+    ] = 30.0,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Submit a job from a YAML spec."""
+    """Submit a job from a YAML spec.
+
+    Each submit carries an idempotency key, and is retried (for up to --retry-for seconds) when the control
+    plane cannot be reached, restarts, or asks to slow down: a retry never makes a second job."""
     from gpufleet.server.spec import load_spec_file
 
     with _client(url, token) as client:
         spec = load_spec_file(spec_file)
         if queue:
             spec = spec.model_copy(update={"queue": queue})
-        job = client.post("/v1/jobs", spec.model_dump(mode="json", exclude_none=True))
+        body = spec.model_dump(mode="json", exclude_none=True)
+        job = client.call(
+            "POST",
+            "/v1/jobs",
+            json_body=body,
+            headers={IDEMPOTENCY_HEADER: new_idempotency_key()},
+            retry_s=retry_for,
+            on_retry=lambda note: typer.echo(f"note: {plain(note)} (--retry-for 0: fail at once)", err=True),
+        )
         if not as_json:
-            typer.echo(f"submitted {job['id']} to queue {job['queue']}")
+            typer.echo(f"submitted {plain(job['id'])} to queue {plain(job['queue'])}")
         while wait and job["state"] not in TERMINAL_STATES:
             time.sleep(0.5)
             job = client.get(f"/v1/jobs/{job['id']}")
@@ -127,7 +150,7 @@ def submit(
         _print_json(job)
     elif wait:
         code = f" (exit code {job['exit_code']})" if job.get("exit_code") is not None else ""
-        typer.echo(f"{job['id']} {job['state']}{code}: {job['reason']}")
+        typer.echo(plain(f"{job['id']} {job['state']}{code}: {job['reason']}"))
     if wait and job["state"] != "succeeded":
         raise typer.Exit(1)
 
@@ -154,14 +177,14 @@ def jobs(
     for job in page["jobs"]:
         why = job["waiting_reason"] if job["state"] == "pending" else job["reason"]
         table.add_row(
-            job["id"],
-            job["name"] or "-",
-            job["queue"],
+            cell(job["id"]),
+            cell(job["name"] or "-"),
+            cell(job["queue"]),
             _state(job["state"]),
             _gpus(job["request"]["gpus"]),
             str(job["workers"]),
             _since(job["submitted_at"]),
-            (why or "")[:80],
+            cell((why or "")[:80]),
         )
     console = _console()
     console.print(table)
@@ -183,22 +206,22 @@ def show(
         return
     request = job["request"]
     lines = [
-        f"[bold]{job['id']}[/] {job['name']}  queue {job['queue']}  {_state(job['state'])}",
-        f"reason: {job['reason'] or '-'}",
+        f"[bold]{markup(job['id'])}[/] {markup(job['name'])}  queue {markup(job['queue'])}  {_state(job['state'])}",
+        f"reason: {markup(job['reason'] or '-')}",
         f"asks: {_gpus(request['gpus'])} GPU x {job['workers']} workers"
-        + (f", models {'|'.join(request['gpu_models'])}" if request["gpu_models"] else "")
+        + (f", models {markup('|'.join(request['gpu_models']))}" if request["gpu_models"] else "")
         + (f", {request['cpu']:g} CPU" if request["cpu"] else "")
         + (f", {_size(request['memory'])} memory" if request["memory"] else ""),
         f"priority {job['priority']}, {'preemptible' if job['preemptible'] else 'not preemptible'}, "
         f"attempt {job['attempt']}, preempted {job['preemptions']}x",
     ]
     if job["run"]:
-        lines.append("command: " + " ".join(job["run"]["command"]))
+        lines.append("command: " + markup(" ".join(job["run"]["command"])))
     if job["exit_code"] is not None:
         lines.append(f"exit code: {job['exit_code']}")
     for worker in job["placement"]:
         gpus = ", ".join(f"{g['index']} ({g['model']}, {g['fraction']:g})" for g in worker["gpus"]) or "no GPUs"
-        lines.append(f"worker {worker['rank']}: {worker['node']} GPUs {gpus}")
+        lines.append(markup(f"worker {worker['rank']}: {worker['node']} GPUs {gpus}"))
     console = _console()
     for line in lines:
         console.print(line)
@@ -217,37 +240,42 @@ def explain(
         _print_json(why)
         return
     console = _console()
-    console.print(f"[bold]{why['id']}[/] {_state(why['state'])}: {why['summary']}")
+    console.print(f"[bold]{markup(why['id'])}[/] {_state(why['state'])}: {markup(why['summary'])}")
     if why["position"] is not None:
         ahead = ", ".join(why["ahead"][:10]) + (" …" if len(why["ahead"]) > 10 else "")
-        console.print(f"position {why['position']} in queue {why['queue']}" + (f"; ahead: {ahead}" if ahead else ""))
+        where = f"position {why['position']} in queue {why['queue']}" + (f"; ahead: {ahead}" if ahead else "")
+        console.print(markup(where))
     for quota in why["quota"]:
         nominal = "unlimited" if quota["nominal"] is None else f"{quota['nominal']:g}"
         used = _size(quota["used"]) if quota["unit"] == "bytes" else f"{quota['used']:g}"
         if quota["unit"] == "bytes" and quota["nominal"] is not None:
             nominal = _size(quota["nominal"])
-        console.print(f"quota {quota['resource']}: {used} used of {nominal} nominal ({quota['unit']})")
+        console.print(markup(f"quota {quota['resource']}: {used} used of {nominal} nominal ({quota['unit']})"))
     if why.get("idle"):
-        console.print(f"[bold yellow]{why['idle']}[/]")
+        console.print(f"[bold yellow]{markup(why['idle'])}[/]")
     for notice in why.get("notices", [])[-3:]:
-        console.print(f"  note ({notice['kind']}): {notice['message']}")
+        console.print(markup(f"  note ({notice['kind']}): {notice['message']}"))
     for event in why["events"][-5:]:
-        console.print(f"  {event['source']} -> {event['target']}: {event['reason']}")
+        console.print(markup(f"  {event['source']} -> {event['target']}: {event['reason']}"))
 
 
 def cancel(
     job_id: Annotated[str, typer.Argument(metavar="JOB")],
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Kill it now (SIGKILL), whatever its grace period; recorded in the audit log."),
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Cancel a job: checkpoint signal, grace period, then kill."""
+    """Cancel a job: checkpoint signal, grace period, then kill (--force: kill at once)."""
     with _client(url, token) as client:
-        answer = client.post(f"/v1/jobs/{job_id}/cancel")
+        answer = client.call("POST", f"/v1/jobs/{job_id}/cancel", params={"force": "true"} if force else None)
     if as_json:
         _print_json(answer)
     else:
-        typer.echo(f"{job_id}: {answer['message']}")
+        typer.echo(plain(f"{job_id}: {answer['message']}"))
 
 
 def logs(
@@ -255,16 +283,22 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
     worker: Annotated[int, typer.Option(min=0, help="Worker (rank).")] = 0,
     attempt: Annotated[int | None, typer.Option(min=1, help="Attempt (default: the latest).")] = None,
+    escape_control: Annotated[
+        bool,
+        typer.Option(
+            "--escape-control", help="Show control characters of the output escaped (\\x1b), not as the job wrote them."
+        ),
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Print a job's output (one worker's stdout and stderr)."""
+    """Print a job's output (one worker's stdout and stderr), as the job wrote it."""
     offset = 0
     with _client(url, token) as client:
         while True:
             chunk = client.get(f"/v1/jobs/{job_id}/logs", worker=worker, attempt=attempt, offset=offset)
             if chunk["text"]:
-                typer.echo(chunk["text"], nl=False)
+                typer.echo(text_block(chunk["text"]) if escape_control else chunk["text"], nl=False)
             moved = chunk["next_offset"] != offset
             offset = chunk["next_offset"]
             if attempt is None and chunk["attempt"]:
@@ -286,7 +320,7 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         _print_json(listed)
         return
     table = Table(box=None, header_style="bold")
-    for column in ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS"):
+    for column in ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS", "LIMITS", "RUN AS"):
         table.add_column(column)
     for queue in listed:
         quotas = []
@@ -296,16 +330,27 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
                 text += f" (+{_num(quota['borrowing_limit'])})"
             quotas.append(f"{key}={text}")
         usage = queue["usage"]
+        limits = []
+        if queue.get("max_pending") is not None:
+            limits.append(f"pending<={queue['max_pending']}")
+        if queue.get("max_grace") is not None:
+            limits.append(f"grace<={queue['max_grace']:g}s")
         table.add_row(
-            queue["name"],
-            queue["cohort"] or "-",
+            cell(queue["name"]),
+            cell(queue["cohort"] or "-"),
             f"{queue['weight']:g}",
             str(usage["running"]),
             str(usage["pending"]),
             _gpus(usage["gpus"]),
-            " ".join(quotas) or "unlimited",
+            cell(" ".join(quotas) or "unlimited"),
+            " ".join(limits) or "-",
+            cell(queue.get("run_as") or "-"),
         )
     _console().print(table)
+
+
+def _cap(value: int) -> int | None:
+    return None if value < 0 else value
 
 
 def _num(value: float | None) -> str:
@@ -325,11 +370,26 @@ def quota_set(
     lending_limit: Annotated[float | None, typer.Option(help="GPUs of its nominal it may lend.")] = None,
     cohort: Annotated[str | None, typer.Option(help="Cohort whose idle quota it shares.")] = None,
     weight: Annotated[float | None, typer.Option(help="Fair-share weight.")] = None,
+    max_pending: Annotated[
+        int | None, typer.Option(min=-1, help="Most jobs it may have pending at once (-1: no cap).")
+    ] = None,
+    max_grace: Annotated[
+        str | None,
+        typer.Option(help="Longest grace_period its jobs may ask, e.g. 2h (default: the control plane's, 1h)."),
+    ] = None,
+    run_as: Annotated[
+        str | None,
+        typer.Option(
+            "--run-as",
+            help="OS user the queue's jobs run as (an existing, unprivileged one); '' for the queue's own "
+            "gpufleet-<queue> user.",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a queue or change its quotas; what is not given stays as it was."""
+    """Create a queue or change its quotas and limits; what is not given stays as it was."""
     with _client(url, token) as client:
         current = next((q for q in client.get("/v1/queues")["queues"] if q["name"] == queue), None)
         quotas: dict[str, Any] = {k: dict(v) for k, v in (current or {}).get("quotas", {}).items()}
@@ -358,6 +418,9 @@ def quota_set(
             "quotas": quotas,
             "cohort": cohort if cohort is not None else (current or {}).get("cohort"),
             "weight": weight if weight is not None else (current or {}).get("weight", 1.0),
+            "run_as": (run_as or None) if run_as is not None else (current or {}).get("run_as"),
+            "max_pending": (current or {}).get("max_pending") if max_pending is None else _cap(max_pending),
+            "max_grace": (current or {}).get("max_grace") if max_grace is None else max_grace,
         }
         saved = client.call("PUT", f"/v1/queues/{queue}", json_body=body)
     if as_json:
@@ -384,7 +447,8 @@ def quota_delete(
 def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Nodes, their GPUs, and which jobs hold each GPU."""
     with _client(url, token) as client:
-        listed = client.get("/v1/nodes")["nodes"]
+        answer = client.get("/v1/nodes")
+    listed, isolation = answer["nodes"], answer.get("isolation")
     if as_json:
         _print_json(listed)
         return
@@ -396,14 +460,24 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) 
         label = node["name"] + (" (emulated)" if node["emulated"] else "") + (f" ({', '.join(flags)})" if flags else "")
         for gpu in node["gpus"] or [None]:
             if gpu is None:
-                table.add_row(label, "-", "-", "-", "-", "-")
+                table.add_row(cell(label), "-", "-", "-", "-", "-")
                 continue
             jobs_on = ", ".join(f"{a['job_id']} ({a['fraction']:g})" for a in gpu["jobs"]) or "-"
             table.add_row(
-                label, str(gpu["index"]), gpu["model"], _size(gpu["memory"]), f"{gpu['allocated']:g}", jobs_on
+                cell(label),
+                str(gpu["index"]),
+                cell(gpu["model"]),
+                _size(gpu["memory"]),
+                f"{gpu['allocated']:g}",
+                cell(jobs_on),
             )
             label = ""
     _console().print(table)
+    if isolation:
+        typer.echo(plain(f"jobs: {isolation['users']}"))
+        typer.echo(plain(f"limits: {isolation['cgroups']}"))
+        for note in isolation.get("notes") or ():
+            typer.echo(plain(f"warning: {note}"))
 
 
 def _node_action(action: str, node: str, url: str | None, token: str | None, as_json: bool) -> None:
@@ -415,11 +489,13 @@ def _node_action(action: str, node: str, url: str | None, token: str | None, as_
     if action == "drain":
         requeued = answer["requeued"]
         typer.echo(
-            f"node {node} cordoned; {len(requeued)} job(s) asked to requeue"
-            + (": " + ", ".join(requeued) if requeued else "")
+            plain(
+                f"node {node} cordoned; {len(requeued)} job(s) asked to requeue"
+                + (": " + ", ".join(requeued) if requeued else "")
+            )
         )
     else:
-        typer.echo(f"node {node} {action}ed")
+        typer.echo(plain(f"node {node} {action}ed"))
 
 
 def cordon(node: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
@@ -443,7 +519,7 @@ def drain(node: str, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOp
 @token_app.command("create")
 def token_create(
     name: Annotated[str, typer.Argument(help="Who it is for, e.g. team-a-ci.")],
-    role: Annotated[str, typer.Option(help="team (one queue) or admin.")] = "team",
+    role: Annotated[str, typer.Option(help="team (one queue), admin, or metrics (scrape /metrics only).")] = "team",
     queue: Annotated[str | None, typer.Option(help="The team's queue (team tokens).")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -455,7 +531,8 @@ def token_create(
     if as_json:
         _print_json(created)
         return
-    typer.echo(f"token {created['id']} ({created['role']}{', queue ' + created['queue'] if created['queue'] else ''})")
+    queue_part = ", queue " + created["queue"] if created["queue"] else ""
+    typer.echo(plain(f"token {created['id']} ({created['role']}{queue_part})"))
     typer.echo(f"secret (shown once): {created['secret']}")
 
 
@@ -472,8 +549,8 @@ def token_list(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fa
         table.add_column(column)
     for item in listed:
         table.add_row(
-            item["id"], item["name"], item["role"], item["queue"] or "-", _since(item["created_at"]),
-            "yes" if item["revoked"] else "",
+            cell(item["id"]), cell(item["name"]), cell(item["role"]), cell(item["queue"] or "-"),
+            _since(item["created_at"]), "yes" if item["revoked"] else "",
         )  # fmt: skip
     _console().print(table)
 

@@ -16,8 +16,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpufleet.cli.commands_client import JsonOpt, TokenOpt, UrlOpt, _client
+from gpufleet.cli.safe_text import cell, markup, plain
 from gpufleet.domain.errors import GpufleetError
 
 report_app = typer.Typer(help="Reports from the control plane.", no_args_is_help=True)
@@ -57,7 +59,7 @@ def table(report: dict[str, Any]) -> Table:
     for row in [*report["queues"], report["total"]]:
         util = row["utilisation"]
         out.add_row(
-            f"[bold]{row['queue']}[/]" if row is report["total"] else row["queue"],
+            Text(row["queue"], style="bold") if row is report["total"] else cell(row["queue"]),
             str(row["jobs"]),
             _hours(row["allocated_gpu_hours"]),
             _hours(row["sampled_gpu_hours"]),
@@ -128,7 +130,7 @@ def usage(
         console = Console(soft_wrap=True)
         console.print(table(report))
         for note in report["notes"]:
-            console.print(f"[dim]{note}[/]")
+            console.print(f"[dim]{markup(note)}[/]")
     if png is not None and not as_json:
         typer.echo(f"chart written to {png}")
 
@@ -149,4 +151,4 @@ def idle_policy(
     if as_json:
         typer.echo(json.dumps(answer, indent=2, sort_keys=True))
     else:
-        typer.echo(f"queue {answer['queue']}: idle policy {answer['policy']}")
+        typer.echo(plain(f"queue {answer['queue']}: idle policy {answer['policy']}"))

@@ -10,11 +10,13 @@ from typing import Annotated
 import typer
 
 from gpufleet import __version__
+from gpufleet.cli.commands_admin import register_admin_commands
 from gpufleet.cli.commands_client import quota_app, register_client_commands
 from gpufleet.cli.commands_report import idle_policy as idle_policy_command
 from gpufleet.cli.commands_report import report_app
 from gpufleet.cli.exporter import exporter as exporter_command
 from gpufleet.cli.extras import command_name, missing_extra
+from gpufleet.cli.safe_text import plain
 from gpufleet.cli.sim import TRACES_ENV, traces_root
 from gpufleet.cli.sim import sim as sim_command
 from gpufleet.cli.top import top as top_command
@@ -31,6 +33,7 @@ bench_app = typer.Typer(help="Benchmarks; each prints one JSON object.", no_args
 app.add_typer(bench_app, name="bench")
 app.command("sim")(sim_command)
 register_client_commands(app)
+register_admin_commands(app)
 app.command("up")(up_command)
 app.command("top")(top_command)
 app.command("exporter")(exporter_command)
@@ -53,7 +56,7 @@ def print_result(result: dict[str, object], as_json: bool) -> None:
 
 def fail(error: GpufleetError) -> None:
     """Print a user mistake as one clear message, no stack trace, and exit 2."""
-    typer.echo(f"error: {error}", err=True)
+    typer.echo(f"error: {plain(error)}", err=True)
     raise typer.Exit(2)
 
 
@@ -134,6 +137,29 @@ def throughput_import(
     )
 
 
+@bench_app.command("loop")
+def bench_loop(
+    nodes: int = typer.Option(1000, min=10, help="Nodes in the synthetic fleet (8 GPUs each)."),
+    pending: int | None = typer.Option(None, min=0, help="Jobs kept waiting (default: 10 per node)."),
+    steps: int = typer.Option(30, min=1, help="Steady steps measured (one simulated second each)."),
+    rate: int | None = typer.Option(None, min=1, help="Jobs arriving per step (default: one per 5 nodes)."),
+    seed: int = typer.Option(0, help="Seed of the fleet, the jobs and their durations."),
+    policy: str = typer.Option("default", help="Scheduling profile."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """The live control loop (Reconciler + SQLite store, a fake in-process backend) at a steady load."""
+    from gpufleet.bench import control_loop
+    from gpufleet.sim.experiment import check_policies
+
+    try:
+        check_policies([policy])
+        result = control_loop.run(nodes, pending, steps=steps, rate=rate, seed=seed, policy=policy)
+    except GpufleetError as error:
+        fail(error)
+        return
+    print_result(result, as_json)
+
+
 @bench_app.command("sim")
 def bench_sim(
     traces: Annotated[
@@ -187,6 +213,23 @@ def bench_api(
     print_result(result, as_json)
 
 
+@bench_app.command("web")
+def bench_web(
+    jobs: int = typer.Option(10_000, min=100, help="Jobs in the store before the pages are timed."),
+    repeats: int = typer.Option(5, min=1, help="Requests per page (the first and the best are reported)."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """Server time to render each dashboard page with many jobs in the store (goal: 300 ms each)."""
+    from gpufleet.bench import web
+
+    try:
+        result = web.run(jobs, repeats)
+    except GpufleetError as error:
+        fail(error)
+        return
+    print_result(result, as_json)
+
+
 @bench_app.command("store")
 def bench_store(
     jobs: int = typer.Option(2000, min=1, help="Jobs submitted and written."),
@@ -221,7 +264,7 @@ def main() -> None:
     try:
         app()
     except GpufleetError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {plain(error)}", err=True)
         sys.exit(2)
     except ModuleNotFoundError as error:
         missing = missing_extra(error, command_name(sys.argv))

@@ -4,7 +4,8 @@ gpufleet sim                                        synthetic workload, policies
 gpufleet sim -w philly -p fifo,sjf --traces DIR     a public trace (DIR holds philly-2017/ …)
 gpufleet sim -w openb -p best-fit,fgd --traces DIR  the FGD protocol on openb (pods never leave)
 gpufleet sim -w PATH                                a trace folder or CSV, format detected
-gpufleet sim --reproduce fgd --traces DIR           our figures beside the published ones
+gpufleet sim --reproduce fgd --traces DIR           our figures beside the published ones (--seeds 47-51)
+gpufleet sim --reproduce helios-philly --set window=december   a month Helios did not publish (held out)
 gpufleet sim --add-nodes 8xH100@4 --quota team-a:gpu=64   what if the cluster had 4 more nodes, team-a more quota
 gpufleet sim --node-mtbf-hours 500 --repair-hours 4 --event 3600:down:syn-0003   … with node failures
 … --out DIR (results.json, results.csv, plots, report.md)   … --json (one JSON object on stdout)
@@ -18,6 +19,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,6 +41,8 @@ from gpufleet.sim.simulated_backend import BackendSettings
 from gpufleet.sim.whatif import apply_what_if
 from gpufleet.sim.workload import Workload, WorkloadError
 from gpufleet.sim.workloads import load_workload
+from gpufleet.sim.workloads.openb_fgd import FGD_SEEDS
+from gpufleet.sim.workloads.philly import WINDOWS
 from gpufleet.sim.workloads.sources import SOURCES
 
 TRACES_ENV = "GPUFLEET_TRACES"
@@ -290,8 +294,12 @@ def sim(
         str | None, typer.Option(help="Re-run a published experiment: " + ", ".join(REPRODUCTIONS) + ".")
     ] = None,
     load_scale: Annotated[
-        float, typer.Option(help="Divide arrival times by K (K-fold load; run times unchanged).")
-    ] = 1.0,
+        float | None,
+        typer.Option(
+            help="Divide arrival times by K (K-fold load; run times unchanged). Default 1; for --reproduce "
+            "helios-philly the calibrated load."
+        ),
+    ] = None,
     prices: Annotated[
         Path | None,
         typer.Option(help=f"GPU price CSV (e.g. gcp_gpu_prices_us.csv, or its folder; or set {PRICES_ENV})."),
@@ -308,7 +316,10 @@ def sim(
             "--oracle-durations/--no-oracle-durations", help="Give jobs their true run time (read by sjf, srtf)."
         ),
     ] = True,
-    seeds: Annotated[int, typer.Option(min=1, max=10, help="--reproduce fgd: how many of the seeds 42..51.")] = 1,
+    seeds: Annotated[
+        str,
+        typer.Option(help="--reproduce fgd: seeds, as a count from 42 (3), a range (47-51) or a list (42,45)."),
+    ] = "1",
     rates: Annotated[
         str,
         typer.Option(help="--reproduce gavel|gavel-multi: arrival rates (jobs/hour); default: every published one."),
@@ -360,80 +371,134 @@ def sim(
         table = load_prices(prices, price or [])
         names = [p.strip() for p in policies.split(",") if p.strip()]
         bar = show_progress if show_progress is not None else sys.stderr.isatty()
-        if not math.isfinite(load_scale) or load_scale <= 0:
+        if load_scale is not None and not (math.isfinite(load_scale) and load_scale > 0):
             raise WorkloadError(f"--load-scale is {load_scale}", "give a factor > 0, e.g. 4")
         failures = failure_model(node_mtbf_hours, repair_hours, seed)
-        settings = sim_settings(failures, checkpoint_every_s)
-        what_if_flags = {
-            "--add-nodes": add_nodes,
-            "--grow-quotas": grow_quotas,
-            "--quota": quota,
-            "--event": event,
-            "--node-mtbf-hours": node_mtbf_hours,
-            "--repair-hours": repair_hours,
-            "--checkpoint-every-s": checkpoint_every_s,
-        }
+        what_if = WhatIf(add_nodes or [], grow_quotas, quota or [], event or [], failures, checkpoint_every_s)
+        output = Output(out, as_json, bar)
         if reproduce is not None:
-            given = [flag for flag, value in what_if_flags.items() if value]
-            if given:
-                raise WorkloadError(
-                    f"{', '.join(given)} change the cluster, and --reproduce runs a published setup as published",
-                    f"drop {', '.join(given)}, or run --workload with them instead of --reproduce",
-                )
-            _reproduce(
-                reproduce,
-                root,
-                names,
-                policies != DEFAULT_POLICIES,
-                load_scale,
-                table,
-                seeds,
-                rates,
-                parse_options(options or []),
-                bar,
-                out,
-                as_json,
-            )
+            what_if.refuse(reproduce, repair_hours)
+            chosen = names if policies != DEFAULT_POLICIES else None
+            _reproduce(reproduce, root, chosen, load_scale, table, seeds, rates, parse_options(options or []), output)
             return
         loaded = load_named(workload, root, seed, parse_options(options or []))
-        loaded = scale_load(loaded, load_scale)
-        if grow_quotas and not add_nodes:
-            raise WorkloadError("--grow-quotas grows quotas with the GPUs added", "add --add-nodes, or drop it")
-        changed = apply_what_if(
-            loaded, add_nodes=add_nodes or (), quotas=quota or (), events=event or (), grow_quotas=grow_quotas
-        )
-        loaded = changed.workload
-        what_if = list(changed.changes)
-        if failures is not None:
-            what_if.append(f"--node-mtbf-hours {failures.mtbf_hours:g}: {failures.describe()}")
-        if checkpoint_every_s is not None:
-            what_if.append(
-                f"--checkpoint-every-s {checkpoint_every_s:g}: jobs keep their work up to their last periodic "
-                "checkpoint when their node fails"
-            )
-        notes = []
-        if oracle and any(tj.duration is not None for tj in loaded.jobs):
-            loaded = loaded.with_expected_durations()
-            notes.append("Jobs carry their trace run time as expected_duration (read only by sjf and srtf).")
-        with progress_bar(bar) as progress:
-            experiment = run_experiment(
-                loaded, names, prices=table, progress=progress, notes=notes, settings=settings, what_if=what_if
-            )
-        if out is not None:
-            write_report(out, [experiment])
-            if not plots_available():
-                typer.echo(skipped_note("plots", "PNG plots"), err=True)
-        if as_json:
-            typer.echo(json.dumps(experiment.as_dict()))
-        else:
-            console = stdout_console()
-            print_experiment(console, experiment)
-            if out is not None:
-                console.print(
-                    f"wrote {out}/results.json, results.csv, report.md" + (" and plots" if plots_available() else "")
-                )
+        loaded = scale_load(loaded, 1.0 if load_scale is None else load_scale)
+        _simulate(loaded, names, table, what_if, oracle, output)
     except GpufleetError as error:
         fail(error)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where results go: report files under `out`, one JSON object or tables on stdout, a progress bar."""
+
+    out: Path | None
+    as_json: bool
+    progress: bool
+
+    def experiment(self, experiment: Experiment) -> None:
+        self._write([experiment], None)
+        if self.as_json:
+            typer.echo(json.dumps(experiment.as_dict()))
+            return
+        console = stdout_console()
+        print_experiment(console, experiment)
+        if self.out is not None:
+            console.print(f"wrote {self.out}/results.json, results.csv, report.md{self._plots_written()}")
+
+    def comparison(self, comparison: Comparison) -> None:
+        self._write(list(comparison.experiments), comparison)
+        if self.as_json:
+            typer.echo(json.dumps(comparison.as_dict()))
+            return
+        console = stdout_console()
+        print_comparison(console, comparison)
+        if self.out is not None:
+            console.print(
+                f"wrote {self.out}/results.json, comparison.csv, results.csv, report.md{self._plots_written()}"
+            )
+
+    def _write(self, experiments: list[Experiment], comparison: Comparison | None) -> None:
+        """The report files, and a note on stderr when the `plots` extra is missing (no PNG plots)."""
+        if self.out is None:
+            return
+        write_report(self.out, experiments, comparison)
+        if not plots_available():
+            typer.echo(skipped_note("plots", "PNG plots"), err=True)
+
+    @staticmethod
+    def _plots_written() -> str:
+        return " and plots" if plots_available() else ""
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The what-if flags of one command: cluster changes, failures, checkpoints."""
+
+    add_nodes: list[str]
+    grow_quotas: bool
+    quotas: list[str]
+    events: list[str]
+    failures: FailureModel | None
+    checkpoint_every_s: float | None
+
+    def refuse(self, reproduce: str, repair_hours: float | None) -> None:
+        """A reproduction runs a published setup as published: no what-if flag may change it."""
+        given = [
+            flag
+            for flag, value in (
+                ("--add-nodes", self.add_nodes),
+                ("--grow-quotas", self.grow_quotas),
+                ("--quota", self.quotas),
+                ("--event", self.events),
+                ("--node-mtbf-hours", self.failures),
+                ("--repair-hours", repair_hours),
+                ("--checkpoint-every-s", self.checkpoint_every_s),
+            )
+            if value
+        ]
+        if given:
+            raise WorkloadError(
+                f"{', '.join(given)} change the cluster, and --reproduce runs a published setup as published",
+                f"drop {', '.join(given)}, or run --workload with them instead of --reproduce",
+            )
+
+    def apply(self, workload: Workload) -> tuple[Workload, list[str]]:
+        """The workload with the asked changes, and each change in words."""
+        if self.grow_quotas and not self.add_nodes:
+            raise WorkloadError("--grow-quotas grows quotas with the GPUs added", "add --add-nodes, or drop it")
+        changed = apply_what_if(
+            workload, add_nodes=self.add_nodes, quotas=self.quotas, events=self.events, grow_quotas=self.grow_quotas
+        )
+        changes = list(changed.changes)
+        if self.failures is not None:
+            changes.append(f"--node-mtbf-hours {self.failures.mtbf_hours:g}: {self.failures.describe()}")
+        if self.checkpoint_every_s is not None:
+            changes.append(
+                f"--checkpoint-every-s {self.checkpoint_every_s:g}: jobs keep their work up to their last periodic "
+                "checkpoint when their node fails"
+            )
+        return changed.workload, changes
+
+    def settings(self) -> SimSettings | None:
+        return sim_settings(self.failures, self.checkpoint_every_s)
+
+
+def _simulate(
+    workload: Workload, names: list[str], prices: PriceTable | None, what_if: WhatIf, oracle: bool, output: Output
+) -> None:
+    """Run the (changed) workload under every policy and write or print the experiment."""
+    settings = what_if.settings()
+    loaded, changes = what_if.apply(workload)
+    notes = []
+    if oracle and any(tj.duration is not None for tj in loaded.jobs):
+        loaded = loaded.with_expected_durations()
+        notes.append("Jobs carry their trace run time as expected_duration (read only by sjf and srtf).")
+    with progress_bar(output.progress) as progress:
+        experiment = run_experiment(
+            loaded, names, prices=prices, progress=progress, notes=notes, settings=settings, what_if=changes
+        )
+    output.experiment(experiment)
 
 
 def failure_model(mtbf_hours: float | None, repair_hours: float | None, seed: int | None) -> FailureModel | None:
@@ -460,60 +525,74 @@ def sim_settings(failures: FailureModel | None, checkpoint_every_s: float | None
     return SimSettings(backend=BackendSettings(checkpoint_every_s=checkpoint_every_s), failures=failures)
 
 
+# `--set` options each reproduction takes, and what they are.
+REPRODUCE_OPTIONS: dict[str, dict[str, str]] = {
+    "fgd": {
+        "pods": "pods=default|gpuspec33|PATH",
+        "gpushare_pct": "gpushare_pct=60 (resample with more GPU sharing)",
+        "resample_seed": "resample_seed=0",
+    },
+    "helios-philly": {"window": f"window={'|'.join(WINDOWS)}"},
+}
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """`--seeds`: a count of the paper's seeds from 42 (`3`: 42, 43, 44), a range (`47-51`) or a list (`42,45`)."""
+    fix = "write a count (3), a range (47-51) or a list (42,45) of seeds >= 0"
+    try:
+        if "," in text:
+            seeds = tuple(int(part) for part in text.split(",") if part.strip())
+        elif "-" in text.strip()[1:]:
+            first, last = (int(part) for part in text.split("-", 1))
+            seeds = tuple(range(first, last + 1))
+        else:
+            count = int(text)
+            if not 1 <= count <= len(FGD_SEEDS):
+                raise WorkloadError(f"--seeds {count} is not a count of 1..{len(FGD_SEEDS)}", fix)
+            seeds = FGD_SEEDS[:count]
+    except ValueError:
+        raise WorkloadError(f"--seeds {text!r} is not a seed count, range or list", fix) from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise WorkloadError(f"--seeds {text!r} gives no seed, a negative one or one twice", fix)
+    return seeds
+
+
 def _reproduce(
     name: str,
     root: Path | None,
-    names: list[str],
-    chosen: bool,
-    load_scale: float,
+    names: list[str] | None,
+    load_scale: float | None,
     table: PriceTable | None,
-    seeds: int,
+    seeds: str,
     rates: str,
     options: dict[str, Any],
-    bar: bool,
-    out: Path | None,
-    as_json: bool,
+    output: Output,
 ) -> None:
     runner = REPRODUCTIONS.get(name)
     if runner is None:
         raise WorkloadError(f"no published experiment {name!r} to reproduce", f"use one of: {', '.join(REPRODUCTIONS)}")
     root = _need_traces(root, f"--reproduce {name}", "the trace folders")
-    kwargs: dict[str, Any] = {"policies": names if chosen else None, "prices": table}
+    kwargs: dict[str, Any] = {"policies": names, "prices": table}
     if name == "helios-philly":
         kwargs["load_scale"] = load_scale
-    elif load_scale != 1:
+    elif load_scale is not None:
         raise WorkloadError(f"--load-scale applies to --reproduce helios-philly, not {name}", "drop --load-scale")
     if name == "fgd":
-        kwargs["seeds"] = tuple(range(42, 42 + seeds))
-    # The FGD protocol runs on either openb pod list (`--set pods=gpuspec33`); the other setups are fixed.
-    accepted = {"pods"} if name == "fgd" else set()
-    unknown = sorted(set(options) - accepted)
+        kwargs["seeds"] = parse_seeds(seeds)
+    accepted = REPRODUCE_OPTIONS.get(name, {})
+    unknown = sorted(set(options) - set(accepted))
     if unknown:
+        takes = "; ".join(f"--reproduce {r} takes --set {', '.join(o.values())}" for r, o in REPRODUCE_OPTIONS.items())
         raise WorkloadError(
-            f"--set {', '.join(unknown)} does not apply to --reproduce {name}",
-            "--reproduce fgd takes --set pods=default|gpuspec33|PATH; drop the others",
+            f"--set {', '.join(unknown)} does not apply to --reproduce {name}", f"{takes}; drop the others"
         )
-    if "pods" in options:
-        kwargs["pods"] = str(options["pods"])
+    kwargs |= {key: str(value) if key in ("pods", "window") else value for key, value in options.items()}
     if name in ("gavel", "gavel-multi") and rates.strip():
         try:
             kwargs["rates"] = tuple(float(r) for r in rates.split(",") if r.strip())
         except ValueError:
             raise WorkloadError(f"--rates {rates!r} is not a list of numbers", "write e.g. --rates 0.4,2.0") from None
     run: Callable[..., Comparison] = runner
-    with progress_bar(bar) as progress:
+    with progress_bar(output.progress) as progress:
         comparison = run(root, progress=progress, **kwargs)
-    if out is not None:
-        write_report(out, list(comparison.experiments), comparison)
-        if not plots_available():
-            typer.echo(skipped_note("plots", "PNG plots"), err=True)
-    if as_json:
-        typer.echo(json.dumps(comparison.as_dict()))
-        return
-    console = stdout_console()
-    print_comparison(console, comparison)
-    if out is not None:
-        console.print(
-            f"wrote {out}/results.json, comparison.csv, results.csv, report.md"
-            + (" and plots" if plots_available() else "")
-        )
+    output.comparison(comparison)

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufleet.cli.commands_client import TokenOpt, UrlOpt, _client
+from gpufleet.cli.safe_text import cell
 
 BAR_WIDTH = 20
 
@@ -73,16 +74,16 @@ def frame(data: dict[str, Any], url: str) -> Group:
         if len(gpu["jobs"]) > 1:
             job += f" +{len(gpu['jobs']) - 1}"
         gpus.add_row(
-            gpu["node"],
+            cell(gpu["node"]),
             str(gpu["index"]),
-            gpu["model"],
+            cell(gpu["model"]),
             bar(gpu["util"]),
             bar(mem_pct, 10),
             f"{_gib(used)}/{_gib(total)}",
             "-" if gpu["power_w"] is None else f"{gpu['power_w']:.0f}",
             "-" if gpu["temperature_c"] is None else f"{gpu['temperature_c']:.0f}",
-            job,
-            gpu["queue"] or "-",
+            cell(job),
+            cell(gpu["queue"] or "-"),
             flag,
         )
     queues = Table(box=None, header_style="bold", pad_edge=False)
@@ -91,7 +92,7 @@ def frame(data: dict[str, Any], url: str) -> Group:
     for q in data["queues"]:
         idle = f"{q['reserved_idle_gpus']:g}"
         queues.add_row(
-            q["queue"],
+            cell(q["queue"]),
             str(q["running"]),
             str(q["pending"]),
             duration(q["oldest_wait_s"]),
@@ -99,7 +100,7 @@ def frame(data: dict[str, Any], url: str) -> Group:
             f"{q['allocated_gpus']:g}",
             f"{q['used_gpus']:.2f}",
             Text(idle, style="bold red") if q["reserved_idle_gpus"] else Text(idle),
-            q["idle_policy"],
+            cell(q["idle_policy"]),
         )
     return Group(header, Text(""), gpus, Text(""), queues)
 

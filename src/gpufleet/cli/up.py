@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from gpufleet.cli.safe_text import markup, plain
 from gpufleet.domain.errors import GpufleetError
+from gpufleet.server.limits import MAX_GRACE_S
+from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
 
 DATA_DIR_ENV = "GPUFLEET_DATA_DIR"
 
@@ -19,15 +23,6 @@ def default_data_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("gpufleet"))
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def up(
@@ -49,6 +44,37 @@ def up(
         Path | None, typer.Option(help="An emulated inventory in YAML (several nodes, models, racks).")
     ] = None,
     policy: Annotated[str, typer.Option(help="Scheduling profile (see `gpufleet sim --help`).")] = "default",
+    max_grace: Annotated[
+        str,
+        typer.Option(
+            help="The longest grace_period a job may ask (between its checkpoint signal and SIGKILL), in queues "
+            "whose admin set no maximum (`quota set … --max-grace`)."
+        ),
+    ] = "1h",
+    team_rate: Annotated[
+        float, typer.Option(min=0, help="Requests per second per team or metrics token, on average (0: no limit).")
+    ] = TEAM_RATE.per_s,
+    team_burst: Annotated[float, typer.Option(min=1, help="... and at most this many at once.")] = TEAM_RATE.burst,
+    admin_rate: Annotated[
+        float, typer.Option(min=0, help="Requests per second per admin token, on average (0: no limit).")
+    ] = ADMIN_RATE.per_s,
+    admin_burst: Annotated[float, typer.Option(min=1, help="... and at most this many at once.")] = ADMIN_RATE.burst,
+    public_metrics: Annotated[
+        bool,
+        typer.Option(
+            "--public-metrics",
+            help="Serve /metrics without a token even when --host is not loopback (it lists job ids, queues and "
+            "hostnames). Without it, a non-loopback /metrics needs a metrics or admin token.",
+        ),
+    ] = False,
+    reset_store: Annotated[
+        bool,
+        typer.Option(
+            "--reset-store",
+            help="Start over with a new, empty store when the existing one is damaged or not this data "
+            "directory's: a SQLite file is moved aside (never deleted) and jobs still running from it are stopped.",
+        ),
+    ] = False,
     stop_jobs: Annotated[
         bool,
         typer.Option(
@@ -66,13 +92,61 @@ def up(
     idle_window: Annotated[
         float, typer.Option(min=0.01, help="... and flagged reserved-but-idle after this many seconds.")
     ] = 1800.0,
+    root_path: Annotated[
+        str,
+        typer.Option(
+            help="The path prefix a reverse proxy serves gpufleet under, e.g. /gpufleet (a proxy may also send "
+            "X-Forwarded-Prefix); the dashboard's links and cookie use it."
+        ),
+    ] = "",
+    single_user: Annotated[
+        bool,
+        typer.Option(
+            "--single-user",
+            help="Not root: accept team tokens anyway, although every job runs as this user and can read every "
+            "team's data (one trust domain). Refused as root, where each queue's jobs run as their own user.",
+        ),
+    ] = False,
+    jobs_home: Annotated[
+        Path,
+        typer.Option(help="As root: where the per-queue users (gpufleet-<queue>) get their home folders."),
+    ] = Path("/var/lib/gpufleet-jobs"),
+    cgroups: Annotated[
+        bool,
+        typer.Option(
+            "--cgroups/--no-cgroups", help="Run each worker in a cgroup with its memory, CPU, pids and GPU limits."
+        ),
+    ] = True,
+    pids_limit: Annotated[int, typer.Option(min=1, help="Processes and threads per worker (cgroup pids.max).")] = 8192,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where job logs go (keep them off the store's file system); default: in the data dir."),
+    ] = None,
+    log_cap: Annotated[
+        str, typer.Option(help="Largest log per worker and attempt; beyond it the newest part is kept.")
+    ] = "1GiB",
+    log_max_age: Annotated[
+        str, typer.Option(help="Finished jobs' logs are deleted this long after their last line (0: never).")
+    ] = "30d",
+    log_max_total: Annotated[
+        str | None,
+        typer.Option(help="All logs together stay under this; the oldest finished jobs' logs go first."),
+    ] = None,
 ) -> None:
     """Start the control plane: HTTP API, scheduling loop and local executor, on embedded defaults."""
-    from gpufleet.server.control_plane import ControlPlane, UpSettings
+    from gpufleet.server.control_plane import ControlPlane, UpSettings, is_loopback
+    from gpufleet.server.spec import parse_duration, parse_size
 
     console = Console(stderr=True, soft_wrap=True)
+    # Whatever the control plane writes (store, records, logs) is its own alone unless it says otherwise.
+    os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    try:
+        max_grace_s = parse_duration(max_grace, MAX_GRACE_S)
+    except ValueError as error:
+        typer.echo(f"error: --max-grace {error}", err=True)
+        raise typer.Exit(2) from None
     settings = UpSettings(
         data_dir=(data_dir or default_data_dir()).expanduser(),
         host=host,
@@ -81,29 +155,62 @@ def up(
         emulate=emulate,
         inventory_file=inventory,
         policy=policy,
+        reset_store=reset_store,
+        max_grace_s=max_grace_s,
+        team_rate=Rate(team_rate, team_burst),
+        admin_rate=Rate(admin_rate, admin_burst),
+        public_metrics=public_metrics,
         stop_jobs_on_exit=stop_jobs,
         sample_interval_s=sample_interval,
         idle_threshold_pct=idle_threshold,
         idle_window_s=idle_window,
+        root_path=_root_path(root_path),
+        single_user=single_user,
+        jobs_home=jobs_home,
+        use_cgroups=cgroups,
+        pids_limit=pids_limit,
+        log_dir=log_dir.expanduser().absolute() if log_dir is not None else None,
+        log_cap=_option(parse_size, log_cap, "--log-cap"),
+        log_max_age_s=_option(parse_duration, log_max_age, "--log-max-age") or None,
+        log_max_total=_option(parse_size, log_max_total, "--log-max-total") if log_max_total else None,
     )
     try:
         plane = ControlPlane(settings)
     except GpufleetError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {plain(error)}", err=True)
         raise typer.Exit(2) from None
 
     def ready() -> None:
         gpus = sum(len(node.gpus) for node in plane.inventory.nodes)
         label = " [bold yellow](EMULATED)[/]" if plane.inventory.emulated else ""
         console.print(f"gpufleet control plane at [bold]{settings.url}[/]")
+        console.print(f"  dashboard: {settings.url}/   API: {settings.url}/docs")
         console.print(f"  GPUs: {gpus} on {len(plane.inventory.nodes)} node(s), {plane.inventory.source}{label}")
         console.print(f"  data: {settings.data_dir}   store: {settings.db_url or 'SQLite (WAL)'}")
         console.print(f"  policy: {settings.policy}   on exit: {'stop jobs' if stop_jobs else 'keep jobs running'}")
-        if not _is_loopback(host):
+        report = plane.isolation_report
+        console.print(f"  jobs: {report.users}", markup=False)
+        console.print(f"  limits: {report.cgroups}", markup=False)
+        for note in report.notes:
+            console.print(f"[bold yellow]warning:[/] {markup(note)}")
+        if plane.opened.reset:
+            kept = markup(", ".join(str(path) for path in plane.opened.moved) or "nothing to move")
+            console.print(
+                f"  [bold yellow]store reset:[/] started with a new store; the old one was moved aside ({kept}); "
+                "jobs still running from it are stopped"
+            )
+        if not is_loopback(host):
             console.print(
                 f"[bold red]warning:[/] listening on {host}, reachable from other machines; every call needs a "
                 "token, but use TLS in front of it (a reverse proxy) or bind to 127.0.0.1"
             )
+            if public_metrics:
+                console.print("  /metrics: [bold]public[/] (--public-metrics): job ids, queues and hostnames for all")
+            else:
+                console.print(
+                    "  /metrics: needs a bearer token (Prometheus: `authorization: {credentials: …}` in the scrape "
+                    "config); make one with `gpufleet token create prometheus --role metrics`"
+                )
         if plane.admin_token is not None:
             console.print(f"  admin token (shown once, keep it): [bold]{plane.admin_token}[/]")
             saved = _save_client_config(settings.url, plane.admin_token)
@@ -114,8 +221,32 @@ def up(
     try:
         plane.serve(on_ready=ready)
     except GpufleetError as error:
-        typer.echo(f"error: {error}", err=True)
+        typer.echo(f"error: {plain(error)}", err=True)
         raise typer.Exit(2) from None
+
+
+def _option(parse: Callable[[str], float | int], value: str, name: str) -> int:
+    """An option in people's units (1GiB, 30d), or exit with what was wrong and how to fix it."""
+    try:
+        return round(parse(value))
+    except ValueError as error:
+        typer.echo(f"error: {name}: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _root_path(text: str) -> str:
+    """`/gpufleet`, `gpufleet/` and `/gpufleet/` all mean the prefix `/gpufleet`; `/` or nothing, none."""
+    from gpufleet.server.web.prefix import clean_prefix
+
+    cleaned = clean_prefix(text)
+    if cleaned is None:
+        typer.echo(
+            f"error: --root-path {text!r} is not a URL path; to fix: give a path such as /gpufleet "
+            "(letters, digits, '-', '_', '.', '~' between slashes)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return cleaned
 
 
 def _save_client_config(url: str, token: str) -> Path | None:

@@ -19,7 +19,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 
 from gpufleet.control.learning import Learning
@@ -53,8 +53,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ReconcilerSettings:
     grace_s: float = 30.0  # checkpoint grace period given to preemption victims
+    # The longest grace any stop gives, unless the job's queue sets its own (`QueueSpec.max_grace_s`): a job
+    # stored before a cap existed, or with a cap raised since, cannot hold its GPUs longer. None: no cap.
+    max_grace_s: float | None = None
     retry_all_s: float = 300.0  # with preemption: retry every parked job this often (as Kubernetes does)
     max_cycles_per_step: int = 64
+    # A waiting job's reason is rewritten when its code changes, else at most this often: the counts in a
+    # reason ("0/1000 nodes fit: 700 too few free GPUs") change nearly every cycle, and writing every pending
+    # job's record each step made two thirds of the store's writes under a steady load.
+    reason_refresh_s: float = 10.0
 
 
 @dataclass
@@ -117,23 +124,41 @@ class Reconciler:
         self._next_round = self._round_after(clock.now())
         self._deadlines: list[tuple[float, JobId, int]] = []  # (max runtime end, job, attempt), a heap
         self._known: dict[JobId, JobRecord] = {}  # every active job's record as last read or written
+        # What the backend reported and the store has not taken yet: the backend reports each observation
+        # once, so one whose write failed is kept and written again, never dropped.
+        self._unwritten: list[Observation] = []
+        self._dirty = False
+        self._reason_at: dict[JobId, float] = {}  # when each waiting job's reason was last written
         self._rebuild()
-        self.backend.adopt([Launch(r.job, r.attempt, r.workers) for r in self.store.active() if r.holds_resources])
+        self.backend.adopt([self._launch(r) for r in self.store.active() if r.holds_resources])
 
     # --- the loop -------------------------------------------------------------------------------
 
     def step(self) -> StepReport:
+        """One pass of the loop. A step that fails (the store refused a write: disk full, database down)
+        raises after keeping what it observed; the next step first resynchronises its working state from
+        the store, then writes those observations again."""
         report = StepReport()
+        if self._dirty:
+            self._resync()
         try:
             self._step(report)
         except StaleWriteError as error:
             # Another writer changed a job under us (a second control plane on the same store, or a
             # bug). Nothing was launched for the rejected write: resynchronise from the store.
             log.warning("store changed under the control loop (%s); resynchronising", error)
-            self.pending = self._pending_index()
-            self.nominated.clear()
-            self._rebuild()
+            self._resync()
+        except Exception:
+            # Working state may hold changes the store never took (placements, removals): rebuild it.
+            self._dirty = True
+            raise
         return report
+
+    def _resync(self) -> None:
+        self.pending = self._pending_index()
+        self.nominated.clear()
+        self._rebuild()
+        self._dirty = False
 
     def _step(self, report: StepReport) -> None:
         now = self.clock.now()
@@ -261,18 +286,22 @@ class Reconciler:
             return
         changes = _Changes()
         stops: list[JobRecord] = []
+        killed: set[JobId] = set()
         for request in requests:
             record = self._latest(request.job_id, changes)
             if record is None or record.state.terminal:
                 continue
             if request.kind is RequestKind.CANCEL:
                 self._cancel(record, request, now, changes, stops)
+            elif request.kind is RequestKind.FORCE_CANCEL:
+                self._cancel(record, request, now, changes, stops, force=True)
+                killed.add(record.id)
             elif request.kind is RequestKind.REQUEUE and self._requeue_applies(record, request):
                 stops.append(self._stop(record, StopCause.PREEMPTED, f"requeued: {request.reason}", now, changes))
             elif request.kind is RequestKind.RECLAIM and self._requeue_applies(record, request):
                 stops.append(self._stop(record, StopCause.RECLAIMED, f"reclaimed: {request.reason}", now, changes))
         self._write(changes)
-        self._send_stops(stops, report)
+        self._send_stops(stops, report, killed)
 
     @staticmethod
     def _requeue_applies(record: JobRecord, request: Request) -> bool:
@@ -284,18 +313,31 @@ class Reconciler:
         )
 
     def _cancel(
-        self, record: JobRecord, request: Request, now: float, changes: _Changes, stops: list[JobRecord]
+        self,
+        record: JobRecord,
+        request: Request,
+        now: float,
+        changes: _Changes,
+        stops: list[JobRecord],
+        *,
+        force: bool = False,
     ) -> None:
-        reason = f"cancelled: {request.reason}" if request.reason else "cancelled"
+        what = "force-cancelled (killed at once, without its grace period)" if force else "cancelled"
+        reason = f"{what}: {request.reason}" if request.reason else what
         if record.state is S.PENDING:
             changes.move(record, S.CANCELLED, reason, now, finished_at=now)
+            self._reason_at.pop(record.id, None)
             self.pending.remove(record.id)
             self.nominated.discard(record.id)
         elif record.state in (S.RUNNING, S.LAUNCHING):
             stops.append(self._stop(record, StopCause.CANCELLED, reason, now, changes))
-        elif record.state is S.EVICTING and record.stop_cause is not StopCause.CANCELLED:
-            # Already stopping (preempted): once stopped it ends cancelled instead of going back.
-            changes.add(record.evolve(stop_cause=StopCause.CANCELLED, reason=reason))
+        elif record.state is S.EVICTING and (force or record.stop_cause is not StopCause.CANCELLED):
+            # Already stopping (preempted, or cancelled with a grace period): once stopped it ends cancelled
+            # instead of going back; forced, it is killed now rather than when its grace runs out.
+            stopping = record.evolve(stop_cause=StopCause.CANCELLED, reason=reason)
+            changes.add(stopping)
+            if force:
+                stops.append(stopping)
 
     def _timeouts(self, now: float, report: StepReport) -> None:
         if not self._deadlines or self._deadlines[0][0] > now:
@@ -318,32 +360,42 @@ class Reconciler:
         self.base.set_evicting(record.id, "")
         return evicting
 
-    def _send_stops(self, stops: Sequence[JobRecord], report: StepReport) -> None:
+    def _send_stops(self, stops: Sequence[JobRecord], report: StepReport, killed: Set[JobId] = frozenset()) -> None:
         for record in stops:
-            self.backend.stop(record.id, record.attempt, self._grace(record), record.reason)
+            grace = 0.0 if record.id in killed else self._grace(record)
+            self.backend.stop(record.id, record.attempt, grace, record.reason)
             report.stopped += 1
 
     def _grace(self, record: JobRecord) -> float:
         run = record.job.run
-        return run.grace_s if run is not None else self.settings.grace_s
+        grace = run.grace_s if run is not None else self.settings.grace_s
+        queue = self.base.queues.get(record.job.queue)
+        most = queue.max_grace_s if queue is not None and queue.max_grace_s is not None else self.settings.max_grace_s
+        return grace if most is None else min(grace, most)
 
     # --- observe ----------------------------------------------------------------------------------
 
     def _observe(self, now: float, report: StepReport) -> None:
-        observations = self.backend.poll()
+        fresh = self.backend.poll()
+        report.observed += len(fresh)
+        observations = self._unwritten = [*self._unwritten, *fresh]
         if not observations:
             return
-        report.observed += len(observations)
         changes = _Changes()
         released_queues: set[str] = set()
         requeued: list[JobRecord] = []
+        outcomes: list[tuple[JobRecord, JobRecord]] = []
         for obs in observations:
             record = self._current(obs, changes)
             if record is None:
                 continue
             outcome = self._observed(record, obs, changes)
-            if outcome is None:
-                continue
+            if outcome is not None:
+                outcomes.append((record, outcome))
+        self._write(changes)
+        self._unwritten = []
+        # Working state follows the store only once the store took the change.
+        for record, outcome in outcomes:
             if not outcome.holds_resources and record.holds_resources:
                 self.base.remove_running(record.id)
                 # A run ended on its own when the job exited without having been asked to stop.
@@ -355,7 +407,6 @@ class Reconciler:
                     requeued.append(outcome)
                 else:
                     report.finished += 1
-        self._write(changes)
         for record in requeued:
             self._add_pending(record.as_pending(), now)
         if released_queues:
@@ -491,11 +542,12 @@ class Reconciler:
             )
             self.pending.remove(record.id)
             self.nominated.discard(record.id)
+            self._reason_at.pop(record.id, None)
             run = launching.as_running()
             self.base.add_running(run)
             self.learning.started(run)
             self._track_deadline(launching)
-            launches.append(Launch(launching.job, launching.attempt, launching.workers))
+            launches.append(self._launch(launching))
             report.placed += 1
         for preemption in result.preemptions:
             record = self._latest(preemption.victim, changes)
@@ -513,18 +565,27 @@ class Reconciler:
             self.nominated.add(preemption.for_job)
             stops.append((evicting, preemption.reason))
             report.preempted += 1
+        refresh = self.settings.reason_refresh_s
         for job_id, status in result.waiting.items():
             record = self._latest(job_id, changes)
             if record is None or record.state is not S.PENDING:
                 continue
+            code = status.code.value
+            if record.waiting_code == code and now < self._reason_at.get(job_id, -math.inf) + refresh:
+                continue
             reason = status.message()
-            if record.waiting_code != status.code.value or record.waiting_reason != reason:
-                changes.add(record.evolve(waiting_code=status.code.value, waiting_reason=reason))
+            if record.waiting_code != code or record.waiting_reason != reason:
+                changes.add(record.evolve(waiting_code=code, waiting_reason=reason))
+                self._reason_at[job_id] = now
         self._write(changes)
         for launch in launches:
             self.backend.launch(launch)
         for record, reason in stops:
             self.backend.stop(record.id, record.attempt, self._grace(record), reason)
+
+    def _launch(self, record: JobRecord) -> Launch:
+        queue = self.base.queues.get(record.job.queue)
+        return Launch(record.job, record.attempt, record.workers, run_as=queue.run_as if queue else None)
 
     def _latest(self, job_id: JobId, changes: _Changes) -> JobRecord | None:
         record = changes.latest.get(job_id)

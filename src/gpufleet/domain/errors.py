@@ -7,6 +7,7 @@ outcomes (a job that does not fit) are not errors: they are `Status` values in t
     ├── SpecError            a spec (job, queue, node, cluster) is invalid; carries per-field problems
     ├── InvalidTransitionError    a job state change that the state machine does not allow
     ├── UnknownNameError          a name (policy, queue, trace, model) that is not registered
+    ├── LimitError                a limit an admin set is reached (pending jobs of a queue); retry later
     └── WorkloadError             input data (a trace file, a throughput table) that cannot be used; says where
 """
 
@@ -53,6 +54,11 @@ class InvalidTransitionError(GpufleetError):
 
 class UnknownNameError(GpufleetError):
     """A name that nothing is registered under."""
+
+
+class LimitError(GpufleetError):
+    """A limit an administrator set is reached (e.g. a queue's cap on pending jobs): nothing was stored, and
+    the same request may succeed later."""
 
 
 class WorkloadError(GpufleetError):

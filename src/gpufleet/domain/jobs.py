@@ -75,6 +75,7 @@ class Job:
     job_type: str = ""
     name: str = ""
     run: RunSpec | None = None
+    user: str = ""  # who submitted it (the name of the API token used); the scheduler never reads it
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []

@@ -14,6 +14,8 @@ Resource keys: `gpu` (milli-GPU, any model), `gpu:<MODEL>` (milli-GPU of one mod
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -51,14 +53,29 @@ class Quota:
         return self.nominal - self.guaranteed
 
 
+# A POSIX portable user name (as useradd accepts by default): what `run_as` may name.
+USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
-    """A team's queue. `weight` scales its fair share; `cohort` names the group it borrows within."""
+    """A team's queue. `weight` scales its fair share; `cohort` names the group it borrows within.
+
+    Limits an admin sets on what the queue's users may ask, checked when a job is submitted (the scheduling
+    core does not read them): `max_pending` (None: no cap) pending jobs at once, and `max_grace_s` (None: the
+    control plane's default) the longest grace period between a job's checkpoint signal and SIGKILL, so that
+    no job can hold its GPUs for long after it was told to stop.
+
+    `run_as` is the OS user the queue's jobs run as, when an administrator mapped one; None lets the
+    executor pick the queue's own unprivileged user. The scheduler never reads it."""
 
     name: str
     quotas: Mapping[str, Quota] = field(default_factory=dict)
     cohort: str | None = None
     weight: float = 1.0
+    run_as: str | None = None
+    max_pending: int | None = None
+    max_grace_s: float | None = None
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []
@@ -66,8 +83,20 @@ class QueueSpec:
             problems.append(FieldProblem("name", "is empty", "name the queue, e.g. team-a"))
         if not self.weight > 0:
             problems.append(FieldProblem("weight", f"is {self.weight}", "give a weight > 0"))
+        if self.max_pending is not None and self.max_pending < 0:
+            problems.append(FieldProblem("max_pending", f"is {self.max_pending}", "give 0 or more, or no cap"))
+        if self.max_grace_s is not None and not 0 <= self.max_grace_s < math.inf:
+            problems.append(FieldProblem("max_grace", f"is {self.max_grace_s}", "give a duration >= 0"))
         if self.cohort is not None and not self.cohort.strip():
             problems.append(FieldProblem("cohort", "is empty", "name the cohort or leave it unset"))
+        if self.run_as is not None and not USER_NAME.fullmatch(self.run_as):
+            problems.append(
+                FieldProblem(
+                    "run_as",
+                    f"{self.run_as!r} is not a user name",
+                    "give an existing OS user: lower-case letters, digits, '_' or '-', up to 32 characters",
+                )
+            )
         for key, quota in self.quotas.items():
             if key not in (GPU, CPU, MEMORY) and not (key.startswith(GPU_MODEL_PREFIX) and len(key) > 4):
                 problems.append(

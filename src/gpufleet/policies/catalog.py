@@ -7,11 +7,10 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
                    (`fair_qssf`: run times learned online, with aging); priority preemption and quota reclaim,
                    and inside a queue LAS preemption (`las`: a job may suspend one of its queue, priority at
                    most its own, that has had more GPU time by Tiresias' bands, 1 and 10 GPU-hours, once that
-                   one has run 15 minutes since it started); placement by `fgd-plus`'s scores (FGD + model
-                   scarcity 0.3 + best fit 0.02) + topology, FGD GPU selection
+                   one has run 15 minutes since it started); placement by `fgd-plus`'s scores (FGD as
+                   published + model scarcity 0.3) + topology, FGD GPU selection
     fair-binpack   fair share between queues, priority then FIFO inside a queue, priority preemption and
-                   quota reclaim, bin_pack + topology (the default before QSSF ordering and FGD placement:
-                   90.5 % vs 95.5 % GPU allocation on openb; avg JCT 0.58 vs 0.35 of strict FIFO on Philly)
+                   quota reclaim, bin_pack + topology (the default before QSSF ordering and FGD placement)
     fifo           strict FIFO (a head that does not fit holds its queue), bin_pack
     fifo-backfill  FIFO, jobs behind a blocked head may go first, bin_pack
     priority       priority then FIFO, priority preemption, bin_pack + topology
@@ -21,11 +20,12 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
     first-fit      FIFO, no score: the first node (by name) that fits; pack GPU selection
     random         FIFO, uniformly random node, seeded by the snapshot seed and job id (FGD's `01-Random`)
     fgd            FIFO, fragmentation gradient descent score + FGD GPU selection (FGD's `06-FGD`), for a
-                   target workload (`PolicyData.target`; default: `GENERIC_TARGET`)
-    fgd-bf         `fgd` with best fit (weight 0.02) to break FGD's near-ties toward the node with the least
-                   absolute room left; on openb default it allocates more than FGD alone (see the closing notes)
-    fgd-plus       `fgd-bf` plus `model_scarcity` (weight 0.3): jobs that may run on any GPU model stay off the
-                   models that model-bound jobs need; on openb gpuspec33 it allocates ~6 points more than FGD
+                   target workload (`PolicyData.target`; default: `GENERIC_TARGET`); scores in whole points,
+                   as the authors' simulator computes them, so that it is the published FGD
+    fgd-bf         FGD with exact scores and best fit (weight 0.02) to break its near-ties toward the node
+                   with the least absolute room left (an alternative to the whole-point ties of `fgd`)
+    fgd-plus       `fgd` plus `model_scarcity` (weight 0.3): jobs that may run on any GPU model stay off the
+                   models that model-bound jobs need; where no job is bound to a model it places as `fgd`
     fgd-fair       `default` with FGD for placement: fair share, fgd + topology, FGD GPU selection, priority
                    preemption; for shared clusters with fractional GPUs
     sjf            shortest job first with known durations (`expected_duration`), bin_pack + topology
@@ -188,47 +188,62 @@ class PolicyData:
     throughput: ThroughputTable | None = None
 
 
+# The model-scarcity weight of fgd-plus and default (tuned: gpufleet.sim.tuned says on what).
+FGD_PLUS_SCARCITY_WEIGHT = 0.3
+
+
 def _fgd(data: PolicyData) -> Profile:
-    score = FgdScore(data.target)
-    return build_profile("fgd", "fifo", ((score, 1.0),), select=FgdSelect(data.target, memo=score.memo))
+    # FGD as published: whole-point scores and GPU choice, as the authors' simulator computes them.
+    score = FgdScore(data.target, truncate=True)
+    select = FgdSelect(data.target, memo=score.memo, truncate=True)
+    return build_profile("fgd", "fifo", ((score, 1.0),), select=select)
+
+
+# fgd-bf's best-fit weight: breaks exact FGD's near-ties (tuned: gpufleet.sim.tuned says on what).
+FGD_BF_BEST_FIT_WEIGHT = 0.02
 
 
 def _fgd_best_fit(data: PolicyData) -> Profile:
     score = FgdScore(data.target)
     return build_profile(
-        "fgd-bf", "fifo", ((score, 1.0), ("best_fit", 0.02)), select=FgdSelect(data.target, memo=score.memo)
-    )
-
-
-def _fgd_plus(data: PolicyData) -> Profile:
-    # Weights measured on openb (FGD protocol, seeds 42-51): scarcity 0.3 outweighs FGD's choice between models
-    # without deciding within one; best fit 0.02 breaks FGD's near-ties (as fgd-bf).
-    score = FgdScore(data.target)
-    return build_profile(
-        "fgd-plus",
+        "fgd-bf",
         "fifo",
-        ((score, 1.0), (ModelScarcity(data.target), 0.3), ("best_fit", 0.02)),
+        ((score, 1.0), ("best_fit", FGD_BF_BEST_FIT_WEIGHT)),
         select=FgdSelect(data.target, memo=score.memo),
     )
 
 
+def _fgd_plus(data: PolicyData) -> Profile:
+    # FGD as published (whole-point scores, first node on ties) plus model scarcity (weight 0.3, measured on
+    # openb gpuspec33 seeds 42-46: see gpufleet.sim.tuned). Scarcity is the same on every node when no job is
+    # bound to a model, so there fgd-plus places exactly as fgd; where jobs are bound, 0.3 outweighs FGD's
+    # choice between models without deciding within one.
+    score = FgdScore(data.target, truncate=True)
+    return build_profile(
+        "fgd-plus",
+        "fifo",
+        ((score, 1.0), (ModelScarcity(data.target), FGD_PLUS_SCARCITY_WEIGHT)),
+        select=FgdSelect(data.target, memo=score.memo, truncate=True),
+    )
+
+
 # A job runs this long per start before it can be stopped for a job with less attained service (`default`).
+# Tuned, with the data it was tuned on in gpufleet.sim.tuned.
 DEFAULT_LAS_MIN_RUN_S = 900.0
 
 
 def _default(data: PolicyData) -> Profile:
     # Order: fair share between teams, then Helios' QSSF inside a team. Preemption: priority and reclaim, and
     # inside a team Tiresias' LAS bands (a job that has had hours of GPU time may be suspended for a new one,
-    # after DEFAULT_LAS_MIN_RUN_S of its current run). Philly at load x8, without oracle durations: average JCT
-    # 0.35 of strict FIFO's (QSSF alone: 0.41). Placement: `fgd-plus`'s (fractional GPUs packed without
+    # after DEFAULT_LAS_MIN_RUN_S of its current run). Placement: `fgd-plus`'s (fractional GPUs packed without
     # stranding, scarce models kept for the jobs bound to them) and topology for multi-GPU workers and gangs;
-    # on openb it allocates as `fgd-plus` does.
-    score = FgdScore(data.target)
+    # on openb it allocates as `fgd-plus` does. Measured figures: docs/results/.
+    score = FgdScore(data.target, truncate=True)
     return build_profile(
         "default",
         "fair_qssf",
-        ((score, 1.0), (ModelScarcity(data.target), 0.3), ("best_fit", 0.02), ("topology", 1.0)),
-        select=FgdSelect(data.target, memo=score.memo),
+        ((score, 1.0), (ModelScarcity(data.target), FGD_PLUS_SCARCITY_WEIGHT), ("topology", 1.0)),
+        select=FgdSelect(data.target, memo=score.memo, truncate=True),
         preempt=LasPreemption(min_run_s=DEFAULT_LAS_MIN_RUN_S),
         learner="qssf",
     )

@@ -53,6 +53,9 @@ class Launch:
     job: Job
     attempt: int
     workers: tuple[WorkerPlacement, ...]
+    # The OS user an administrator mapped the job's queue to (`QueueSpec.run_as`); None: the backend's
+    # own choice. How a worker is started as that user is the backend's business.
+    run_as: str | None = None
 
 
 class ExecutionBackend(Protocol):
@@ -65,7 +68,8 @@ class ExecutionBackend(Protocol):
 
     def stop(self, job_id: JobId, attempt: int, grace_s: float, reason: str) -> None:
         """Send the checkpoint signal, wait up to `grace_s`, then kill. Returns quickly; STOPPED (or
-        EXITED, if it ended by itself first) comes through `poll`. Idempotent; unknown jobs are ignored."""
+        EXITED, if it ended by itself first) comes through `poll`. Idempotent; unknown jobs are ignored.
+        `grace_s <= 0` kills at once, also a job already stopping with a longer grace."""
         ...
 
     def poll(self) -> Sequence[Observation]:
@@ -82,6 +86,7 @@ class ExecutionBackend(Protocol):
 
 class RequestKind(enum.StrEnum):
     CANCEL = "cancel"  # stop it for good (cancelled)
+    FORCE_CANCEL = "force-cancel"  # stop it for good now: SIGKILL, whatever its grace period
     REQUEUE = "requeue"  # stop it and put it back in its queue (drain of its node)
     RECLAIM = "reclaim"  # reserved but idle: stop it and put it back in its queue
 

@@ -1,11 +1,13 @@
 """What the control plane's API needs from its store beyond the loop's `StateStore`: queues, nodes,
-tokens and job queries. Implemented by the SQL store; every method is one short transaction."""
+tokens, job queries, idempotency keys and the audit log. Implemented by the SQL store; every method is
+one short transaction."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from gpufleet.domain.cluster import Node
@@ -20,6 +22,11 @@ from gpufleet.ports import StateStore
 class Role(enum.StrEnum):
     ADMIN = "admin"  # everything
     TEAM = "team"  # submit to, see and cancel the jobs of one queue
+    METRICS = "metrics"  # scrape /metrics, nothing else (for Prometheus)
+
+
+# How long a submit's idempotency key is remembered: a retry within this time returns the job it made.
+IDEMPOTENCY_TTL_S = 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +53,87 @@ class Notice:
     at: float
 
 
+class JobOrder(enum.StrEnum):
+    """What a job listing is sorted by; ties are broken by submission order."""
+
+    SUBMITTED = "submitted"
+    NAME = "name"
+    QUEUE = "queue"
+    STATE = "state"
+    USER = "user"
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitKey:
+    """A submit's `Idempotency-Key`, per token, with the SHA-256 of what was asked (to tell a retry of the
+    same request from a different request under a key already used)."""
+
+    token_id: str
+    key: str
+    body_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One admin action: who (`actor`, the token's name), what (`action` on `target`, with `detail`), when,
+    from where (`source`: the client's address, or `local`), and whether it was done or `denied`."""
+
+    at: float
+    actor: str
+    action: str
+    target: str
+    detail: str = ""
+    source: str = "local"
+    token_id: str | None = None
+    outcome: str = "ok"
+
+
 @dataclass(frozen=True, slots=True)
 class JobQuery:
+    """Filters (all given ones must hold), an order and a page. `before_seq` pages newest first by keys;
+    `offset` skips that many matches in the chosen order (pages of a sorted table)."""
+
     queue: str | None = None
     states: frozenset[JobState] = frozenset()
-    name: str | None = None
+    name: str | None = None  # exact name
     limit: int = 100
     before_seq: int | None = None  # paging: jobs submitted before this `submit_seq`, newest first
+    user: str | None = None  # exact submitter (token name)
+    name_contains: str | None = None  # part of the name, any case
+    order: JobOrder = JobOrder.SUBMITTED
+    ascending: bool = False
+    offset: int = 0
 
 
 class AdminStore(StateStore, Protocol):
-    def submit_many(self, jobs: Sequence[Job], at: float) -> list[JobRecord | GpufleetError]:
-        """Store several new jobs in one transaction; per job, its record or the error that refused it."""
+    def submit_many(
+        self,
+        jobs: Sequence[Job],
+        at: float,
+        keys: Sequence[SubmitKey | None] | None = None,
+        key_ttl_s: float = IDEMPOTENCY_TTL_S,
+    ) -> list[JobRecord | GpufleetError]:
+        """Store several new jobs in one transaction; per job, its record or the error that refused it
+        (LimitError when its queue's `max_pending` is reached). A job with a key that was used in the last
+        `key_ttl_s` gets the job that key made instead (a record with another id), or a SpecError if the key
+        came with a different body."""
+        ...
+
+    def forget_idempotency_keys(self, before: float) -> int:
+        """Drop the keys made before `before`; returns how many."""
+        ...
+
+    def backup(self, destination: Path) -> object:
+        """Write a consistent copy of the store to `destination` while it stays in use. Raises
+        GpufleetError where the store cannot copy itself (its fix names the tool that can)."""
+        ...
+
+    def audit(self, entry: AuditEntry) -> None:
+        """Add an entry to the audit log."""
+        ...
+
+    def audit_log(self, since: float | None = None, limit: int = 1000) -> Sequence[AuditEntry]:
+        """Audit entries at or after `since`, oldest first, at most `limit` (the newest ones)."""
         ...
 
     def set_queue(self, spec: QueueSpec) -> None:
@@ -85,7 +161,16 @@ class AdminStore(StateStore, Protocol):
     def revoke_token(self, token_id: str) -> None: ...
 
     def jobs(self, query: JobQuery) -> Sequence[JobRecord]:
-        """Jobs matching the query, newest first."""
+        """Jobs matching the query, in its order (default newest first)."""
+        ...
+
+    def count_jobs(self, query: JobQuery) -> int:
+        """How many jobs match the query's filters (its order and page ignored)."""
+        ...
+
+    def pending_ahead(self, queue: str, priority: int, submit_seq: int, limit: int) -> tuple[int, list[str]]:
+        """The pending jobs of `queue` that go before a job of `priority` submitted at `submit_seq` (higher
+        priority first, then earlier submission): how many, and the ids of the first `limit` in that order."""
         ...
 
     def add_notice(self, notice: Notice) -> None:

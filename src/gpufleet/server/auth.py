@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import AdminStore, Role, Token
-from gpufleet.server.http_errors import ForbiddenError, NotFoundError, UnauthorizedError
+from gpufleet.server.http_errors import ForbiddenError, NotFoundError, TeamTokenRefusedError, UnauthorizedError
+from gpufleet.server.spec import has_control
 
 SECRET_PREFIX = "gf_"
 # How long a looked-up token is trusted without asking the store again. Revocations made through this
@@ -36,10 +37,14 @@ def create_token(store: AdminStore, clock: Clock, name: str, role: Role, queue: 
     problems: list[FieldProblem] = []
     if not name.strip():
         problems.append(FieldProblem("name", "is empty", "name the token after its team or user, e.g. team-a-ci"))
+    elif has_control(name):
+        problems.append(FieldProblem("name", "contains control characters", "use printable characters only"))
     if role is Role.TEAM and not queue:
         problems.append(FieldProblem("queue", "is missing for a team token", "name the team's queue"))
-    if role is Role.ADMIN and queue:
-        problems.append(FieldProblem("queue", "is set on an admin token", "drop it: admin tokens act on every queue"))
+    if role is not Role.TEAM and queue:
+        problems.append(
+            FieldProblem("queue", f"is set on a {role.value} token", "drop it: only team tokens belong to a queue")
+        )
     if problems:
         raise SpecError("token", tuple(problems))
     if queue and queue not in {q.name for q in store.queues()}:
@@ -60,9 +65,11 @@ def bootstrap_admin(store: AdminStore, clock: Clock) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: their token. Team principals act on one queue."""
+    """Who is calling (their token) and from where (the client's address). Team principals act on one
+    queue; metrics principals may only scrape /metrics."""
 
     token: Token
+    source: str = "local"
 
     @property
     def admin(self) -> bool:
@@ -86,12 +93,14 @@ class Principal:
 class Authenticator:
     """Checks bearer secrets against the store, with a short cache so a submit costs one query, not two."""
 
-    def __init__(self, store: AdminStore) -> None:
+    def __init__(self, store: AdminStore, refuse_team: str | None = None) -> None:
+        """`refuse_team`: why team tokens are refused on this control plane (None: they are accepted)."""
         self._store = store
+        self._refuse_team = refuse_team
         self._cache: dict[str, tuple[Token, float]] = {}
         self._lock = threading.Lock()
 
-    def authenticate(self, authorization: str | None) -> Principal:
+    def authenticate(self, authorization: str | None, source: str = "local") -> Principal:
         if not authorization:
             raise UnauthorizedError(
                 "this endpoint needs a token", "send `Authorization: Bearer gf_…` (CLI: --token or GPUFLEET_TOKEN)"
@@ -120,7 +129,13 @@ class Authenticator:
             raise UnauthorizedError(
                 "the token is not valid (unknown or revoked)", "ask an administrator for a new token"
             )
-        return Principal(token)
+        if self._refuse_team is not None and token.role is Role.TEAM:
+            raise TeamTokenRefusedError(
+                f"team token {token.name!r} is refused: {self._refuse_team}",
+                "run `gpufleet up` as root, so that each queue's jobs run as an OS user of their own, or start "
+                "it with --single-user if every team may read every other team's jobs, logs and tokens",
+            )
+        return Principal(token, source)
 
     def forget(self) -> None:
         """Drop cached look-ups (after a revocation)."""

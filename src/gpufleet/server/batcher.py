@@ -7,30 +7,43 @@ commit serves many submits instead of each waiting its turn for SQLite's single 
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.records import JobRecord
-from gpufleet.ports.admin import AdminStore
+from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, AdminStore, SubmitKey
 
-Item = tuple[Job, float, "Future[JobRecord]"]
+Item = tuple[Job, float, SubmitKey | None, "Future[JobRecord]"]
+PRUNE_EVERY_S = 600.0  # how often expired idempotency keys are deleted (they are ignored once expired anyway)
+log = logging.getLogger("gpufleet.api")
 
 
 class SubmitBatcher:
-    def __init__(self, store: AdminStore, wake: Callable[[], None], max_batch: int = 64) -> None:
+    def __init__(
+        self,
+        store: AdminStore,
+        wake: Callable[[], None],
+        max_batch: int = 64,
+        key_ttl_s: float = IDEMPOTENCY_TTL_S,
+    ) -> None:
         self.store = store
         self.wake = wake
         self.max_batch = max_batch
+        self.key_ttl_s = key_ttl_s
+        self._pruned_at = time.monotonic()
         self._queue: queue.SimpleQueue[Item] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, job: Job, at: float) -> Future[JobRecord]:
+    def submit(self, job: Job, at: float, key: SubmitKey | None = None) -> Future[JobRecord]:
+        """The job's record once stored: a record of another job when `key` was used before (that job)."""
         future: Future[JobRecord] = Future()
-        self._queue.put((job, at, future))
+        self._queue.put((job, at, key, future))
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
@@ -47,19 +60,31 @@ class SubmitBatcher:
                 except queue.Empty:
                     break
             self._write(batch)
+            if time.monotonic() - self._pruned_at > PRUNE_EVERY_S:
+                self._prune(batch[-1][1])
 
     def _write(self, batch: list[Item]) -> None:
         # One commit time for the batch: jobs submitted together are ordered by their submit numbers.
         at = max(item[1] for item in batch)
+        keys = [item[2] for item in batch]
         try:
-            results = self.store.submit_many([item[0] for item in batch], at)
+            results = self.store.submit_many(
+                [item[0] for item in batch], at, keys if any(keys) else None, self.key_ttl_s
+            )
         except BaseException as error:  # the store is down: every caller gets the error
-            for _, _, future in batch:
+            for *_, future in batch:
                 future.set_exception(error)
             return
-        for (_, _, future), result in zip(batch, results, strict=True):
+        for (*_, future), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
                 future.set_exception(result)
             else:
                 future.set_result(result)
         self.wake()
+
+    def _prune(self, now: float) -> None:
+        self._pruned_at = time.monotonic()
+        try:
+            self.store.forget_idempotency_keys(now - self.key_ttl_s)
+        except Exception:  # the store is down: the next batch tries again
+            log.warning("could not delete expired idempotency keys; will retry", exc_info=True)

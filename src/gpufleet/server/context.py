@@ -6,9 +6,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet.adapters.local.isolation import IsolationReport
 from gpufleet.domain.jobs import JobId
 from gpufleet.ports import Clock
-from gpufleet.ports.admin import AdminStore
+from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, AdminStore
+from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
+from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
 
 
 @dataclass
@@ -24,4 +27,21 @@ class ApiContext:
     policy: str = "default"
     # Prometheus exposition of /metrics (set by the process once telemetry is wired).
     metrics: Callable[[], tuple[bytes, str]] | None = None
+    # /metrics lists job ids, queues and hostnames: beyond loopback it needs a metrics (or admin) token.
+    metrics_need_token: bool = False
+    # The longest grace_period a job may ask in a queue whose admin set no maximum of its own.
+    max_grace_s: float = DEFAULT_MAX_GRACE_S
+    team_rate: Rate = TEAM_RATE  # requests per token of each role (see ratelimit.py)
+    admin_rate: Rate = ADMIN_RATE
+    idempotency_ttl_s: float = IDEMPOTENCY_TTL_S  # how long a submit's Idempotency-Key is remembered
+    # Where `up` keeps its state; the dashboard opens simulation results under it (None: no such folder).
+    data_dir: Path | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    # Where the API writes temporary files (a backup on its way to the client); None: the system's temp dir.
+    scratch_dir: Path | None = None
+    # How jobs are isolated (None: not told, e.g. an API without an executor).
+    isolation: IsolationReport | None = None
+    # Why team tokens are refused (a control plane that runs every job as its own user); None: accepted.
+    team_tokens_refused: str | None = None
+    # Raises GpufleetError (with a fix) when a queue may not be mapped to this OS user.
+    check_run_as: Callable[[str], None] = lambda _user: None

@@ -7,7 +7,9 @@ and the local executor. API requests only write submissions and requests to the 
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import ipaddress
 import logging
 import os
 import signal
@@ -21,8 +23,12 @@ from typing import IO, TYPE_CHECKING
 
 from gpufleet.adapters.clock import WallClock
 from gpufleet.adapters.local.executor import LocalBackend
+from gpufleet.adapters.local.isolation import DEFAULT_LOG_CAP, DEFAULT_PIDS_LIMIT, Isolation
+from gpufleet.adapters.local.logs import DAY_S, LogRetention
+from gpufleet.adapters.local.users import DEFAULT_JOBS_HOME, RunAs
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
-from gpufleet.control.reconciler import Reconciler, StepReport
+from gpufleet.adapters.storage.sql_engine import StoreFullError
+from gpufleet.control.reconciler import Reconciler, ReconcilerSettings, StepReport
 from gpufleet.control.target import RECENT_JOBS, learned_target
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
@@ -32,6 +38,9 @@ from gpufleet.policies.catalog import PolicyData, profile
 from gpufleet.ports.admin import JobQuery
 from gpufleet.scheduling.fragmentation import TargetWorkload
 from gpufleet.server.context import ApiContext
+from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
+from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
+from gpufleet.server.store_guard import open_store
 
 if TYPE_CHECKING:
     from gpufleet.server.gpu_monitor import Telemetry
@@ -44,6 +53,16 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 THROUGHPUT_SETTING = "throughput_table"  # stored by `gpufleet throughput import`
 
 
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class UpSettings:
     data_dir: Path
@@ -53,6 +72,11 @@ class UpSettings:
     emulate: str | None = None  # e.g. "8xA100-80GB": an emulated inventory instead of NVML
     inventory_file: Path | None = None  # a YAML inventory (emulated)
     policy: str = "default"
+    max_grace_s: float = DEFAULT_MAX_GRACE_S  # the longest grace_period, in queues without their own maximum
+    team_rate: Rate = TEAM_RATE  # requests per team (and metrics) token: per second, burst
+    admin_rate: Rate = ADMIN_RATE
+    public_metrics: bool = False  # serve /metrics without a token even when listening beyond loopback
+    reset_store: bool = False  # start over: move a damaged or foreign store aside (see store_guard.py)
     stop_jobs_on_exit: bool = False
     exit_grace_s: float = 10.0
     busy_tick_s: float = 0.02  # loop period while jobs are starting or stopping
@@ -62,6 +86,18 @@ class UpSettings:
     idle_window_s: float = 1800.0  # ... for this long is flagged reserved-but-idle
     usage_flush_s: float = 60.0  # how often measured GPU usage is added to the store
     min_step_s: float = 0.01  # under a burst of API calls, one step per this long decides them together
+    root_path: str = ""  # the path prefix a reverse proxy serves us under, e.g. /gpufleet
+    # How jobs are isolated (see adapters/local/isolation.py).
+    single_user: bool = False  # a control plane that is not root accepts team tokens all the same
+    jobs_home: Path = DEFAULT_JOBS_HOME  # homes of the per-queue users
+    use_cgroups: bool = True
+    pids_limit: int = DEFAULT_PIDS_LIMIT
+    # Job logs: where, how big per worker, and how long finished jobs' logs are kept.
+    log_dir: Path | None = None  # default: under the data dir
+    log_cap: int = DEFAULT_LOG_CAP
+    log_max_age_s: float | None = 30 * DAY_S
+    log_max_total: int | None = None
+    log_prune_interval_s: float = 600.0
 
     @property
     def url(self) -> str:
@@ -93,6 +129,15 @@ def discover_inventory(settings: UpSettings) -> Inventory:
     from gpufleet.adapters.nvml.discovery import discover_nodes
 
     return Inventory(discover_nodes(hostname), False, "nvml")
+
+
+def _os_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def _hostname() -> str:
@@ -139,9 +184,15 @@ class DataDirLock:
     """One control plane per data directory: a second `gpufleet up` on it is refused, not run twice."""
 
     def __init__(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / "gpufleet.lock"
-        self._file: IO[str] = open(self.path, "a+")  # noqa: SIM115 - held for the process's life
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self._file: IO[str] = open(self.path, "a+")  # noqa: SIM115 - held for the process's life
+        except OSError as error:
+            raise GpufleetError(
+                f"cannot use the data folder {data_dir}: {error.strerror} ({error.filename})",
+                "give a --data-dir this user may write to",
+            ) from None
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -157,6 +208,30 @@ class DataDirLock:
     def release(self) -> None:
         fcntl.flock(self._file, fcntl.LOCK_UN)
         self._file.close()
+
+
+def make_private(data_dir: Path) -> None:
+    """The data dir is the control plane's alone (0700), and so are its store and lock files (0600): they
+    hold every job's environment and the tokens' hashes."""
+    try:
+        data_dir.chmod(0o700)
+        for path in data_dir.glob("state.db*"):
+            path.chmod(0o600)
+        (data_dir / "gpufleet.lock").chmod(0o600)
+    except PermissionError as error:
+        raise GpufleetError(
+            f"cannot make {error.filename} private to the control plane: {error.strerror}",
+            "run gpufleet up as the owner of its data folder, or give a --data-dir of your own",
+        ) from None
+
+
+def disk_full_words(error: BaseException) -> str | None:
+    """The words "disk full at …" when `error` is the disk filling up (the store's or the executor's)."""
+    if isinstance(error, StoreFullError):
+        return error.message
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full at {error.filename or 'the data folder'}"
+    return None
 
 
 class LoopThread(threading.Thread):
@@ -182,6 +257,8 @@ class LoopThread(threading.Thread):
         self.steps = 0
         self.errors = 0
         self._busy_until = 0.0
+        self._failing: str | None = None  # the failure the loop is retrying, said once
+        self._errors_before = 0
 
     def wake(self) -> None:
         self._wake.set()
@@ -200,12 +277,16 @@ class LoopThread(threading.Thread):
             self._wake.clear()
             try:
                 report = self.reconciler.step()
-            except Exception:
-                # A failing step must not kill the control plane: log it and retry after a pause.
+            except Exception as error:
+                # A failing step must not kill the control plane: say so once and retry every second. What
+                # the step observed is kept by the reconciler and written when the store takes it again.
                 self.errors += 1
-                log.exception("control loop step failed; retrying in 1 s")
+                self._say_failure(error)
                 self._halt.wait(1.0)
                 continue
+            if self._failing is not None:
+                log.warning("control loop: working again after %d failed step(s)", self.errors - self._errors_before)
+                self._failing = None
             self.steps += 1
             if self.observer is not None:
                 try:
@@ -218,6 +299,58 @@ class LoopThread(threading.Thread):
                 self._busy_until = now + 2.0
             self._wake.wait(self.busy_tick_s if now < self._busy_until else self.idle_tick_s)
 
+    def _say_failure(self, error: Exception) -> None:
+        full = disk_full_words(error)
+        what = full or f"{type(error).__name__}: {error}"
+        if what == self._failing:
+            return
+        if self._failing is None:
+            self._errors_before = self.errors - 1
+        self._failing = what
+        if full is not None:
+            log.error(
+                "%s; the control loop retries every second, keeps every exit it observed and writes it once "
+                "space is freed; the API answers 503 to writes meanwhile",
+                error if isinstance(error, StoreFullError) else full,
+            )
+        else:
+            log.exception("control loop step failed; retrying every second")
+
+
+class LogJanitor(threading.Thread):
+    """Deletes finished jobs' logs past their retention, at start and then every `interval_s`."""
+
+    def __init__(self, backend: LocalBackend, store: SqlStore, retention: LogRetention, interval_s: float) -> None:
+        super().__init__(name="gpufleet-logs", daemon=True)
+        self.backend = backend
+        self.store = store
+        self.retention = retention
+        self.interval_s = interval_s
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        while True:
+            self.prune()
+            if self._halt.wait(self.interval_s):
+                return
+
+    def prune(self) -> dict[str, int]:
+        def finished(job_id: str) -> bool:
+            record = self.store.get(job_id)
+            return record is None or record.state.terminal
+
+        try:
+            done = self.backend.prune_logs(self.retention, finished)
+        except Exception as error:  # the store may be down: the next round tries again
+            log.warning("log retention: %s; trying again in %.0f s", error, self.interval_s)
+            return {"jobs": 0, "bytes": 0}
+        if done["jobs"]:
+            log.info("log retention: removed the logs of %d finished job(s), %d bytes", done["jobs"], done["bytes"])
+        return done
+
 
 class ControlPlane:
     """Everything `gpufleet up` runs, built from settings; `serve()` runs until SIGINT/SIGTERM."""
@@ -226,18 +359,57 @@ class ControlPlane:
         from gpufleet.server.auth import bootstrap_admin
 
         self.settings = settings
+        if settings.single_user and os.geteuid() == 0:
+            raise GpufleetError(
+                "--single-user would run every job as root",
+                "leave it out: as root, gpufleet runs each queue's jobs as an unprivileged user of their own",
+            )
         self.lock = DataDirLock(settings.data_dir)
         try:
+            make_private(settings.data_dir)
             self.inventory = inventory or discover_inventory(settings)
             self.clock = WallClock()
-            self.store = SqlStore.open(settings.db_url or default_sqlite_url(settings.data_dir))
+            self.opened = open_store(
+                settings.data_dir,
+                settings.db_url or default_sqlite_url(settings.data_dir),
+                reset=settings.reset_store,
+                actor=f"local:{_os_user()}",
+            )
+            self.store = self.opened.store
+            make_private(settings.data_dir)  # the store's files, just created
             self.store.set_nodes(self.inventory.nodes)
             if not self.store.queues():
                 self.store.set_queue(QueueSpec(DEFAULT_QUEUE))
             self.store.set_setting("inventory", self.inventory.source)
             self.admin_token = bootstrap_admin(self.store, self.clock)
+            self.isolation = Isolation.detect(
+                settings.data_dir / "jobs",
+                jobs_home=settings.jobs_home,
+                data_dir=settings.data_dir,
+                use_cgroups=settings.use_cgroups,
+                pids_limit=settings.pids_limit,
+                log_cap=settings.log_cap,
+            )
             self.backend = LocalBackend(
-                settings.data_dir / "jobs", self.inventory.nodes, self.clock, emulated=self.inventory.emulated
+                settings.data_dir / "jobs",
+                self.inventory.nodes,
+                self.clock,
+                emulated=self.inventory.emulated,
+                isolation=self.isolation,
+                log_dir=settings.log_dir,
+            )
+            self.isolation_report = self.backend.isolation_report(single_user_allowed=settings.single_user)
+            refused = None
+            if not self.isolation.switches_users and not settings.single_user:
+                refused = (
+                    f"this control plane runs every job as its own user {RunAs.me().name} (it is not root), so a "
+                    "team's job could read every other team's jobs and logs and the admin token"
+                )
+            self.log_janitor = LogJanitor(
+                self.backend,
+                self.store,
+                LogRetention(settings.log_max_age_s, settings.log_max_total),
+                settings.log_prune_interval_s,
             )
             recent = [record.job for record in self.store.jobs(JobQuery(limit=RECENT_JOBS))]
             self.fgd_target = learned_target(recent)
@@ -247,7 +419,8 @@ class ControlPlane:
             if throughput is not None:
                 log.info("throughput table: %d entries from %s", len(throughput.entries), throughput.source)
             policy = profile(settings.policy, PolicyData(target=self.fgd_target.target, throughput=throughput))
-            self.reconciler = Reconciler(self.store, self.backend, self.clock, policy)
+            loop_settings = ReconcilerSettings(max_grace_s=settings.max_grace_s)
+            self.reconciler = Reconciler(self.store, self.backend, self.clock, policy, settings=loop_settings)
             self.telemetry = _telemetry(
                 settings, self.store, self.inventory, hostname=_hostname(), target=self.fgd_target.target
             )
@@ -268,8 +441,19 @@ class ControlPlane:
                 inventory_source=self.inventory.source,
                 policy=settings.policy,
                 metrics=self.telemetry.metrics,
+                metrics_need_token=not (settings.public_metrics or is_loopback(settings.host)),
+                scratch_dir=settings.data_dir,
+                max_grace_s=settings.max_grace_s,
+                team_rate=settings.team_rate,
+                admin_rate=settings.admin_rate,
+                data_dir=settings.data_dir,
                 extra={"telemetry": self.telemetry},
+                isolation=self.isolation_report,
+                team_tokens_refused=refused,
+                check_run_as=self.isolation.check_run_as,
             )
+            for line in (self.isolation_report.users, self.isolation_report.cgroups, *self.isolation_report.notes):
+                log.info("isolation: %s", line)
         except BaseException:
             self.lock.release()
             raise
@@ -281,7 +465,13 @@ class ControlPlane:
 
         check_listen(self.settings.host, self.settings.port)
         app = create_app(self.context)
-        config = uvicorn.Config(app, host=self.settings.host, port=self.settings.port, log_level="warning")
+        config = uvicorn.Config(
+            app,
+            host=self.settings.host,
+            port=self.settings.port,
+            log_level="warning",
+            root_path=self.settings.root_path,
+        )
         server = uvicorn.Server(config)
         # Uvicorn re-raises the signal that stopped it once it is done; with the default handlers that
         # would kill the process before the executor is shut down. Ours only note it.
@@ -290,6 +480,7 @@ class ControlPlane:
             signal.signal(sig, lambda signo, _frame: stopped_by.append(signo))
         self.loop.start()
         self.telemetry.start()
+        self.log_janitor.start()
         try:
             if on_ready is not None:
                 _call_when_started(server, on_ready)
@@ -309,10 +500,12 @@ class ControlPlane:
         if self.loop.is_alive():
             self.loop.join(timeout=10)
         self.telemetry.stop()
+        self.log_janitor.stop()
         try:
             if self.settings.stop_jobs_on_exit:
                 self._stop_jobs()
             self.backend.shutdown(stop_jobs=self.settings.stop_jobs_on_exit, grace_s=self.settings.exit_grace_s)
+            self.isolation.cgroups.release()  # only if no job is left running in them
         finally:
             self.store.close()
             self.lock.release()

@@ -35,6 +35,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -50,6 +51,7 @@ from gpufleet.adapters.metrics import (
     metrics_endpoint,
 )
 from gpufleet.adapters.probes import EmulatedProbe, Sampler, SampleRing
+from gpufleet.adapters.storage.sql_engine import StoreUnavailableError
 from gpufleet.control.reconciler import Reconciler, StepReport
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import FieldProblem, SpecError
@@ -261,6 +263,22 @@ class TickState:
     unattributed: Mapping[GpuKey, UnattributedMemory] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class FleetPoint:
+    """The whole fleet at one tick, in GPUs: what jobs hold, what they use (utilisation-weighted), what they
+    hold but leave idle (flagged), and what nobody holds."""
+
+    at: float
+    capacity: float
+    allocated: float
+    used: float
+    reserved_idle: float
+
+    @property
+    def free(self) -> float:
+        return max(0.0, self.capacity - self.allocated)
+
+
 class Telemetry:
     """Sampling, idle detection, usage and `/metrics` for one control plane."""
 
@@ -296,6 +314,8 @@ class Telemetry:
         self.detector = IdleDetector(s.idle_threshold_pct, s.idle_window_s, max_gap_s=3 * s.interval_s)
         self.book = UsageBook(store)
         self.state = TickState()
+        # The fleet's totals per tick, as long as the ring keeps samples (an hour at 5 s): the dashboard's chart.
+        self.history: deque[FleetPoint] = deque(maxlen=s.ring_length)
         self.registry = make_registry(self.sampler, self)
         self.metrics = metrics_endpoint(self.registry)
         self.tick_seconds = 0.0
@@ -339,6 +359,8 @@ class Telemetry:
             started = time.monotonic()
             try:
                 self.tick()
+            except StoreUnavailableError as error:  # a full disk, a database down: one line, not a traceback
+                log.warning("telemetry: %s; retrying at the next interval", error.message)
             except Exception:  # telemetry must never take the control plane down
                 log.exception("telemetry tick failed; retrying at the next interval")
             self._stop.wait(max(0.0, self.settings.interval_s - (time.monotonic() - started)))
@@ -364,6 +386,7 @@ class Telemetry:
                 at, holders, utils, self._used_by_queue(holders, utils), self._idle_by_queue(holders),
                 self._fragmentation(), attributed, job_memory, unattributed,
             )  # fmt: skip
+            self.history.append(self._fleet_point(at, holders))
             if at - self._last_flush >= self.settings.flush_interval_s:
                 self._last_flush = at
                 self.book.flush()
@@ -512,6 +535,16 @@ class Telemetry:
                 used = min(holder.milli / 1000.0, util / 100.0 * holder.milli / total)
                 out[holder.queue] = out.get(holder.queue, 0.0) + used
         return out
+
+    def _fleet_point(self, at: float, holders: Mapping[GpuKey, Sequence[Holder]]) -> FleetPoint:
+        state = self.state
+        return FleetPoint(
+            at=at,
+            capacity=float(sum(len(node.gpus) for node in self.nodes)),
+            allocated=sum(min(1000, sum(h.milli for h in on_gpu)) for on_gpu in holders.values()) / 1000.0,
+            used=sum(state.used_by_queue.values()),
+            reserved_idle=sum(state.idle_by_queue.values()),
+        )
 
     def _idle_by_queue(self, holders: Mapping[GpuKey, Sequence[Holder]]) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -7,6 +7,7 @@ Routers are thin (`routes_jobs`, `routes_admin`); rules live in `service.Service
 from __future__ import annotations
 
 import logging
+import math
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request, Security
@@ -16,19 +17,24 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpufleet import __version__
-from gpufleet.adapters.storage.sql_engine import StoreUnavailableError
+from gpufleet.adapters.storage.sql_engine import StoreFullError, StoreUnavailableError
 from gpufleet.domain.errors import (
     FieldProblem,
     GpufleetError,
     InvalidTransitionError,
+    LimitError,
     SpecError,
     UnknownNameError,
     WorkloadError,
 )
+from gpufleet.ports.admin import Role
 from gpufleet.server.auth import Principal
+from gpufleet.server.body_limit import BodyLimit
 from gpufleet.server.context import ApiContext
 from gpufleet.server.http_errors import ConflictError, ForbiddenError, UnauthorizedError
-from gpufleet.server.schemas import ErrorOut, HealthOut
+from gpufleet.server.limits import MAX_BODY_BYTES
+from gpufleet.server.ratelimit import RateLimitedError
+from gpufleet.server.schemas import ErrorOut, HealthOut, IsolationOut
 from gpufleet.server.service import Service
 from gpufleet.server.spec import JobSpec, problems_from_errors
 
@@ -45,8 +51,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut, "description": "No token, or an unknown or revoked one"},
     403: {"model": ErrorOut, "description": "The token may not do this"},
     404: {"model": ErrorOut, "description": "Unknown job, queue, node or token"},
-    409: {"model": ErrorOut, "description": "Conflicts with the current state"},
+    409: {"model": ErrorOut, "description": "Conflicts with the current state, or a limit an admin set"},
+    413: {"model": ErrorOut, "description": "The request body is larger than the API accepts"},
     422: {"model": ErrorOut, "description": "Invalid input; every bad field named with a fix"},
+    429: {"model": ErrorOut, "description": "Too many requests for this token; retry after Retry-After seconds"},
 }
 
 
@@ -60,10 +68,57 @@ async def principal(  # async: tokens are cached; a miss is one indexed read
     svc: Annotated[Service, Depends(service)],
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
 ) -> Principal:
-    return svc.auth.authenticate(request.headers.get("authorization"))
+    who = authenticate(svc, request)
+    if who.token.role is Role.METRICS:
+        raise ForbiddenError(
+            f"token {who.token.name!r} is a metrics token: it may only scrape /metrics",
+            "use a team or admin token for the API",
+        )
+    return who
+
+
+def authenticate(svc: Service, request: Request, authorization: str | None = None) -> Principal:
+    """The caller's principal (from `authorization`, or the request's header), within its token's rate limit
+    (429 beyond it; failed attempts are limited per address)."""
+    address = client_address(request)
+    try:
+        who = svc.auth.authenticate(authorization or request.headers.get("authorization"), address)
+    except UnauthorizedError:
+        svc.limits.check_failed_auth(address)
+        raise
+    svc.limits.check_token(who.token.id, who.token.name, who.token.role)
+    return who
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+def metrics_reader(svc: Service, request: Request) -> Principal:
+    """Who may scrape /metrics beyond loopback: a metrics or admin token (a team token would see every
+    queue's job ids)."""
+    authorization = request.headers.get("authorization")
+    if not authorization:
+        raise UnauthorizedError(
+            "/metrics needs a token: this control plane listens beyond loopback and its metrics name jobs, queues "
+            "and hosts",
+            "create one with `gpufleet token create prometheus --role metrics` and give it to Prometheus "
+            "(scrape config: `authorization: {credentials: gf_…}`), or start `gpufleet up --public-metrics`",
+        )
+    who = authenticate(svc, request)
+    if who.token.role is Role.TEAM:
+        raise ForbiddenError(
+            f"token {who.token.name!r} is a team token, which may not read every queue's metrics",
+            "scrape with a metrics token (`gpufleet token create prometheus --role metrics`)",
+        )
+    return who
 
 
 def error_status(error: GpufleetError) -> tuple[int, str]:
+    if isinstance(error, StoreFullError):
+        return 503, "disk_full"
+    if isinstance(error, RateLimitedError):
+        return 429, "rate_limited"
     if isinstance(error, StoreUnavailableError):
         return 503, "store_unavailable"
     if isinstance(error, UnauthorizedError):
@@ -74,6 +129,8 @@ def error_status(error: GpufleetError) -> tuple[int, str]:
         return 404, "not_found"
     if isinstance(error, (ConflictError, InvalidTransitionError)):
         return 409, "conflict"
+    if isinstance(error, LimitError):
+        return 409, "limit_reached"
     if isinstance(error, (SpecError, WorkloadError)):
         return 422, "invalid"
     return 400, "bad_request"
@@ -92,8 +149,22 @@ def _known_fields(request: Request) -> tuple[str, ...]:
     return tuple(JobSpec.model_fields) if request.url.path.rstrip("/") == "/v1/jobs" else ()
 
 
+def isolation_out(ctx: ApiContext) -> IsolationOut | None:
+    report = ctx.isolation
+    if report is None:
+        return None
+    return IsolationOut(
+        users=report.users,
+        cgroups=report.cgroups,
+        single_trust_domain=report.single_trust_domain,
+        team_tokens=ctx.team_tokens_refused is None,
+        notes=list(report.notes),
+    )
+
+
 def create_app(ctx: ApiContext) -> FastAPI:
     from gpufleet.server import routes_admin, routes_jobs, routes_telemetry
+    from gpufleet.server.web import mount_web
 
     app = FastAPI(
         title="gpufleet",
@@ -103,6 +174,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     )
     app.state.service = Service(ctx)
     app.state.ctx = ctx
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.exception_handler(GpufleetError)
     async def _gpufleet_error(_request: Request, error: Exception) -> JSONResponse:
@@ -110,6 +182,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
         status, code = error_status(error)
         fields = error.fields if isinstance(error, SpecError) else ()
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if isinstance(error, RateLimitedError):
+            headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
         return JSONResponse(error_body(code, str(error), fields), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -134,8 +208,18 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
-        codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}
-        fixes = {404: "see /docs for the API's paths", 405: "see /docs for the methods this path takes"}
+        codes = {
+            404: "not_found",
+            405: "method_not_allowed",
+            401: "unauthorized",
+            403: "forbidden",
+            413: "body_too_large",
+        }
+        fixes = {
+            400: "send a JSON object no deeper than a job spec needs",  # a body FastAPI could not even parse
+            404: "see /docs for the API's paths",
+            405: "see /docs for the methods this path takes",
+        }
         message = str(error.detail)
         if error.status_code in fixes:
             message = f"{message}; to fix: {fixes[error.status_code]}"
@@ -153,11 +237,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> HealthOut:
-        """Liveness; needs no token."""
-        return HealthOut()
+        """Liveness, and how jobs are isolated from each other and from the control plane; needs no token."""
+        return HealthOut(isolation=isolation_out(ctx))
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
+    def metrics(request: Request) -> Response:
+        if ctx.metrics_need_token:
+            metrics_reader(app.state.service, request)
         if ctx.metrics is None:
             return JSONResponse(error_body("not_found", "metrics are not enabled"), status_code=404)
         body, content_type = ctx.metrics()
@@ -166,4 +252,5 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_jobs.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_admin.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_telemetry.router, prefix="/v1", responses=ERRORS)
+    mount_web(app)  # the dashboard at `/`, over the same service
     return app

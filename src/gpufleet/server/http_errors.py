@@ -17,5 +17,10 @@ class ForbiddenError(GpufleetError):
     """A valid token that may not do this (403)."""
 
 
+class TeamTokenRefusedError(ForbiddenError):
+    """A team token on a control plane that refuses them: it runs every job as its own user (403). The API
+    and the dashboard's sign-in both answer it."""
+
+
 class ConflictError(GpufleetError):
     """The request clashes with the current state: cancel a finished job, delete a busy queue (409)."""

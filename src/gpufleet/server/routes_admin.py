@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
 
 from gpufleet.ports.admin import Role
 from gpufleet.server.auth import Principal
 from gpufleet.server.fleet_export import take_snapshot
-from gpufleet.server.http_app import principal, service
+from gpufleet.server.http_app import isolation_out, principal, service
 from gpufleet.server.schemas import (
+    AuditOut,
     DrainOut,
     InfoOut,
     NodeOut,
@@ -24,6 +28,7 @@ from gpufleet.server.schemas import (
     TokensOut,
 )
 from gpufleet.server.service import Service
+from gpufleet.server.views import audit_entry_out
 
 router = APIRouter()
 
@@ -64,7 +69,7 @@ def delete_queue(name: QueueName, who: Who, svc: Svc) -> Response:
 def nodes(who: Who, svc: Svc) -> NodesOut:
     """Nodes and their GPUs, with what is allocated on each GPU."""
     del who  # any valid token may look
-    return NodesOut(nodes=svc.nodes())
+    return NodesOut(nodes=svc.nodes(), isolation=isolation_out(svc.ctx))
 
 
 @router.post("/nodes/{name}/cordon", tags=["nodes"])
@@ -105,11 +110,41 @@ def revoke_token(token_id: TokenId, who: Who, svc: Svc) -> TokenOut:
 def snapshot(
     who: Who,
     svc: Svc,
-    since_s: Annotated[float, Query(ge=0, description="Window: jobs submitted in the last this many seconds")] = 7
-    * 86400,
+    since_s: Annotated[
+        float, Query(ge=0, le=1e10, description="Window: jobs submitted in the last this many seconds")
+    ] = 7 * 86400,
 ) -> dict[str, Any]:
     """The cluster for the simulator (admin): nodes, queues, every active job and every job submitted in the
     window, as stored. Replay it with `gpufleet sim --workload snapshot.json`."""
-    who.require_admin("taking a snapshot")
+    svc.audit.require_admin(who, "taking a snapshot", "cluster.snapshot", "cluster")
     now = svc.ctx.clock.now()
-    return take_snapshot(svc.store, now, now - since_s, svc.ctx.inventory_source, svc.ctx.emulated)
+    snapshot = take_snapshot(svc.store, now, now - since_s, svc.ctx.inventory_source, svc.ctx.emulated)
+    svc.audit.record(who, "cluster.snapshot", "cluster", {"since_s": since_s})
+    return snapshot
+
+
+@router.get("/audit", tags=["info"])
+def audit(
+    who: Who,
+    svc: Svc,
+    since: Annotated[float | None, Query(ge=0, le=1e11, description="Only entries at or after (Unix seconds).")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="At most this many, the newest.")] = 1000,
+) -> AuditOut:
+    """The audit log of admin actions (admin): who, what, when, from where, done or denied; oldest first."""
+    who.require_admin("reading the audit log")
+    return AuditOut(entries=[audit_entry_out(e) for e in svc.store.audit_log(since, limit)])
+
+
+@router.post(
+    "/backup",
+    tags=["info"],
+    response_class=FileResponse,
+    responses={200: {"content": {"application/vnd.sqlite3": {}}, "description": "The store, as a SQLite file"}},
+)
+def backup(who: Who, svc: Svc) -> FileResponse:
+    """An online backup of the store (admin): SQLite's backup API, a consistent copy taken while the control
+    plane keeps running. PostgreSQL stores answer 409 with how to use pg_dump."""
+    svc.audit.require_admin(who, "backing up the store", "store.backup", "store")
+    path = svc.backup(who)
+    cleanup = BackgroundTask(shutil.rmtree, path.parent, ignore_errors=True)
+    return FileResponse(path, media_type="application/vnd.sqlite3", filename="gpufleet-backup.db", background=cleanup)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.server.auth import Principal
 from gpufleet.server.http_app import principal, service
+from gpufleet.server.limits import MAX_IDEMPOTENCY_KEY, MAX_SEQ
 from gpufleet.server.schemas import CancelOut, EventsOut, ExplainOut, JobListOut, JobOut, LogsOut
 from gpufleet.server.service import Service
 from gpufleet.server.spec import JobSpec
@@ -21,11 +22,36 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
 JobIdPath = Annotated[str, Path(pattern=NAME_PATTERN, description="A job id such as j-7f3a9c21.")]
 
 
-@router.post("/jobs", status_code=201)
-async def submit(spec: JobSpec, who: Who, svc: Svc) -> JobOut:
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=MAX_IDEMPOTENCY_KEY,
+        pattern=r"^[\x21-\x7e]+$",
+        description="Any unique string (e.g. a UUID) per job: a retry with the same key and body returns the job "
+        "the first request made (200, `Idempotent-Replayed: true`) instead of a second job; the same key with "
+        "another body is refused (422). Kept 24 h.",
+    ),
+]
+
+
+REPLAYED: dict[int | str, dict[str, Any]] = {
+    200: {"model": JobOut, "description": "Replayed: the job an earlier request with this Idempotency-Key made"}
+}
+
+
+@router.post("/jobs", status_code=201, responses=REPLAYED)
+async def submit(
+    spec: JobSpec, who: Who, svc: Svc, response: Response, idempotency_key: IdempotencyKey = None
+) -> JobOut:
     """Submit a job; the id is chosen by the server. Without `queue`, a team token submits to its queue."""
     # Committed by the service's batcher thread, grouped with concurrent submits (one transaction).
-    return await svc.submit_async(who, spec)
+    job, replayed = await svc.submit_async(who, spec, idempotency_key)
+    if replayed:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    return job
 
 
 @router.get("/jobs")
@@ -36,7 +62,9 @@ def list_jobs(
     state: Annotated[list[JobState] | None, Query(description="Repeatable: ?state=pending&state=running")] = None,
     name: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    before_seq: Annotated[int | None, Query(ge=0, description="Paging: `next_before_seq` of the last page")] = None,
+    before_seq: Annotated[
+        int | None, Query(ge=0, le=MAX_SEQ, description="Paging: `next_before_seq` of the last page")
+    ] = None,
 ) -> JobListOut:
     """Jobs, newest first. Team tokens see only their queue's."""
     return svc.list_jobs(
@@ -67,9 +95,14 @@ def explain(job_id: JobIdPath, who: Who, svc: Svc) -> ExplainOut:
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=202)
-def cancel(job_id: JobIdPath, who: Who, svc: Svc) -> CancelOut:
-    """Ask the loop to stop the job for good (checkpoint signal, grace period, then kill)."""
-    return svc.cancel(who, job_id)
+def cancel(
+    job_id: JobIdPath,
+    who: Who,
+    svc: Svc,
+    force: Annotated[bool, Query(description="Kill at once (SIGKILL), whatever the job's grace period")] = False,
+) -> CancelOut:
+    """Ask the loop to stop the job for good (checkpoint signal, grace period, then kill; `force`: kill now)."""
+    return svc.cancel(who, job_id, force=force)
 
 
 @router.get("/jobs/{job_id}/logs")

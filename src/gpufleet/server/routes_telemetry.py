@@ -7,25 +7,18 @@ the queue's team and to admins.
 
 from __future__ import annotations
 
-import statistics
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
-from gpufleet.domain.lifecycle import JobState
 from gpufleet.server.auth import Principal
-from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of, set_idle_policy
+from gpufleet.server.gpu_monitor import Telemetry, idle_policy, set_idle_policy
 from gpufleet.server.http_app import principal, service
 from gpufleet.server.http_errors import NotFoundError
 from gpufleet.server.schemas import (
-    GpuNowOut,
-    IdleFlagOut,
     IdlePolicyIn,
     IdlePolicyOut,
-    JobGpuMemoryOut,
-    JobGpuOut,
     JobUsageOut,
-    QueueNowOut,
     TelemetryOut,
     UsageOut,
     UsageQueueOut,
@@ -59,157 +52,15 @@ def _queue_known(svc: Service, who: Principal, queue: str) -> None:
 
 
 @router.get("/telemetry")
-def telemetry(request: Request, who: Who, svc: Svc) -> TelemetryOut:
+def telemetry(who: Who, svc: Svc) -> TelemetryOut:
     """Every GPU's last sample with the job on it and its idle state; each visible queue's waits and use."""
-    tel = _telemetry(request)
-    assert tel is not None
-    ctx = svc.ctx
-    now = ctx.clock.now()
-    tick = tel.state
-    gpus = []
-    for sample in tel.latest_samples():
-        on_gpu = tick.holders.get(sample.key, ())
-        owner = owner_of(on_gpu) if on_gpu else None
-        low_since = tel.detector.low_since(sample.key) if on_gpu else None
-        stray = tick.unattributed.get(sample.key) if tick.processes_attributed else None
-        gpus.append(
-            GpuNowOut(
-                node=sample.node,
-                index=sample.index,
-                uuid=sample.uuid,
-                model=sample.model,
-                model_name=sample.model_name,
-                probe=sample.probe,
-                at=sample.at,
-                util=sample.gpu_util,
-                mem_util=sample.mem_util,
-                memory_used=sample.memory_used,
-                memory_total=sample.memory_total,
-                power_w=sample.power_w,
-                temperature_c=sample.temperature_c,
-                job_id=owner.job if owner else "",
-                queue=owner.queue if owner else "",
-                jobs=sorted({h.job for h in on_gpu}),
-                low_for_s=None if low_since is None else max(0.0, sample.at - low_since),
-                idle=bool(on_gpu) and tel.detector.gpu_flagged(sample.key),
-                unattributed_memory=stray.used_bytes if stray is not None else None,
-                unattributed_pids=list(stray.pids) if stray is not None else [],
-            )
-        )
-    state = tel.scheduler_state()
-    waits: dict[str, list[float]] = {}
-    for job in tel.observer.view.pending.values():
-        waits.setdefault(job.queue, []).append(max(0.0, now - job.submitted_at))
-    visible = sorted(q.name for q in svc.store.queues() if who.may_see(q.name))
-    metrics = {q.queue: q for q in state.queues}
-    queues = []
-    for name in visible:
-        q = metrics.get(name)
-        waiting = waits.get(name, [])
-        queues.append(
-            QueueNowOut(
-                queue=name,
-                pending=q.pending if q else 0,
-                running=q.running if q else 0,
-                oldest_wait_s=max(waiting) if waiting else None,
-                median_wait_s=statistics.median(waiting) if waiting else None,
-                allocated_gpus=q.allocated_gpus if q else 0.0,
-                used_gpus=q.used_gpus if q else 0.0,
-                reserved_idle_gpus=q.reserved_idle_gpus if q else 0.0,
-                idle_policy=idle_policy(svc.store, name).value,
-            )
-        )
-    return TelemetryOut(
-        probe=tel.probe.kind,
-        emulated=ctx.emulated,
-        inventory_source=ctx.inventory_source,
-        interval_s=tel.settings.interval_s,
-        idle_threshold_pct=tel.settings.idle_threshold_pct,
-        idle_window_s=tel.settings.idle_window_s,
-        now=now,
-        sampled_at=tick.at,
-        gpus=gpus,
-        queues=queues,
-    )
+    return svc.telemetry(who)
 
 
 @router.get("/jobs/{job_id}/usage", tags=["jobs"])
-def job_usage(job_id: JobIdPath, request: Request, who: Who, svc: Svc) -> JobUsageOut:
+def job_usage(job_id: JobIdPath, who: Who, svc: Svc) -> JobUsageOut:
     """A job's measured GPU use and whether it is reserved-but-idle (and the last time it was flagged)."""
-    tel = _telemetry(request)
-    assert tel is not None
-    record = svc.store.get(job_id)
-    if record is None or not who.may_see(record.job.queue):
-        raise NotFoundError(f"no job {job_id!r}", "list your jobs with `gpufleet jobs`")
-    tick = tel.state
-    gpus = []
-    low: list[float | None] = []
-    for key, on_gpu in sorted(tick.holders.items()):
-        for holder in on_gpu:
-            if holder.job == job_id:
-                since = tel.detector.low_since(key)
-                low.append(since)
-                gpus.append(
-                    JobGpuOut(
-                        node=key[0],
-                        index=key[1],
-                        fraction=holder.milli / 1000.0,
-                        util=tick.utils.get(key),
-                        low_since=since,
-                        flagged=tel.detector.gpu_flagged(key),
-                    )
-                )
-    flag = tel.detector.flagged_jobs().get(job_id)
-    use = tel.book.job(job_id)
-    stored = tel.last_flag(job_id)
-    last = None
-    if stored is not None:
-        try:
-            last = IdleFlagOut(
-                flagged_at=float(stored["flagged_at"]),  # type: ignore[arg-type]
-                idle_since=float(stored["idle_since"]),  # type: ignore[arg-type]
-                policy=str(stored.get("policy", "")),
-                action=str(stored.get("action", "")),
-                reason=str(stored.get("reason", "")),
-            )
-        except (KeyError, TypeError, ValueError):
-            last = None
-    memory = [
-        JobGpuMemoryOut(
-            node=m.node,
-            index=m.index,
-            uuid=m.uuid,
-            used=m.used_bytes,
-            share=m.share_bytes,
-            over_share=m.over_share,
-            pids=list(m.pids),
-        )
-        for m in tel.job_memory(job_id)
-    ]
-    idle_since = None
-    if gpus and all(s is not None for s in low):
-        idle_since = max(s for s in low if s is not None)
-    return JobUsageOut(
-        job_id=job_id,
-        queue=record.job.queue,
-        state=record.state.value,
-        probe=tel.probe.kind,
-        emulated=tel.emulated,
-        idle_threshold_pct=tel.settings.idle_threshold_pct,
-        idle_window_s=tel.settings.idle_window_s,
-        idle_policy=idle_policy(svc.store, record.job.queue).value,
-        reserved_idle=flag is not None and record.state is JobState.RUNNING,
-        idle_since=idle_since,
-        gpus=gpus,
-        sampled_gpu_seconds=use.sampled,
-        used_gpu_seconds=use.used,
-        reserved_idle_gpu_seconds=use.idle,
-        last_flag=last,
-        processes_attributed=tick.processes_attributed,
-        gpu_memory=memory,
-        gpu_memory_used=sum(m.used for m in memory),
-        over_share=any(m.over_share for m in memory),
-    )
+    return svc.job_usage(who, job_id)
 
 
 def _row(q: QueueUsage) -> UsageQueueOut:
@@ -271,6 +122,8 @@ def get_idle_policy(name: QueueName, who: Who, svc: Svc) -> IdlePolicyOut:
 @router.put("/queues/{name}/idle-policy", tags=["queues"])
 def put_idle_policy(name: QueueName, body: IdlePolicyIn, who: Who, svc: Svc) -> IdlePolicyOut:
     """Set the queue's idle policy (admin)."""
-    who.require_admin("setting an idle policy")
+    svc.audit.require_admin(who, "setting an idle policy", "queue.idle_policy", name)
     _queue_known(svc, who, name)
-    return IdlePolicyOut(queue=name, policy=set_idle_policy(svc.store, name, body.policy).value)
+    policy = set_idle_policy(svc.store, name, body.policy).value
+    svc.audit.record(who, "queue.idle_policy", name, {"policy": policy})
+    return IdlePolicyOut(queue=name, policy=policy)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpufleet.server.limits import MAX_PENDING_CAP, MAX_QUOTAS, MAX_WEIGHT
 
 
 class FieldErrorOut(BaseModel):
@@ -21,8 +23,19 @@ class ErrorOut(BaseModel):
     fields: list[FieldErrorOut] = Field(default_factory=list)
 
 
+class IsolationOut(BaseModel):
+    """How jobs are kept from each other and from the control plane on this machine."""
+
+    users: str  # as which OS user jobs run
+    cgroups: str  # which kernel limits apply per worker, or why none do
+    single_trust_domain: bool  # every job runs as the control plane's own user
+    team_tokens: bool  # whether team tokens are accepted
+    notes: list[str] = Field(default_factory=list)
+
+
 class HealthOut(BaseModel):
     status: Literal["ok"] = "ok"
+    isolation: IsolationOut | None = None
 
 
 class InfoOut(BaseModel):
@@ -79,6 +92,7 @@ class JobOut(BaseModel):
     id: str
     name: str
     queue: str
+    user: str = Field("", description="Who submitted it: the name of the token used (empty if unknown).")
     state: str
     reason: str
     waiting_code: str
@@ -183,12 +197,21 @@ class LogsOut(BaseModel):
 # ------------------------------------------------------------------------------------------ queues
 
 
+def _not_a_boolean(value: object) -> object:
+    # JSON's true would otherwise be read as 1.
+    if isinstance(value, bool):
+        raise ValueError(f"is {str(value).lower()}; to fix: give a number")
+    return value
+
+
 class QuotaIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     nominal: float | str | None = None
     borrowing_limit: float | str | None = None
     lending_limit: float | str | None = None
+
+    _numbers = field_validator("nominal", "borrowing_limit", "lending_limit", mode="before")(_not_a_boolean)
 
 
 class QueueIn(BaseModel):
@@ -197,9 +220,32 @@ class QueueIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    quotas: dict[str, float | str | QuotaIn] = Field(default_factory=dict)
-    cohort: str | None = None
-    weight: float = 1.0
+    quotas: dict[str, float | str | QuotaIn] = Field(default_factory=dict, max_length=MAX_QUOTAS)
+    cohort: str | None = Field(None, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, allow_inf_nan=False)
+    max_pending: int | None = Field(
+        None, ge=0, le=MAX_PENDING_CAP, description="The most jobs the queue may have pending at once (null: no cap)."
+    )
+    run_as: str | None = Field(
+        None,
+        max_length=32,
+        description="OS user the queue's jobs run as (admin-mapped); null: the queue's own gpufleet-<queue>.",
+    )
+    max_grace: float | str | None = Field(
+        None,
+        description="The longest grace_period its jobs may ask: 30s, 2h or seconds (null: the control plane's "
+        "default, 1h); at most 7d.",
+    )
+
+    _numbers = field_validator("weight", "max_pending", "max_grace", mode="before")(_not_a_boolean)
+
+    @field_validator("quotas", mode="before")
+    @classmethod
+    def _quota_numbers(cls, value: object) -> object:
+        if isinstance(value, dict):
+            for amount in value.values():
+                _not_a_boolean(amount)
+        return value
 
 
 class QuotaOut(BaseModel):
@@ -214,6 +260,7 @@ class QueueUsageOut(BaseModel):
     gpus: float
     cpu: float
     memory: int
+    gpus_by_model: dict[str, float] = Field(default_factory=dict, description="GPUs held now, per GPU model.")
 
 
 class QueueOut(BaseModel):
@@ -221,6 +268,9 @@ class QueueOut(BaseModel):
     quotas: dict[str, QuotaOut]
     cohort: str | None
     weight: float
+    max_pending: int | None = None
+    max_grace: float | None = Field(None, description="seconds; null: the control plane's default")
+    run_as: str | None = None
     usage: QueueUsageOut
 
 
@@ -264,6 +314,7 @@ class NodeOut(BaseModel):
 
 class NodesOut(BaseModel):
     nodes: list[NodeOut]
+    isolation: IsolationOut | None = None  # how jobs are isolated on the local executor's machine
 
 
 class DrainOut(BaseModel):
@@ -278,8 +329,10 @@ class TokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(max_length=200)
-    role: Literal["admin", "team"] = "team"
-    queue: str | None = None
+    role: Literal["admin", "team", "metrics"] = Field(
+        "team", description="admin: everything; team: one queue's jobs; metrics: scrape /metrics only"
+    )
+    queue: str | None = Field(None, max_length=63)
 
 
 class TokenOut(BaseModel):
@@ -298,6 +351,24 @@ class TokenCreatedOut(TokenOut):
 
 class TokensOut(BaseModel):
     tokens: list[TokenOut]
+
+
+# ------------------------------------------------------------------------------------------- audit
+
+
+class AuditEntryOut(BaseModel):
+    at: float
+    actor: str = Field(description="The token's name, or local:<OS user> for commands run on the machine")
+    token_id: str | None
+    action: str = Field(description="e.g. token.create, queue.set, node.drain, job.force_cancel, store.backup")
+    target: str
+    detail: str = Field(description="JSON, or empty")
+    source: str = Field(description="The client's address, or local")
+    outcome: str = Field(description="ok, or denied (a token that may not do it)")
+
+
+class AuditOut(BaseModel):
+    entries: list[AuditEntryOut]
 
 
 # --------------------------------------------------------------------------------------- telemetry

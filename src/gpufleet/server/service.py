@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import math
 import re
 import secrets
+import shutil
+import statistics
+import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,36 +23,48 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet import __version__
+from gpufleet.adapters.storage.health import BackupUnsupportedError
+from gpufleet.adapters.storage.sql_engine import StoreUnavailableError
 from gpufleet.domain.cluster import Node
-from gpufleet.domain.errors import FieldProblem, SpecError
+from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.quotas import DEFAULT_QUEUE, GPU_MODEL_PREFIX, QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import RequestKind
-from gpufleet.ports.admin import JobQuery, Role, Token
+from gpufleet.ports.admin import AdminStore, JobQuery, Role, SubmitKey, Token
+from gpufleet.server.audit import Auditor
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
 from gpufleet.server.context import ApiContext
+from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of
 from gpufleet.server.http_errors import ConflictError, ForbiddenError, NotFoundError
+from gpufleet.server.ratelimit import RateLimits
 from gpufleet.server.schemas import (
     CancelOut,
     DrainOut,
     EventsOut,
     ExplainOut,
+    GpuNowOut,
+    IdleFlagOut,
     InfoOut,
+    JobGpuMemoryOut,
+    JobGpuOut,
     JobListOut,
     JobOut,
+    JobUsageOut,
     LogsOut,
     NodeOut,
     NoticeOut,
     QueueIn,
+    QueueNowOut,
     QueueOut,
     QuotaUseOut,
+    TelemetryOut,
     TokenCreatedOut,
     TokenOut,
 )
-from gpufleet.server.spec import JobSpec
+from gpufleet.server.spec import JobSpec, format_duration
 from gpufleet.server.views import (
     HOLDING,
     event_out,
@@ -61,6 +79,7 @@ from gpufleet.server.views import (
     workers_out,
 )
 
+EXPLAIN_AHEAD = 50  # ids of the jobs ahead that `explain` lists (it counts them all)
 MAX_LOG_CHUNK = 1 << 20  # bytes per logs call; clients follow with `offset`
 _ATTEMPT_RE = re.compile(r"attempt[-_.]?(\d+)", re.IGNORECASE)
 _WORKER_RE = re.compile(r"(?:worker|rank)[-_.]?(\d+)", re.IGNORECASE)
@@ -68,6 +87,12 @@ _WORKER_RE = re.compile(r"(?:worker|rank)[-_.]?(\d+)", re.IGNORECASE)
 
 def new_job_id() -> JobId:
     return "j-" + secrets.token_hex(4)
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[JobOut]
+    total: int  # jobs matching the filters, over all pages
 
 
 @dataclass(frozen=True)
@@ -93,17 +118,54 @@ def index_logs(paths: Sequence[Path], workers: int) -> list[LogFile]:
     return [LogFile(i // per + 1, i % per, path) for i, path in enumerate(paths)]
 
 
+class QueueCache:
+    """Queue specs for checks on the submit path, read from the store at most every `ttl_s` (changes made
+    through this process apply at once; another process's within `ttl_s`)."""
+
+    def __init__(self, store: AdminStore, ttl_s: float = 2.0) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self._specs: dict[str, QueueSpec] = {}
+        self._read_at = -math.inf
+
+    def get(self, name: str) -> QueueSpec | None:
+        now = time.monotonic()
+        if now - self._read_at > self.ttl_s:
+            self._specs = {q.name: q for q in self.store.queues()}
+            self._read_at = now
+        return self._specs.get(name)
+
+    def forget(self) -> None:
+        self._read_at = -math.inf
+
+
 class Service:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
         self.store = ctx.store
-        self.auth = Authenticator(ctx.store)
-        self.batcher = SubmitBatcher(ctx.store, ctx.wake)
+        self.auth = Authenticator(ctx.store, refuse_team=ctx.team_tokens_refused)
+        self.batcher = SubmitBatcher(ctx.store, ctx.wake, key_ttl_s=ctx.idempotency_ttl_s)
+        self.audit = Auditor(ctx.store, ctx.clock)
+        self.queue_specs = QueueCache(ctx.store)
+        self.limits = RateLimits(team=ctx.team_rate, admin=ctx.admin_rate)
 
     # ------------------------------------------------------------------------------------ helpers
 
     def _nodes(self) -> dict[str, Node]:
         return {n.name: n for n in self.store.nodes()}
+
+    def _holding(self) -> Sequence[JobRecord]:
+        """The jobs that hold resources now: an indexed query, not every active job (pending ones can be
+        tens of thousands, and decoding them all would cost seconds)."""
+        return self.store.jobs(JobQuery(states=frozenset(HOLDING), limit=1_000_000))
+
+    def _usage(self, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+        """`queue_usage` of the holding jobs, with each queue's pending jobs counted by the store."""
+        usage = queue_usage(self._holding(), self._nodes())
+        for name in queues:
+            use = usage.setdefault(name, {"running": 0, "pending": 0})
+            use["pending"] = self.store.count_jobs(JobQuery(queue=name, states=frozenset({JobState.PENDING})))
+        return usage
 
     def _queue_names(self) -> set[str]:
         return {q.name for q in self.store.queues()}
@@ -135,12 +197,19 @@ class Service:
 
     # --------------------------------------------------------------------------------------- jobs
 
-    async def submit_async(self, principal: Principal, spec: JobSpec) -> JobOut:
-        """Submit from the event loop: the commit happens in the batcher's thread, grouped with others."""
+    async def submit_async(
+        self, principal: Principal, spec: JobSpec, idempotency_key: str | None = None
+    ) -> tuple[JobOut, bool]:
+        """Submit from the event loop: the commit happens in the batcher's thread, grouped with others.
+        Returns the job and whether it was made by an earlier request with the same idempotency key."""
         job = self.prepare_submit(principal, spec)
+        key = None
+        if idempotency_key is not None:
+            key = SubmitKey(principal.token.id, idempotency_key, request_hash(job.queue, spec))
         for _ in range(5):
             try:
-                return self.submitted(await asyncio.wrap_future(self.batcher.submit(job, job.submitted_at)))
+                record = await asyncio.wrap_future(self.batcher.submit(job, job.submitted_at, key))
+                return self.submitted(record), record.id != job.id
             except SpecError as error:
                 job = self._redraw(job, error)
         raise ConflictError("could not draw a free job id", "submit again")  # pragma: no cover
@@ -152,8 +221,27 @@ class Service:
                 f"token {principal.token.name!r} may submit only to queue {principal.token.queue!r}, not {queue!r}",
                 f"set `queue: {principal.token.queue}` or leave it out",
             )
+        self._check_grace(queue, float(spec.grace_period))
         now = self.ctx.clock.now()
-        return spec.to_job(new_job_id(), queue, now)
+        return dataclasses.replace(spec.to_job(new_job_id(), queue, now), user=principal.token.name)
+
+    def _check_grace(self, queue: str, grace_s: float) -> None:
+        spec = self.queue_specs.get(queue)
+        own = spec.max_grace_s if spec is not None else None
+        most = own if own is not None else self.ctx.max_grace_s
+        if grace_s > most:
+            whose = f"queue {queue!r}'s maximum" if own is not None else "the maximum"
+            raise SpecError(
+                "job spec",
+                (
+                    FieldProblem(
+                        "grace_period",
+                        f"is {format_duration(grace_s)}, above {whose} of {format_duration(most)}",
+                        f"give at most {format_duration(most)} (an admin may change it with "
+                        f"`gpufleet quota set {queue} --max-grace …`)",
+                    ),
+                ),
+            )
 
     @staticmethod
     def _redraw(job: Job, error: SpecError) -> Job:
@@ -176,13 +264,7 @@ class Service:
         limit: int,
         before_seq: int | None,
     ) -> JobListOut:
-        if principal.queue is not None:
-            if queue is not None and queue != principal.queue:
-                raise ForbiddenError(
-                    f"token {principal.token.name!r} may list only queue {principal.queue!r}",
-                    f"use --queue {principal.queue} or leave it out",
-                )
-            queue = principal.queue
+        queue = self._listable_queue(principal, queue)
         records = self.store.jobs(
             JobQuery(queue=queue, states=frozenset(states), name=name, limit=limit + 1, before_seq=before_seq)
         )
@@ -193,6 +275,26 @@ class Service:
             jobs=[job_out(r, nodes) for r in page],
             next_before_seq=page[-1].job.submit_seq if more and page else None,
         )
+
+    @staticmethod
+    def _listable_queue(principal: Principal, queue: str | None) -> str | None:
+        """The queue a listing is limited to: a team token lists its own queue only."""
+        if principal.queue is None:
+            return queue
+        if queue is not None and queue != principal.queue:
+            raise ForbiddenError(
+                f"token {principal.token.name!r} may list only queue {principal.queue!r}",
+                f"use --queue {principal.queue} or leave it out",
+            )
+        return principal.queue
+
+    def find_jobs(self, principal: Principal, query: JobQuery) -> JobPage:
+        """One page of the jobs matching `query` (any filters, order and offset) and how many match in all;
+        a team token's query is limited to its queue."""
+        query = dataclasses.replace(query, queue=self._listable_queue(principal, query.queue))
+        records = self.store.jobs(query)
+        nodes = self._nodes() if any(r.workers for r in records) else {}
+        return JobPage([job_out(r, nodes) for r in records], self.store.count_jobs(query))
 
     def get_job(self, principal: Principal, job_id: JobId) -> JobOut:
         return job_out(self._visible(principal, job_id), self._nodes())
@@ -209,32 +311,25 @@ class Service:
         record = self._visible(principal, job_id)
         nodes = self._nodes()
         queue = record.job.queue
-        active = self.store.active()
         position: int | None = None
         ahead: list[str] = []
         if record.state is JobState.PENDING:
-            waiting = sorted(
-                (r for r in active if r.job.queue == queue and r.state is JobState.PENDING),
-                key=lambda r: (-r.job.priority, r.job.submit_seq, r.id),
-            )
-            ids = [r.id for r in waiting]
-            if job_id in ids:
-                position = ids.index(job_id) + 1
-                ahead = ids[: position - 1]
-        use = queue_usage(active, nodes).get(queue, {})
+            count, ahead = self.store.pending_ahead(queue, record.job.priority, record.job.submit_seq, EXPLAIN_AHEAD)
+            position = count + 1
+        use = queue_usage(self._holding(), nodes).get(queue, {})
         spec = next((q for q in self.store.queues() if q.name == queue), None)
         quota = self._quota_use(spec, use, record)
         events = [event_out(t) for t in self.store.history(job_id)]
         return ExplainOut(
             id=job_id,
             state=record.state.value,
-            summary=self._summary(record, position, len(ahead), spec),
+            summary=self._summary(record, position, 0 if position is None else position - 1, spec),
             reason=record.reason,
             waiting_code=record.waiting_code,
             waiting_reason=record.waiting_reason,
             queue=queue,
             position=position,
-            ahead=ahead[:50],
+            ahead=ahead,
             quota=quota,
             placement=workers_out(record.workers, nodes),
             exit_code=record.exit_code,
@@ -304,20 +399,38 @@ class Service:
         code = f" with exit code {record.exit_code}" if record.exit_code is not None else ""
         return f"{state.value}{code}: {record.reason}"
 
-    def cancel(self, principal: Principal, job_id: JobId) -> CancelOut:
+    def cancel(self, principal: Principal, job_id: JobId, *, force: bool = False) -> CancelOut:
+        """Ask the loop to stop a job for good: with its checkpoint signal and grace period, or, `force`d (its
+        owner or an admin), with SIGKILL at once."""
         record = self._visible(principal, job_id)
         if record.state.terminal:
             raise ConflictError(
                 f"job {job_id!r} already {record.state.value}", "nothing to cancel; submit it again to rerun it"
             )
         who = principal.token.name
-        self.store.request(job_id, RequestKind.CANCEL, f"cancelled by {who}", self.ctx.clock.now())
+        kind = RequestKind.FORCE_CANCEL if force else RequestKind.CANCEL
+        self.store.request(job_id, kind, f"by {who}", self.ctx.clock.now())
+        if force:
+            self.audit.record(principal, "job.force_cancel", job_id, {"queue": record.job.queue, "was": record.state})
         self.ctx.wake()
-        return CancelOut(
-            id=job_id, state=record.state.value, requested=True, message="cancel requested; the loop stops it shortly"
+        message = (
+            "force-cancel requested; the loop kills it (SIGKILL) at once"
+            if force
+            else "cancel requested; the loop stops it shortly"
         )
+        return CancelOut(id=job_id, state=record.state.value, requested=True, message=message)
 
-    def logs(self, principal: Principal, job_id: JobId, *, worker: int, attempt: int | None, offset: int) -> LogsOut:
+    def logs(
+        self,
+        principal: Principal,
+        job_id: JobId,
+        *,
+        worker: int,
+        attempt: int | None,
+        offset: int,
+        tail: int | None = None,
+    ) -> LogsOut:
+        """A chunk of a worker's log from byte `offset`, or, with `tail`, its last `tail` bytes."""
         record = self._visible(principal, job_id)
         files = index_logs(list(self.ctx.log_paths(job_id)), record.job.workers)
         available = [f"attempt {f.attempt} worker {f.worker}" for f in files]
@@ -343,7 +456,7 @@ class Service:
         try:
             with chosen.path.open("rb") as handle:
                 size = handle.seek(0, 2)
-                start = min(offset, size)
+                start = min(offset, size) if tail is None else max(0, size - tail)
                 handle.seek(start)
                 data = handle.read(MAX_LOG_CHUNK)
         except FileNotFoundError:
@@ -363,44 +476,206 @@ class Service:
             available=available,
         )
 
+    # ---------------------------------------------------------------------------------- telemetry
+
+    def gpu_telemetry(self) -> Telemetry:
+        """The control plane's GPU telemetry; NotFoundError where it does not run (an API without `up`)."""
+        found = self.ctx.extra.get("telemetry")
+        if not isinstance(found, Telemetry):
+            raise NotFoundError(
+                "GPU telemetry is not enabled in this control plane",
+                "telemetry runs in a control plane started by `up`",
+            )
+        return found
+
+    def telemetry(self, who: Principal) -> TelemetryOut:
+        """Every GPU's last sample with the job on it and its idle state; each visible queue's waits and use."""
+        tel = self.gpu_telemetry()
+        ctx = self.ctx
+        now = ctx.clock.now()
+        tick = tel.state
+        gpus = []
+        for sample in tel.latest_samples():
+            on_gpu = tick.holders.get(sample.key, ())
+            owner = owner_of(on_gpu) if on_gpu else None
+            low_since = tel.detector.low_since(sample.key) if on_gpu else None
+            stray = tick.unattributed.get(sample.key) if tick.processes_attributed else None
+            gpus.append(
+                GpuNowOut(
+                    node=sample.node,
+                    index=sample.index,
+                    uuid=sample.uuid,
+                    model=sample.model,
+                    model_name=sample.model_name,
+                    probe=sample.probe,
+                    at=sample.at,
+                    util=sample.gpu_util,
+                    mem_util=sample.mem_util,
+                    memory_used=sample.memory_used,
+                    memory_total=sample.memory_total,
+                    power_w=sample.power_w,
+                    temperature_c=sample.temperature_c,
+                    job_id=owner.job if owner else "",
+                    queue=owner.queue if owner else "",
+                    jobs=sorted({h.job for h in on_gpu}),
+                    low_for_s=None if low_since is None else max(0.0, sample.at - low_since),
+                    idle=bool(on_gpu) and tel.detector.gpu_flagged(sample.key),
+                    unattributed_memory=stray.used_bytes if stray is not None else None,
+                    unattributed_pids=list(stray.pids) if stray is not None else [],
+                )
+            )
+        state = tel.scheduler_state()
+        waits: dict[str, list[float]] = {}
+        for job in tel.observer.view.pending.values():
+            waits.setdefault(job.queue, []).append(max(0.0, now - job.submitted_at))
+        visible = sorted(q.name for q in self.store.queues() if who.may_see(q.name))
+        metrics = {q.queue: q for q in state.queues}
+        queues = []
+        for name in visible:
+            q = metrics.get(name)
+            waiting = waits.get(name, [])
+            queues.append(
+                QueueNowOut(
+                    queue=name,
+                    pending=q.pending if q else 0,
+                    running=q.running if q else 0,
+                    oldest_wait_s=max(waiting) if waiting else None,
+                    median_wait_s=statistics.median(waiting) if waiting else None,
+                    allocated_gpus=q.allocated_gpus if q else 0.0,
+                    used_gpus=q.used_gpus if q else 0.0,
+                    reserved_idle_gpus=q.reserved_idle_gpus if q else 0.0,
+                    idle_policy=idle_policy(self.store, name).value,
+                )
+            )
+        return TelemetryOut(
+            probe=tel.probe.kind,
+            emulated=ctx.emulated,
+            inventory_source=ctx.inventory_source,
+            interval_s=tel.settings.interval_s,
+            idle_threshold_pct=tel.settings.idle_threshold_pct,
+            idle_window_s=tel.settings.idle_window_s,
+            now=now,
+            sampled_at=tick.at,
+            gpus=gpus,
+            queues=queues,
+        )
+
+    def job_usage(self, who: Principal, job_id: JobId) -> JobUsageOut:
+        """A job's measured GPU use and whether it is reserved-but-idle (and the last time it was flagged)."""
+        tel = self.gpu_telemetry()
+        record = self._visible(who, job_id)
+        tick = tel.state
+        gpus = []
+        low: list[float | None] = []
+        for key, on_gpu in sorted(tick.holders.items()):
+            for holder in on_gpu:
+                if holder.job == job_id:
+                    since = tel.detector.low_since(key)
+                    low.append(since)
+                    gpus.append(
+                        JobGpuOut(
+                            node=key[0],
+                            index=key[1],
+                            fraction=holder.milli / 1000.0,
+                            util=tick.utils.get(key),
+                            low_since=since,
+                            flagged=tel.detector.gpu_flagged(key),
+                        )
+                    )
+        flag = tel.detector.flagged_jobs().get(job_id)
+        use = tel.book.job(job_id)
+        stored = tel.last_flag(job_id)
+        last = None
+        if stored is not None:
+            try:
+                last = IdleFlagOut(
+                    flagged_at=float(stored["flagged_at"]),  # type: ignore[arg-type]
+                    idle_since=float(stored["idle_since"]),  # type: ignore[arg-type]
+                    policy=str(stored.get("policy", "")),
+                    action=str(stored.get("action", "")),
+                    reason=str(stored.get("reason", "")),
+                )
+            except (KeyError, TypeError, ValueError):
+                last = None
+        memory = [
+            JobGpuMemoryOut(
+                node=m.node,
+                index=m.index,
+                uuid=m.uuid,
+                used=m.used_bytes,
+                share=m.share_bytes,
+                over_share=m.over_share,
+                pids=list(m.pids),
+            )
+            for m in tel.job_memory(job_id)
+        ]
+        idle_since = None
+        if gpus and all(s is not None for s in low):
+            idle_since = max(s for s in low if s is not None)
+        return JobUsageOut(
+            job_id=job_id,
+            queue=record.job.queue,
+            state=record.state.value,
+            probe=tel.probe.kind,
+            emulated=tel.emulated,
+            idle_threshold_pct=tel.settings.idle_threshold_pct,
+            idle_window_s=tel.settings.idle_window_s,
+            idle_policy=idle_policy(self.store, record.job.queue).value,
+            reserved_idle=flag is not None and record.state is JobState.RUNNING,
+            idle_since=idle_since,
+            gpus=gpus,
+            sampled_gpu_seconds=use.sampled,
+            used_gpu_seconds=use.used,
+            reserved_idle_gpu_seconds=use.idle,
+            last_flag=last,
+            processes_attributed=tick.processes_attributed,
+            gpu_memory=memory,
+            gpu_memory_used=sum(m.used for m in memory),
+            over_share=any(m.over_share for m in memory),
+        )
+
     # ------------------------------------------------------------------------------------- queues
 
     def queues(self, principal: Principal) -> list[QueueOut]:
-        active = self.store.active()
-        usage = queue_usage(active, self._nodes())
-        return [
-            queue_out(spec, usage.get(spec.name, {}))
-            for spec in sorted(self.store.queues(), key=lambda q: q.name)
-            if principal.admin or spec.name == principal.queue
-        ]
+        shown = [q for q in sorted(self.store.queues(), key=lambda q: q.name) if principal.may_see(q.name)]
+        usage = self._usage([q.name for q in shown])
+        return [queue_out(spec, usage.get(spec.name, {})) for spec in shown]
 
     def set_queue(self, principal: Principal, name: str, body: QueueIn) -> QueueOut:
-        principal.require_admin("changing a queue")
+        self.audit.require_admin(principal, "changing a queue", "queue.set", name)
         check_queue_name(name)
         spec = queue_spec(name, body)
+        if spec.run_as is not None:
+            try:
+                self.ctx.check_run_as(spec.run_as)
+            except GpufleetError as error:
+                raise SpecError(f"queue {name!r}", (FieldProblem("run_as", error.message, error.fix),)) from None
         self.store.set_queue(spec)
+        self.queue_specs.forget()
+        self.audit.record(principal, "queue.set", name, body.model_dump(exclude_none=True))
         self.ctx.wake()
-        usage = queue_usage(self.store.active(), self._nodes())
-        return queue_out(spec, usage.get(name, {}))
+        return queue_out(spec, self._usage([name]).get(name, {}))
 
     def delete_queue(self, principal: Principal, name: str) -> None:
-        principal.require_admin("deleting a queue")
+        self.audit.require_admin(principal, "deleting a queue", "queue.delete", name)
         if name not in self._queue_names():
             raise NotFoundError(f"no queue named {name!r}", "list queues with `gpufleet queues`")
         try:
             self.store.delete_queue(name)
+            self.queue_specs.forget()
         except SpecError as error:
             raise ConflictError(
                 f"queue {name!r} cannot be deleted: " + "; ".join(f.problem for f in error.fields),
                 "; ".join(f.fix for f in error.fields) or "cancel its jobs and revoke its tokens first",
             ) from None
+        self.audit.record(principal, "queue.delete", name)
         self.ctx.wake()
 
     # -------------------------------------------------------------------------------------- nodes
 
     def nodes(self) -> list[NodeOut]:
-        active = self.store.active()
-        return [node_out(n, active, self.ctx.emulated) for n in sorted(self.store.nodes(), key=lambda n: n.name)]
+        holding = self._holding()
+        return [node_out(n, holding, self.ctx.emulated) for n in sorted(self.store.nodes(), key=lambda n: n.name)]
 
     def _node(self, name: str) -> Node:
         node = self._nodes().get(name)
@@ -409,32 +684,36 @@ class Service:
         return node
 
     def set_cordon(self, principal: Principal, name: str, cordoned: bool) -> NodeOut:
-        principal.require_admin("cordoning a node" if cordoned else "uncordoning a node")
+        action = "node.cordon" if cordoned else "node.uncordon"
+        self.audit.require_admin(principal, "cordoning a node" if cordoned else "uncordoning a node", action, name)
         self._node(name)
         node = self.store.set_node_flags(name, cordoned=cordoned)
+        self.audit.record(principal, action, name)
         self.ctx.wake()
-        return node_out(node, self.store.active(), self.ctx.emulated)
+        return node_out(node, self._holding(), self.ctx.emulated)
 
     def drain(self, principal: Principal, name: str) -> DrainOut:
-        principal.require_admin("draining a node")
+        self.audit.require_admin(principal, "draining a node", "node.drain", name)
         self._node(name)
         node = self.store.set_node_flags(name, cordoned=True)
         now = self.ctx.clock.now()
         requeued: list[str] = []
-        for record in self.store.active():
+        for record in self._holding():
             if record.state in HOLDING and any(w.node == name for w in record.workers):
                 self.store.request(
                     record.id, RequestKind.REQUEUE, f"node {name} drained by {principal.token.name}", now
                 )
                 requeued.append(record.id)
+        self.audit.record(principal, "node.drain", name, {"requeued": requeued})
         self.ctx.wake()
-        return DrainOut(node=node_out(node, self.store.active(), self.ctx.emulated), requeued=requeued)
+        return DrainOut(node=node_out(node, self._holding(), self.ctx.emulated), requeued=requeued)
 
     # ------------------------------------------------------------------------------------- tokens
 
     def create_token(self, principal: Principal, name: str, role: Role, queue: str | None) -> TokenCreatedOut:
-        principal.require_admin("creating tokens")
+        self.audit.require_admin(principal, "creating tokens", "token.create", name)
         token, secret = create_token(self.store, self.ctx.clock, name, role, queue)
+        self.audit.record(principal, "token.create", token.id, {"name": token.name, "role": role.value, "queue": queue})
         return TokenCreatedOut(**token_out(token).model_dump(), secret=secret)
 
     def tokens(self, principal: Principal) -> list[TokenOut]:
@@ -442,7 +721,7 @@ class Service:
         return [token_out(t) for t in sorted(self.store.tokens(), key=lambda t: (t.created_at, t.id))]
 
     def revoke_token(self, principal: Principal, token_id: str) -> TokenOut:
-        principal.require_admin("revoking tokens")
+        self.audit.require_admin(principal, "revoking tokens", "token.revoke", token_id)
         tokens: dict[str, Token] = {t.id: t for t in self.store.tokens()}
         token = tokens.get(token_id)
         if token is None:
@@ -457,7 +736,32 @@ class Service:
             )
         self.store.revoke_token(token_id)
         self.auth.forget()
+        self.audit.record(principal, "token.revoke", token_id, {"name": token.name, "role": token.role.value})
         return token_out(next(t for t in self.store.tokens() if t.id == token_id))
+
+    # ------------------------------------------------------------------------------------- backup
+
+    def backup(self, principal: Principal) -> Path:
+        """A consistent copy of the store in a private temporary folder (the caller sends it, then deletes the
+        folder). ConflictError where the store cannot copy itself (PostgreSQL: use pg_dump)."""
+        folder = Path(tempfile.mkdtemp(prefix="gpufleet-backup-", dir=self.ctx.scratch_dir))
+        path = folder / "gpufleet-backup.db"
+        try:
+            self.store.backup(path)
+        except BackupUnsupportedError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise ConflictError(error.message, error.fix) from None
+        except GpufleetError as error:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise StoreUnavailableError(f"the backup failed on the server: {error.message}", error.fix) from None
+        self.audit.record(principal, "store.backup", "store", {"bytes": path.stat().st_size})
+        return path
+
+
+def request_hash(queue: str, spec: JobSpec) -> str:
+    """What a submit asked for, as a SHA-256 of the validated spec (fields in the model's order) and its queue:
+    the same request gives the same hash however its JSON was spaced or its fields ordered."""
+    return hashlib.sha256(f"{queue}\n{spec.model_dump_json()}".encode()).hexdigest()
 
 
 def check_queue_name(name: str) -> None:

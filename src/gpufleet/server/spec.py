@@ -21,6 +21,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from gpufleet.domain.errors import FieldProblem, SpecError, WorkloadError
 from gpufleet.domain.jobs import SIGNALS, Job, JobId, RunSpec
 from gpufleet.domain.resources import MILLI_PER_GPU, WorkerRequest, parse_models
+from gpufleet.server.limits import (
+    MAX_ARGUMENT,
+    MAX_ARGUMENTS,
+    MAX_BYTES_PER_WORKER,
+    MAX_COMMAND,
+    MAX_CPU_PER_WORKER,
+    MAX_DURATION_S,
+    MAX_ENV,
+    MAX_ENV_VALUE,
+    MAX_ENV_VARS,
+    MAX_EXPECTED_DURATION_S,
+    MAX_GPU_MODELS,
+    MAX_GPUS_PER_WORKER,
+    MAX_GRACE_S,
+    MAX_NAME,
+    MAX_PATH,
+    MAX_WORKERS,
+)
 
 # ---------------------------------------------------------------------------------------------- units
 
@@ -75,12 +93,15 @@ class _BadValueError(ValueError):
 _FIX_SEP = "; to fix: "
 
 
-def parse_size(value: object, what: str = "size") -> int:
-    """`"20GiB"`, `"20GB"`, `"512Mi"`, `1073741824` -> bytes. GB/MB are powers of 1000, GiB/MiB of 1024."""
+def parse_size(value: object, what: str = "size", most: int = MAX_BYTES_PER_WORKER) -> int:
+    """`"20GiB"`, `"20GB"`, `"512Mi"`, `1073741824` -> bytes. GB/MB are powers of 1000, GiB/MiB of 1024.
+    At most `most` bytes."""
     if isinstance(value, bool):
         raise _BadValueError(f"is {value!r}", f"give the {what} as bytes or with a unit, e.g. 20GiB")
     if isinstance(value, int):
-        number, unit = float(value), ""
+        if not 0 <= value <= most:
+            raise _BadValueError(f"is {_short(value)} bytes", f"give a {what} from 0 to {format_size(most)}")
+        return value
     elif isinstance(value, float):
         number, unit = value, ""
     elif isinstance(value, str) and (match := _SIZE_RE.match(value)):
@@ -91,18 +112,28 @@ def parse_size(value: object, what: str = "size") -> int:
         raise _BadValueError(
             f"unit {unit!r} is not known", "use B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB"
         )
-    if not math.isfinite(number) or number < 0:
-        raise _BadValueError(f"is {value!r}", f"give a {what} >= 0")
+    if not math.isfinite(number) or number < 0 or number * _SIZE_UNITS[unit] > most:
+        raise _BadValueError(f"is {_short(value)}", f"give a {what} from 0 to {format_size(most)}")
     return round(number * _SIZE_UNITS[unit])
 
 
-def parse_duration(value: object) -> float:
-    """`"30s"`, `"5m"`, `"1h30m"`, `"500ms"`, `90` -> seconds."""
+def _short(value: object) -> str:
+    """A value for an error message, cut short (a 400-digit number is not worth quoting whole)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
+
+
+def parse_duration(value: object, most: float = MAX_DURATION_S) -> float:
+    """`"30s"`, `"5m"`, `"1h30m"`, `"500ms"`, `90` -> seconds, at most `most`."""
     if isinstance(value, bool):
         raise _BadValueError(f"is {value!r}", "give seconds, or a duration such as 30s, 5m, 2h")
+    if isinstance(value, int) and abs(value) > most:
+        raise _BadValueError(f"is {_short(value)} s", f"give at most {format_duration(most)}")
     if isinstance(value, (int, float)):
         seconds = float(value)
     elif isinstance(value, str):
+        if len(value) > 64:
+            raise _BadValueError(f"is {_short(value)}", "give a duration such as 30s, 5m, 2h, 1h30m")
         text = value.strip().lower().replace(" ", "")
         try:
             seconds = float(text)
@@ -116,8 +147,18 @@ def parse_duration(value: object) -> float:
     else:
         raise _BadValueError(f"{value!r} is not a duration", "give seconds, or a duration such as 30s, 5m, 2h")
     if not math.isfinite(seconds) or seconds < 0:
-        raise _BadValueError(f"is {value!r}", "give a duration >= 0")
+        raise _BadValueError(f"is {_short(value)}", "give a duration >= 0")
+    if seconds > most:
+        raise _BadValueError(f"is {_short(value)}", f"give at most {format_duration(most)}")
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds in the largest unit that divides them: 3600 -> '1h', 90 -> '90s'."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def has_nul(value: object) -> bool:
@@ -129,6 +170,14 @@ def has_nul(value: object) -> bool:
     if isinstance(value, (list, tuple)):
         return any(has_nul(v) for v in value)
     return False
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def has_control(text: str) -> bool:
+    """Whether a label holds a control character (terminal escapes, bidirectional overrides)."""
+    return _CONTROL.search(text) is not None
 
 
 def format_size(nbytes: int) -> str:
@@ -147,22 +196,32 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
-    name: str = Field("", max_length=200, description="A label for people; need not be unique.")
-    queue: str | None = Field(None, max_length=200, description="Team queue; default: the token's queue.")
+    name: str = Field("", max_length=MAX_NAME, description="A label for people; need not be unique.")
+    queue: str | None = Field(None, max_length=63, description="Team queue; default: the token's queue.")
     command: list[str] | str = Field(description="An argv list, or one string run by /bin/sh -c.")
-    workdir: str = Field("", description="Working directory of every worker.")
+    workdir: str = Field("", max_length=MAX_PATH, description="Working directory of every worker.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
-    gpus: float = Field(0, ge=0, description="Whole GPUs per worker, or a fraction of one GPU such as 0.5.")
+    gpus: float = Field(
+        0, ge=0, le=MAX_GPUS_PER_WORKER, description="Whole GPUs per worker, or a fraction of one GPU such as 0.5."
+    )
     gpu_memory: int | str | None = Field(None, description="GPU memory needed on each GPU: 20GiB, 20GB or bytes.")
     gpu_models: list[str] | str | None = Field(None, description='Allowed GPU models: a list or "A100-80GB|H100".')
-    cpu: float = Field(0, ge=0, description="CPU cores per worker.")
+    cpu: float = Field(0, ge=0, le=MAX_CPU_PER_WORKER, description="CPU cores per worker.")
     memory: int | str | None = Field(None, description="Memory per worker: 64GiB, 64GB or bytes.")
-    workers: int = Field(1, ge=1, le=10_000, description="Workers started together (a gang).")
-    min_workers: int | None = Field(None, ge=1, description="Elastic jobs: the smallest gang that may start.")
+    workers: int = Field(1, ge=1, le=MAX_WORKERS, description="Workers started together (a gang).")
+    min_workers: int | None = Field(
+        None, ge=1, le=MAX_WORKERS, description="Elastic jobs: the smallest gang that may start."
+    )
     priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="Higher runs first and may preempt lower.")
     preemptible: bool = True
-    checkpoint_signal: str = Field("SIGTERM", description="Sent before stopping it; then `grace_period`.")
-    grace_period: float | str = Field(30.0, description="Time between the signal and SIGKILL: 30s, 5m or seconds.")
+    checkpoint_signal: str = Field(
+        "SIGTERM", max_length=16, description="Sent before stopping it; then `grace_period`."
+    )
+    grace_period: float | str = Field(
+        30.0,
+        description="Time between the signal and SIGKILL: 30s, 5m or seconds; at most the queue's maximum (1h "
+        "unless an admin set another).",
+    )
     max_runtime: float | str | None = Field(None, description="Longest run of one attempt; then it fails.")
     retries: int = Field(0, ge=0, le=1000, description="Times a failed attempt is started again.")
     checkpoint_interval: float | str | None = Field(None, description="How often the job saves its work.")
@@ -174,10 +233,24 @@ class JobSpec(BaseModel):
         if isinstance(value, str):
             if not value.strip():
                 raise _BadValueError("is empty", "give the program and its arguments, e.g. [python, train.py]")
+            parts = [value]
         elif not value or not all(part for part in value):
             raise _BadValueError(
                 "is empty or has an empty part", "give the program and its arguments, e.g. [python, train.py]"
             )
+        else:
+            parts = value
+        keep = "put long inputs in a file the job reads, and pass its path"
+        if len(parts) > MAX_ARGUMENTS:
+            raise _BadValueError(f"has {len(parts)} arguments", f"give at most {MAX_ARGUMENTS}; {keep}")
+        longest = max(len(part) for part in parts)
+        if longest > MAX_ARGUMENT:
+            raise _BadValueError(
+                f"has an argument of {longest} characters", f"keep each under {MAX_ARGUMENT // 1024} KiB; {keep}"
+            )
+        total = sum(len(part) for part in parts)
+        if total > MAX_COMMAND:
+            raise _BadValueError(f"is {total} characters long", f"keep it under {MAX_COMMAND // 1024} KiB; {keep}")
         return value
 
     @field_validator("env", mode="before")
@@ -185,6 +258,15 @@ class JobSpec(BaseModel):
     def _env(cls, value: object) -> object:
         if not isinstance(value, Mapping):
             return value  # pydantic says it is not a map
+        if len(value) > MAX_ENV_VARS:
+            raise _BadValueError(
+                f"has {len(value)} variables", f"give at most {MAX_ENV_VARS}; put bulk settings in a file the job reads"
+            )
+        size = sum(len(str(k)) + len(str(v)) for k, v in value.items())
+        if size > MAX_ENV:
+            raise _BadValueError(
+                f"is {size} characters long", f"keep it under {MAX_ENV // 1024} KiB; put bulk settings in a file"
+            )
         cleaned: dict[str, str] = {}
         problems: list[str] = []
         fixes: list[str] = []
@@ -206,6 +288,10 @@ class JobSpec(BaseModel):
             if isinstance(item, bool) or not isinstance(item, (str, int, float)):
                 problems.append(f"{key}={item!r} is not a string or number")
                 fixes.append(f"quote the value of {key}")
+                continue
+            if len(str(item)) > MAX_ENV_VALUE:
+                problems.append(f"{key} is {len(str(item))} characters long")
+                fixes.append(f"keep each value under {MAX_ENV_VALUE // 1024} KiB")
                 continue
             if key == EMULATED_ACTIVITY_ENV and str(item) not in EMULATED_ACTIVITIES:
                 problems.append(f"{key}={item!r} is not an activity")
@@ -239,10 +325,15 @@ class JobSpec(BaseModel):
     def _models(cls, value: list[str] | str | None) -> list[str] | None:
         if value is None:
             return None
+        example = 'give model names, e.g. ["A100-80GB", "H100"], or leave gpu_models out for any model'
         models = sorted(parse_models(value)) if isinstance(value, str) else [m.strip() for m in value]
+        if not models:
+            raise _BadValueError("names no model", example)
+        if len(models) > MAX_GPU_MODELS:
+            raise _BadValueError(f"names {len(models)} models", f"name at most {MAX_GPU_MODELS}")
         for model in models:
-            if not model or "|" in model:
-                raise _BadValueError(f"{model!r} is not a model name", 'give model names, e.g. ["A100-80GB", "H100"]')
+            if not model or "|" in model or len(model) > 100 or has_control(model):
+                raise _BadValueError(f"{_short(model)} is not a model name", example)
         return models
 
     @field_validator("cpu")
@@ -262,10 +353,27 @@ class JobSpec(BaseModel):
             raise _BadValueError(f"is {value!r}", f"use one of {', '.join(SIGNALS)}")
         return name
 
-    @field_validator("grace_period", "max_runtime", "checkpoint_interval", "expected_duration")
+    @field_validator("grace_period")
+    @classmethod
+    def _grace(cls, value: float | str) -> float:
+        return parse_duration(value, MAX_GRACE_S)
+
+    @field_validator("max_runtime", "checkpoint_interval")
     @classmethod
     def _duration(cls, value: float | str | None) -> float | None:
-        return None if value is None else parse_duration(value)
+        return None if value is None else parse_duration(value, MAX_DURATION_S)
+
+    @field_validator("expected_duration")
+    @classmethod
+    def _estimate(cls, value: float | str | None) -> float | None:
+        return None if value is None else parse_duration(value, MAX_EXPECTED_DURATION_S)
+
+    @field_validator("name")
+    @classmethod
+    def _label(cls, value: str) -> str:
+        if has_control(value):
+            raise _BadValueError("contains control characters", "use printable characters only")
+        return value
 
     @field_validator("min_workers")
     @classmethod
@@ -284,6 +392,17 @@ class JobSpec(BaseModel):
                 if has_nul(value) or has_nul(key):
                     raise _BadValueError(f"{key} contains a NUL character", f"remove it from {key}")
         return data
+
+    @field_validator(
+        "gpus", "cpu", "workers", "min_workers", "priority", "retries", "memory", "gpu_memory", "grace_period",
+        "max_runtime", "checkpoint_interval", "expected_duration", mode="before",
+    )  # fmt: skip
+    @classmethod
+    def _not_a_boolean(cls, value: object, info: ValidationInfo) -> object:
+        # JSON's true would otherwise be read as 1 (a job asking `gpus: true` got one GPU).
+        if isinstance(value, bool):
+            raise _BadValueError(f"is {str(value).lower()}", f"give {info.field_name} as a number")
+        return value
 
     # ------------------------------------------------------------------------------ to the domain
 

@@ -10,9 +10,11 @@ from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.quotas import CPU, GPU, GPU_MODEL_PREFIX, MEMORY, QueueSpec, Quota
 from gpufleet.domain.records import JobRecord
 from gpufleet.domain.resources import MILLI_PER_GPU
-from gpufleet.ports.admin import Token
+from gpufleet.ports.admin import AuditEntry, Token
+from gpufleet.server.limits import MAX_GRACE_S, MAX_QUOTA_BYTES, MAX_QUOTA_CPU, MAX_QUOTA_GPUS
 from gpufleet.server.schemas import (
     AllocationOut,
+    AuditEntryOut,
     EventOut,
     GpuOut,
     GpuShareOut,
@@ -28,7 +30,7 @@ from gpufleet.server.schemas import (
     TokenOut,
     WorkerOut,
 )
-from gpufleet.server.spec import parse_size
+from gpufleet.server.spec import parse_duration, parse_size
 
 HOLDING = (JobState.ADMITTED, JobState.LAUNCHING, JobState.RUNNING, JobState.EVICTING)
 
@@ -62,6 +64,7 @@ def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
         id=job.id,
         name=job.name,
         queue=job.queue,
+        user=job.user,
         state=record.state.value,
         reason=record.reason,
         waiting_code=record.waiting_code,
@@ -113,6 +116,19 @@ def event_out(transition: Transition) -> EventOut:
     )
 
 
+def audit_entry_out(entry: AuditEntry) -> AuditEntryOut:
+    return AuditEntryOut(
+        at=entry.at,
+        actor=entry.actor,
+        token_id=entry.token_id,
+        action=entry.action,
+        target=entry.target,
+        detail=entry.detail,
+        source=entry.source,
+        outcome=entry.outcome,
+    )
+
+
 def token_out(token: Token) -> TokenOut:
     return TokenOut(
         id=token.id,
@@ -140,13 +156,14 @@ def to_base(key: str, value: float | str | None, field: str) -> int | None:
     if value is None:
         return None
     if key == MEMORY:
-        return parse_size(value, "memory quota")
+        return parse_size(value, "memory quota", MAX_QUOTA_BYTES)
     try:
         number = float(value)
-    except ValueError:
-        raise GpufleetError(f"{field} is {value!r}", "give a number") from None
-    if not number >= 0 or number == float("inf"):
-        raise GpufleetError(f"{field} is {value!r}", "give a number >= 0")
+    except (ValueError, OverflowError):
+        raise GpufleetError(f"{field} is {str(value)[:40]!r}", "give a number") from None
+    most, unit = (MAX_QUOTA_CPU, "cores") if key == CPU else (MAX_QUOTA_GPUS, "GPUs")
+    if not 0 <= number <= most:
+        raise GpufleetError(f"{field} is {str(value)[:40]!r}", f"give a number from 0 to {most:,} {unit}")
     return round(number * 1000)
 
 
@@ -178,9 +195,24 @@ def queue_spec(name: str, body: QueueIn) -> QueueSpec:
             except GpufleetError as error:
                 problems.append(FieldProblem(field, error.message.removeprefix(field + " "), error.fix))
         quotas[key] = Quota(amounts.get("nominal"), amounts.get("borrowing_limit"), amounts.get("lending_limit"))
+    max_grace = None
+    if body.max_grace is not None:
+        try:
+            max_grace = parse_duration(body.max_grace, MAX_GRACE_S)
+        except ValueError as error:
+            problem, _, fix = str(error).partition("; to fix: ")
+            problems.append(FieldProblem("max_grace", problem, fix or "give a duration such as 30s, 2h"))
     if problems:
         raise SpecError(f"queue {name!r}", tuple(problems))
-    return QueueSpec(name=name, quotas=quotas, cohort=body.cohort or None, weight=body.weight)
+    return QueueSpec(
+        name=name,
+        quotas=quotas,
+        cohort=body.cohort or None,
+        weight=body.weight,
+        max_pending=body.max_pending,
+        max_grace_s=max_grace,
+        run_as=body.run_as or None,
+    )
 
 
 def queue_usage(records: Sequence[JobRecord], nodes: Mapping[str, Node]) -> dict[str, dict[str, int]]:
@@ -218,12 +250,20 @@ def queue_out(spec: QueueSpec, use: Mapping[str, int]) -> QueueOut:
         },
         cohort=spec.cohort,
         weight=spec.weight,
+        max_pending=spec.max_pending,
+        max_grace=spec.max_grace_s,
+        run_as=spec.run_as,
         usage=QueueUsageOut(
             running=use.get("running", 0),
             pending=use.get("pending", 0),
             gpus=use.get(GPU, 0) / MILLI_PER_GPU,
             cpu=use.get(CPU, 0) / 1000,
             memory=use.get(MEMORY, 0),
+            gpus_by_model={
+                key.removeprefix(GPU_MODEL_PREFIX): milli / MILLI_PER_GPU
+                for key, milli in sorted(use.items())
+                if key.startswith(GPU_MODEL_PREFIX)
+            },
         ),
     )
 

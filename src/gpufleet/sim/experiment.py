@@ -18,6 +18,7 @@ from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload
 from gpufleet.scheduling.plugin_api import Profile
 from gpufleet.sim.engine import SimRun, SimSettings, Simulation
 from gpufleet.sim.metrics import PolicyMetrics, Recorder, Recording, compute_metrics
+from gpufleet.sim.plot_series import plot_series
 from gpufleet.sim.prices import PriceTable
 from gpufleet.sim.workload import Workload, WorkloadError
 
@@ -132,6 +133,7 @@ class Experiment:
             },
             "notes": list(self.notes),
             "what_if": list(self.what_if),
+            "plots": plot_series(self),
         }
         return out
 

@@ -497,134 +497,30 @@ def compute_metrics(
     workload = run.workload
     all_records = sorted(run.store.all(), key=lambda r: (r.job.submit_seq, r.id))
     records = [r for r in all_records if job_ids is None or r.id in job_ids]
-    duration = {tj.id: tj.duration for tj in workload.jobs}
-    start = workload.jobs[0].arrival if workload.jobs else 0.0
     end = _makespan_end(run, all_records)
-    makespan = max(0.0, end - start)
-
-    finished = [r for r in records if r.finished_at is not None]
-    jct = {r.id: r.finished_at - r.submitted_at for r in finished if r.finished_at is not None}
-    queueing = [r.first_started_at - r.submitted_at for r in records if r.first_started_at is not None]
-    pending = pending_times(all_records, run.store.log, end)
-    slowdown = {j: t / d for j, t in jct.items() if (d := duration.get(j)) and d > 0}
-
-    # Finish-time fairness (on a heterogeneous cluster with a throughput table, at the speed of an equal share).
-    capacity_gpus = workload.gpu_count
-    rho: list[float] = []
-    timed = [r for r in finished if r.id in slowdown and r.finished_at is not None]
-    if timed and run.samples and capacity_gpus:
-        times, counts, cumulative = _jobs_in_system(run.samples)
-        a = np.array([r.submitted_at for r in timed], dtype=np.float64)
-        b = np.array([r.finished_at for r in timed], dtype=np.float64)
-        span = b - a
-        inside = _integral_at(b, times, counts, cumulative) - _integral_at(a, times, counts, cumulative)
-        at_submit = counts[np.clip(np.searchsorted(times, a, side="right") - 1, 0, times.size - 1)]
-        contenders = np.maximum(1.0, np.where(span > 0, inside / np.where(span > 0, span, 1.0), at_submit))
-        gpus = np.array([r.job.gpu_milli_total / 1000.0 for r in timed], dtype=np.float64)
-        run_time = np.array([duration[r.id] or 0.0 for r in timed], dtype=np.float64)
-        run_time /= _equal_share_speeds(workload, [r.job for r in timed])
-        isolated = run_time * np.maximum(1.0, gpus * contenders / capacity_gpus)
-        rho = [float(x) for x in span / isolated]
-
-    # Allocation, GPU-hours and cost.
-    capacity_milli = workload.gpu_capacity_milli
-    sample_times = np.array([s.at for s in run.samples], dtype=np.float64)
-    sample_alloc = np.array([s.allocated_milli for s in run.samples], dtype=np.float64)
-    sample_capacity = np.array([s.capacity_milli or capacity_milli for s in run.samples], dtype=np.float64)
-    if sample_capacity.size and bool(np.any(sample_capacity != capacity_milli)):
-        # Nodes joined during the run: allocated over installed capacity, both integrated over time.
-        capacity_integral = _integral(sample_times, sample_capacity, end)
-        gpu_alloc_pct = (
-            100.0 * _integral(sample_times, sample_alloc, end) / capacity_integral
-            if capacity_integral > 0
-            else 100.0 * float(sample_alloc[-1]) / max(1.0, float(sample_capacity[-1]))
-        )
-    else:
-        gpu_alloc_pct = (
-            100.0 * _integral(sample_times, sample_alloc, end) / (capacity_milli * makespan)
-            if capacity_milli and makespan > 0
-            else (100.0 * float(sample_alloc[-1]) / capacity_milli if capacity_milli and sample_alloc.size else 0.0)
-        )
-    gpu_hours = _integral(sample_times, sample_alloc, end) / 1000.0 / 3600.0
-    by_model: dict[str, float] = {}
-    if recording is not None and recording.times.size:
-        for m, model in enumerate(recording.models):
-            hours = _integral(recording.times, recording.allocated_milli[:, m].astype(np.float64), end) / 3.6e6
-            by_model[model] = hours
-    elif len(workload.models) == 1:
-        by_model[next(iter(workload.models))] = gpu_hours
-    cost: float | None = None
-    cost_by_model: dict[str, float] = {}
-    unpriced: list[str] = []
-    if prices is not None:
-        for model, hours in sorted(by_model.items()):
-            price = prices.price(model)
-            if price is None:
-                unpriced.append(model)
-            else:
-                cost_by_model[model] = hours * price
-        if not by_model:
-            unpriced = sorted(workload.models)
-        cost = sum(cost_by_model.values()) if cost_by_model or not unpriced else None
-
-    # Fragmentation.
+    makespan = max(0.0, end - (workload.jobs[0].arrival if workload.jobs else 0.0))
+    times = _JobTimes.of(run, records, all_records, end)
+    gpu_alloc_pct, gpu_hours = _allocation(run, end, makespan)
+    by_model = _gpu_hours_by_model(workload, recording, end, gpu_hours)
+    cost, cost_by_model, unpriced = _costs(prices, by_model, workload)
     frag = recording.frag if recording is not None else ()
-    frag_cap = frag_ratio = None
-    if frag:
-        frag_times = np.array([f.at for f in frag], dtype=np.float64)
-        frag_end = max(end, float(frag_times[-1]))
-        frag_cap = 100.0 * time_average(frag_times, [f.fragmented_milli / f.capacity_milli for f in frag], frag_end)
-        ratios = [f.fragmented_milli / f.idle_milli if f.idle_milli else 0.0 for f in frag]
-        frag_ratio = 100.0 * time_average(frag_times, ratios, frag_end)
-
-    # Per queue, and fairness between queues.
-    weights = {q.name: q.weight for q in workload.queues}
-    received = {r.id: received_gpu_seconds(r, end) for r in records}
-    total_received = sum(received.values())
-    queues: list[QueueMetrics] = []
-    for name in sorted({r.job.queue for r in records}):
-        members = [r for r in records if r.job.queue == name]
-        q_jct = Summary.of(jct[r.id] for r in members if r.id in jct)
-        q_wait = Summary.of(r.first_started_at - r.submitted_at for r in members if r.first_started_at is not None)
-        q_slow = Summary.of(slowdown[r.id] for r in members if r.id in slowdown)
-        q_gpu = sum(received[r.id] for r in members)
-        queues.append(
-            QueueMetrics(
-                name,
-                weights.get(name, 1.0),
-                len(members),
-                q_jct.count,
-                q_jct.avg,
-                q_wait.avg,
-                q_wait.p95,
-                q_slow.avg,
-                q_gpu / 3600.0,
-                100.0 * q_gpu / total_received if total_received else 0.0,
-            )
-        )
-    jain_slowdown = jain_index([q.avg_slowdown for q in queues if q.avg_slowdown is not None])
-    jain_share = jain_index([q.gpu_hours / q.weight for q in queues]) if total_received else None
-
+    frag_cap, frag_ratio = _fragmentation(frag, end)
+    queues = _queue_metrics(workload, records, times, end)
     stats = run.stats
-    timing = {
-        "wall_s": run.wall_seconds,
-        "core_s": run.core_seconds,
-        "events_per_s": run.events / run.wall_seconds if run.wall_seconds > 0 else 0.0,
-    }
     return PolicyMetrics(
         policy=policy or run.profile.name,
         workload=workload.name,
         jobs=len(records),
-        jobs_finished=len(finished),
+        jobs_finished=len(times.finished),
         jobs_failed=sum(1 for r in records if r.state is JobState.FAILED),
-        jobs_unfinished=len(records) - len(finished),
+        jobs_unfinished=len(records) - len(times.finished),
         jobs_never_started=sum(1 for r in records if r.first_started_at is None),
-        jct=Summary.of(jct.values()),
-        queueing=Summary.of(queueing),
-        pending=Summary.of(pending.get(r.id, 0.0) for r in records),
-        slowdown=Summary.of(slowdown.values()),
-        ftf_rho=Summary.of(rho),
-        ftf_unfair_pct=100.0 * sum(1 for x in rho if x > 1.0) / len(rho) if rho else None,
+        jct=Summary.of(times.jct.values()),
+        queueing=Summary.of(times.queueing),
+        pending=Summary.of(times.pending.get(r.id, 0.0) for r in records),
+        slowdown=Summary.of(times.slowdown.values()),
+        ftf_rho=Summary.of(times.rho),
+        ftf_unfair_pct=100.0 * sum(1 for x in times.rho if x > 1.0) / len(times.rho) if times.rho else None,
         makespan_s=makespan,
         gpu_alloc_pct=gpu_alloc_pct,
         gpu_hours_allocated=gpu_hours,
@@ -648,14 +544,165 @@ def compute_metrics(
         failure_lost_gpu_hours=stats.failure_lost_gpu_seconds / 3600.0,
         node_down_gpu_hours=run.node_down_gpu_seconds / 3600.0,
         cluster_events=len(run.cluster_log),
-        jain_slowdown=jain_slowdown,
-        jain_gpu_share=jain_share,
-        queues=tuple(queues),
+        jain_slowdown=jain_index([q.avg_slowdown for q in queues if q.avg_slowdown is not None]),
+        jain_gpu_share=jain_index([q.gpu_hours / q.weight for q in queues]) if any(times.received.values()) else None,
+        queues=queues,
         fgd_steps=recording.fgd_steps if recording is not None else (),
         sim_steps=run.steps,
         sim_events=run.events,
-        timing=timing,
+        timing={
+            "wall_s": run.wall_seconds,
+            "core_s": run.core_seconds,
+            "events_per_s": run.events / run.wall_seconds if run.wall_seconds > 0 else 0.0,
+        },
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _JobTimes:
+    """The job-level times of the measured jobs: JCT, first queueing, pending, slowdown and rho."""
+
+    finished: list[JobRecord]
+    jct: dict[str, float]
+    queueing: list[float]
+    pending: dict[str, float]
+    slowdown: dict[str, float]
+    rho: list[float]
+    received: dict[str, float]
+
+    @classmethod
+    def of(cls, run: SimRun, records: list[JobRecord], all_records: list[JobRecord], end: float) -> _JobTimes:
+        duration = {tj.id: tj.duration for tj in run.workload.jobs}
+        finished = [r for r in records if r.finished_at is not None]
+        jct = {r.id: r.finished_at - r.submitted_at for r in finished if r.finished_at is not None}
+        slowdown = {j: t / d for j, t in jct.items() if (d := duration.get(j)) and d > 0}
+        return cls(
+            finished,
+            jct,
+            [r.first_started_at - r.submitted_at for r in records if r.first_started_at is not None],
+            pending_times(all_records, run.store.log, end),
+            slowdown,
+            _finish_time_fairness(run, [r for r in finished if r.id in slowdown], duration),
+            {r.id: received_gpu_seconds(r, end) for r in records},
+        )
+
+
+def _finish_time_fairness(run: SimRun, timed: list[JobRecord], duration: Mapping[str, float | None]) -> list[float]:
+    """Themis' rho of each finished job with a run time (see the module docstring)."""
+    capacity_gpus = run.workload.gpu_count
+    if not (timed and run.samples and capacity_gpus):
+        return []
+    times, counts, cumulative = _jobs_in_system(run.samples)
+    a = np.array([r.submitted_at for r in timed], dtype=np.float64)
+    b = np.array([r.finished_at for r in timed], dtype=np.float64)
+    span = b - a
+    inside = _integral_at(b, times, counts, cumulative) - _integral_at(a, times, counts, cumulative)
+    at_submit = counts[np.clip(np.searchsorted(times, a, side="right") - 1, 0, times.size - 1)]
+    contenders = np.maximum(1.0, np.where(span > 0, inside / np.where(span > 0, span, 1.0), at_submit))
+    gpus = np.array([r.job.gpu_milli_total / 1000.0 for r in timed], dtype=np.float64)
+    run_time = np.array([duration[r.id] or 0.0 for r in timed], dtype=np.float64)
+    run_time /= _equal_share_speeds(run.workload, [r.job for r in timed])
+    isolated = run_time * np.maximum(1.0, gpus * contenders / capacity_gpus)
+    return [float(x) for x in span / isolated]
+
+
+def _allocation(run: SimRun, end: float, makespan: float) -> tuple[float, float]:
+    """(GPU allocation %, GPU-hours allocated) from the per-step samples."""
+    capacity_milli = run.workload.gpu_capacity_milli
+    sample_times = np.array([s.at for s in run.samples], dtype=np.float64)
+    sample_alloc = np.array([s.allocated_milli for s in run.samples], dtype=np.float64)
+    sample_capacity = np.array([s.capacity_milli or capacity_milli for s in run.samples], dtype=np.float64)
+    if sample_capacity.size and bool(np.any(sample_capacity != capacity_milli)):
+        # Nodes joined during the run: allocated over installed capacity, both integrated over time.
+        capacity_integral = _integral(sample_times, sample_capacity, end)
+        gpu_alloc_pct = (
+            100.0 * _integral(sample_times, sample_alloc, end) / capacity_integral
+            if capacity_integral > 0
+            else 100.0 * float(sample_alloc[-1]) / max(1.0, float(sample_capacity[-1]))
+        )
+    else:
+        gpu_alloc_pct = (
+            100.0 * _integral(sample_times, sample_alloc, end) / (capacity_milli * makespan)
+            if capacity_milli and makespan > 0
+            else (100.0 * float(sample_alloc[-1]) / capacity_milli if capacity_milli and sample_alloc.size else 0.0)
+        )
+    return gpu_alloc_pct, _integral(sample_times, sample_alloc, end) / 1000.0 / 3600.0
+
+
+def _gpu_hours_by_model(
+    workload: Workload, recording: Recording | None, end: float, gpu_hours: float
+) -> dict[str, float]:
+    """GPU-hours allocated per GPU model (from the recording; a one-model fleet needs none)."""
+    by_model: dict[str, float] = {}
+    if recording is not None and recording.times.size:
+        for m, model in enumerate(recording.models):
+            hours = _integral(recording.times, recording.allocated_milli[:, m].astype(np.float64), end) / 3.6e6
+            by_model[model] = hours
+    elif len(workload.models) == 1:
+        by_model[next(iter(workload.models))] = gpu_hours
+    return by_model
+
+
+def _costs(
+    prices: PriceTable | None, by_model: Mapping[str, float], workload: Workload
+) -> tuple[float | None, dict[str, float], list[str]]:
+    """(total USD or None, USD per priced model, models without a price)."""
+    cost_by_model: dict[str, float] = {}
+    unpriced: list[str] = []
+    if prices is None:
+        return None, cost_by_model, unpriced
+    for model, hours in sorted(by_model.items()):
+        price = prices.price(model)
+        if price is None:
+            unpriced.append(model)
+        else:
+            cost_by_model[model] = hours * price
+    if not by_model:
+        unpriced = sorted(workload.models)
+    cost = sum(cost_by_model.values()) if cost_by_model or not unpriced else None
+    return cost, cost_by_model, unpriced
+
+
+def _fragmentation(frag: Sequence[FragSample], end: float) -> tuple[float | None, float | None]:
+    """Time-weighted fragmentation, % of capacity and % of idle (None without samples)."""
+    if not frag:
+        return None, None
+    frag_times = np.array([f.at for f in frag], dtype=np.float64)
+    frag_end = max(end, float(frag_times[-1]))
+    frag_cap = 100.0 * time_average(frag_times, [f.fragmented_milli / f.capacity_milli for f in frag], frag_end)
+    ratios = [f.fragmented_milli / f.idle_milli if f.idle_milli else 0.0 for f in frag]
+    return frag_cap, 100.0 * time_average(frag_times, ratios, frag_end)
+
+
+def _queue_metrics(
+    workload: Workload, records: list[JobRecord], times: _JobTimes, end: float
+) -> tuple[QueueMetrics, ...]:
+    """Per queue: jobs, JCT, queueing, slowdown and the GPU time it received (and its share of all)."""
+    weights = {q.name: q.weight for q in workload.queues}
+    received = times.received
+    total_received = sum(received.values())
+    queues: list[QueueMetrics] = []
+    for name in sorted({r.job.queue for r in records}):
+        members = [r for r in records if r.job.queue == name]
+        q_jct = Summary.of(times.jct[r.id] for r in members if r.id in times.jct)
+        q_wait = Summary.of(r.first_started_at - r.submitted_at for r in members if r.first_started_at is not None)
+        q_slow = Summary.of(times.slowdown[r.id] for r in members if r.id in times.slowdown)
+        q_gpu = sum(received[r.id] for r in members)
+        queues.append(
+            QueueMetrics(
+                name,
+                weights.get(name, 1.0),
+                len(members),
+                q_jct.count,
+                q_jct.avg,
+                q_wait.avg,
+                q_wait.p95,
+                q_slow.avg,
+                q_gpu / 3600.0,
+                100.0 * q_gpu / total_received if total_received else 0.0,
+            )
+        )
+    return tuple(queues)
 
 
 def job_completion_times(run: SimRun, job_ids: Collection[str] | None = None) -> FloatArray:

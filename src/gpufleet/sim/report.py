@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gpufleet.sim.experiment import Comparison, Experiment
-from gpufleet.sim.metrics import job_completion_times
+from gpufleet.sim.plot_series import gpu_allocation, jct_cdf
 from gpufleet.sim.workload import WorkloadError
 
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -147,14 +147,13 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def plot_jct_cdf(experiment: Experiment, path: Path) -> Path | None:
-    curves = {r.policy: np.sort(job_completion_times(r.run, experiment.job_ids)) for r in experiment.results}
-    curves = {p: v for p, v in curves.items() if v.size}
+    curves = jct_cdf(experiment)
     if not curves:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy, values in curves.items():
-        ax.step(np.maximum(values, 1e-3), np.arange(1, values.size + 1) / values.size, where="post", label=policy)
+    for policy, curve in curves.items():
+        ax.step(np.maximum(curve["jct_s"], 1e-3), curve["fraction"], where="post", label=policy)
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (s, log scale)")
     ax.set_ylabel("fraction of finished jobs")
@@ -306,23 +305,13 @@ def plot_queue_time(experiment: Experiment, path: Path) -> Path | None:
 
 
 def plot_gpu_allocation(experiment: Experiment, path: Path) -> Path | None:
-    capacity = experiment.workload.gpu_capacity_milli
-    if not capacity or experiment.fgd_protocol:
+    curves = gpu_allocation(experiment)
+    if not curves:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in experiment.results:
-        samples = r.run.samples
-        if not samples:
-            continue
-        stride = max(1, len(samples) // 4000)
-        kept = samples[::stride]
-        ax.step(
-            [s.at / 3600.0 for s in kept],
-            [100.0 * s.allocated_milli / (s.capacity_milli or capacity) for s in kept],
-            where="post",
-            label=r.policy,
-        )
+    for policy, curve in curves.items():
+        ax.step(curve["hours"], curve["pct"], where="post", label=policy)
     ax.set_xlabel("simulated time (hours)")
     ax.set_ylabel("GPU allocation (% of capacity)")
     ax.set_ylim(0, 105)

@@ -1,4 +1,7 @@
-"""The local executor: jobs run as real processes on this machine (`LocalBackend`).
+"""The local executor: jobs run as real processes on this machine (`LocalBackend`, `executor.py`).
+
+Its parts a node agent of a multi-node backend reuses: `supervisor.py` (one node's workers: start, watch,
+signal, kill, adopt, logs) and `isolation.py` (how a worker starts: user, environment, cgroup, devices).
 
 Importing this package stays cheap (the worker shim is a module of it and starts on every launch), so
 `LocalBackend` is loaded on first use and `typing` is not imported at run time.

@@ -1,8 +1,10 @@
 """The local executor: an `ExecutionBackend` that runs each worker as a real process on this machine.
 
-Each worker runs under a small shim (`shim.py`) started in a session of its own, so jobs outlive the
-control plane: after a restart, `adopt` finds them again through the files under the state folder
-(`layout.py`). The backend itself keeps no state that the files do not also hold.
+Jobs are this module's business (gangs, stops and their deadlines, observations for the loop); workers are
+the `WorkerSupervisor`'s (`supervisor.py`: each under a shim in a session of its own, isolated as
+`isolation.py` says, so jobs outlive the control plane and, after a restart, `adopt` finds them again
+through the files under the state folder). The backend itself keeps no state that the files do not also
+hold.
 
 `poll` is called every few tens of milliseconds by the loop, so per live worker it only tries to open a
 file or two (`exit.json`, and `child.pid` until it exists) and makes one `waitpid` or `/proc` check: it
@@ -11,58 +13,32 @@ never scans the state folder (only `adopt` does, once).
 
 from __future__ import annotations
 
-import contextlib
-import os
+import errno
+import logging
 import signal
-import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from gpufleet.adapters.local.layout import Layout
+from gpufleet.adapters.local.isolation import Isolation, IsolationReport, WorkerSpec
+from gpufleet.adapters.local.logs import LogRetention
 from gpufleet.adapters.local.owners import KnownWorker, ProcessOwners, WorkerKey
 from gpufleet.adapters.local.ports import PortAllocator
-from gpufleet.adapters.local.proc import is_running, read_json, start_ticks, write_json
+from gpufleet.adapters.local.proc import read_json
+from gpufleet.adapters.local.supervisor import Worker, WorkerSupervisor
 from gpufleet.adapters.local.worker_env import allocator_env
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import JobId
+from gpufleet.domain.resources import GiB
 from gpufleet.ports import BackendCapabilities, Clock, Launch, Observation, ObservationKind
 
-SHIM_MODULE = "gpufleet.adapters.local.shim"
+log = logging.getLogger(__name__)
+
 SHUTDOWN_REASON = "the control plane shut down"
 ORPHAN_DETAIL = "killed at a restart: the store did not list it as running"
 Key = tuple[JobId, int]
-
-# The shim resets these to their defaults (the control plane may ignore some), then installs its handlers.
-_DEFAULT_SIGNALS = (
-    signal.SIGPIPE,
-    signal.SIGXFSZ,
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
-
-
-@dataclass
-class _Worker:
-    rank: int
-    dir: Path
-    shim_pid: int | None = None
-    shim_ticks: int | None = None
-    own: bool = False  # started by this object: reaped with waitpid
-    child: dict[str, Any] | None = None  # child.pid: pid, pgid, ticks, started_at
-    exit: dict[str, Any] | None = None  # exit.json: code, signal, ended_at (or error / not_started)
-    signalled: bool = False
-
-    @property
-    def done(self) -> bool:
-        return self.exit is not None
 
 
 @dataclass
@@ -72,7 +48,7 @@ class _Job:
     dir: Path
     signal: int
     port: int | None
-    workers: list[_Worker] = field(default_factory=list)
+    workers: list[Worker] = field(default_factory=list)
     started_reported: bool = False
     stop_reason: str | None = None
     stop_signal: int | None = None  # what stopping workers get: the checkpoint signal, or SIGTERM for a gang
@@ -97,8 +73,11 @@ class LocalBackend:
         port_range: tuple[int, int] = (29500, 30499),
         master_addr: str = "127.0.0.1",
         gang_grace_s: float = 5.0,
+        isolation: Isolation | None = None,
+        log_dir: Path | None = None,
     ) -> None:
-        self.layout = Layout(Path(state_dir))
+        """`isolation`: how workers start (default: as this process's user, without cgroups; the control
+        plane passes `Isolation.detect(...)`). `log_dir`: where logs go (default: under `state_dir`)."""
         self.nodes = {node.name: node for node in nodes}
         self.clock = clock
         self.emulated = emulated
@@ -112,24 +91,27 @@ class LocalBackend:
                 f"the local executor cannot bind its master address {master_addr!r}: {exc.strerror or exc}",
                 "set master_addr to an address of this machine, e.g. 127.0.0.1",
             ) from exc
-        try:
-            self.layout.run_root().mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise GpufleetError(
-                f"cannot create the executor's state folder {state_dir}: {exc.strerror or exc}",
-                "give a writable state folder",
-            ) from exc
+        self.workers = WorkerSupervisor(Path(state_dir), isolation, log_dir)
+        self.layout = self.workers.layout
+        # GPU isolation is real only where the device cgroup locks the other GPUs' device files.
+        locked = "devices" in self.workers.isolation.cgroups.controls
+        self.capabilities = BackendCapabilities(multi_node=False, gpu_isolation=locked, checkpoint_signal=True)
         self._live: dict[Key, _Job] = {}
         self._finished: set[Key] = set()
         self._inbox: list[Observation] = []
         self._owners = ProcessOwners()
+        self._disk_full_said = False
+
+    @property
+    def isolation(self) -> Isolation:
+        return self.workers.isolation
 
     # --- the port -------------------------------------------------------------------------------------
 
     def launch(self, launch: Launch) -> None:
         job = launch.job
         key = (job.id, launch.attempt)
-        attempt_dir = self.layout.attempt_dir(job.id, launch.attempt)
+        attempt_dir = self.workers.attempt_dir(job.id, launch.attempt)
         if key in self._live or key in self._finished:
             return  # idempotent: this attempt was launched already
         if attempt_dir.exists():
@@ -161,31 +143,55 @@ class LocalBackend:
             self.ports.release(port, _owner(key))
             self._lose(key, str(exc))
             return
-        attempt_dir.mkdir(parents=True)
         signum = int(signal.Signals[run.checkpoint_signal])
-        write_json(
-            attempt_dir / "attempt.json",
-            {"job_id": job.id, "attempt": launch.attempt, "workers": len(launch.workers), "port": port},
-        )
-        job_dir = self.layout.job_dir(job.id)
-        job_dir.mkdir(parents=True, exist_ok=True)
-        workdir = job_dir / Path(run.workdir).expanduser() if run.workdir else job_dir
-        argv = ["/bin/sh", "-c", run.command[0]] if run.shell else list(run.command)
-        base_env = {**os.environ, **dict(run.env)}
+        argv = ("/bin/sh", "-c", run.command[0]) if run.shell else tuple(run.command)
         tracked = _Job(job.id, launch.attempt, attempt_dir, signum, port)
-        for rank, env in enumerate(envs):
-            tracked.workers.append(self._start_worker(job.id, launch.attempt, rank, argv, workdir, {**base_env, **env}))
+        try:
+            info = {"job_id": job.id, "attempt": launch.attempt, "workers": len(envs), "port": port}
+            self.workers.begin_attempt(job.id, launch.attempt, info)
+            for rank, env in enumerate(envs):
+                placement = launch.workers[rank]
+                node = self.nodes[placement.node]
+                spec = WorkerSpec(
+                    job_id=job.id,
+                    attempt=launch.attempt,
+                    rank=rank,
+                    queue=job.queue,
+                    argv=argv,
+                    env={**dict(run.env), **env},
+                    workdir=run.workdir,
+                    cpu_milli=placement.cpu_milli,
+                    memory=placement.memory,
+                    gpus=tuple((s.index, node.gpus[s.index].uuid) for s in placement.gpus),
+                    run_as=launch.run_as,
+                )
+                tracked.workers.append(self.workers.start(spec))
+        except OSError as exc:
+            # Its files could not be written (a full disk): nothing of it may keep running.
+            for worker in tracked.workers:
+                self.workers.abandon(worker)
+            self.ports.release(port, _owner(key))
+            self._lose(key, f"cannot write its files: {_disk_words(exc)}")
+            self._say_disk(exc)
+            return
         self._live[key] = tracked
 
     def stop(self, job_id: JobId, attempt: int, grace_s: float, reason: str) -> None:
         job = self._live.get((job_id, attempt))
-        if job is None or job.stop_reason is not None:
+        if job is None:
+            return
+        if job.stop_reason is not None:
+            if grace_s <= 0 and (job.kill_at is None or job.kill_at > time.monotonic()):
+                # Killed now (a forced cancel) although already stopping with a grace period.
+                job.stop_reason = reason or job.stop_reason
+                self._begin_stop(job, job.stop_signal or job.signal, 0.0)
             return
         self._refresh(job)
         if all(w.done for w in job.workers):
             return  # it ended by itself first: the next poll reports that
         job.stop_reason = reason or "stopped"
-        self._begin_stop(job, job.signal, grace_s)
+        # No grace: SIGKILL at once, not the checkpoint signal first.
+        self._begin_stop(job, signal.SIGKILL if grace_s <= 0 else job.signal, grace_s)
 
     def poll(self) -> Sequence[Observation]:
         for job in list(self._live.values()):
@@ -194,16 +200,25 @@ class LocalBackend:
         return out
 
     def adopt(self, live: Sequence[Launch]) -> None:
-        wanted = {self.layout.attempt_dir(launch.job.id, launch.attempt) for launch in live}
+        wanted = {self.workers.attempt_dir(launch.job.id, launch.attempt) for launch in live}
         for launch in live:
             self._adopt(launch)
-        self._kill_orphans(wanted | {job.dir for job in self._live.values()})
+        self.workers.orphans(wanted | {job.dir for job in self._live.values()}, ORPHAN_DETAIL)
 
     # --- beyond the port: what the API and the CLI use ------------------------------------------------
 
     def log_paths(self, job_id: JobId) -> list[Path]:
         """The job's log files, one per attempt and worker, oldest attempt first."""
-        return self.layout.log_paths(job_id)
+        return self.workers.log_paths(job_id)
+
+    def prune_logs(self, retention: LogRetention, finished: Callable[[str], bool]) -> dict[str, int]:
+        """Delete finished jobs' logs that `retention` no longer keeps (see `logs.py`); never a live job's."""
+        live = {job_id for job_id, _ in list(self._live)}
+        return self.workers.prune_logs(retention, lambda job_id: job_id not in live and finished(job_id))
+
+    def isolation_report(self, single_user_allowed: bool = False) -> IsolationReport:
+        """How this executor isolates jobs, in words (for `up`, `nodes` and `/healthz`)."""
+        return self.isolation.report(single_user_allowed)
 
     def owner_of(self, pids: Iterable[int]) -> dict[int, WorkerKey]:
         """The worker each of `pids` belongs to, as (job id, attempt, rank), through its session or parent
@@ -249,70 +264,14 @@ class LocalBackend:
                 self._watch(job)  # observations stay queued for a last poll
             time.sleep(0.01)
 
-    # --- launching ------------------------------------------------------------------------------------
-
-    def _start_worker(
-        self, job_id: JobId, attempt: int, rank: int, argv: list[str], workdir: Path, env: dict[str, str]
-    ) -> _Worker:
-        worker_dir = self.layout.worker_dir(job_id, attempt, rank)
-        worker_dir.mkdir()
-        log = self.layout.log_path(job_id, attempt, rank)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        write_json(
-            worker_dir / "spec.json",
-            {"argv": argv, "cwd": str(workdir), "stop_file": str(worker_dir.parent / "stop.json")},
-        )
-        worker = _Worker(rank, worker_dir)
-        try:
-            pid = os.posix_spawn(
-                sys.executable,
-                [sys.executable, "-I", "-m", SHIM_MODULE, str(worker_dir)],
-                env,
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-                    (os.POSIX_SPAWN_DUP2, 1, 2),
-                ],
-                setsid=True,
-                setsigdef=_DEFAULT_SIGNALS,
-            )
-        except OSError as exc:
-            worker.exit = {"code": 126, "error": f"cannot start the worker shim: {exc.strerror or exc}"}
-            write_json(worker_dir / "exit.json", worker.exit)
-            return worker
-        worker.shim_pid, worker.shim_ticks, worker.own = pid, start_ticks(pid), True
-        write_json(worker_dir / "shim.pid", {"pid": pid, "ticks": worker.shim_ticks})
-        return worker
-
     # --- watching -------------------------------------------------------------------------------------
 
     def _refresh(self, job: _Job) -> None:
         """Bring each running worker's state up to date: started? ended? vanished?"""
         for worker in job.workers:
-            if worker.done:
-                continue
-            if worker.child is None:
-                worker.child = read_json(worker.dir / "child.pid")
-            # exit.json first: the shim writes it just before it exits.
-            worker.exit = read_json(worker.dir / "exit.json")
-            if worker.exit is not None or self._shim_alive(worker):
-                continue
-            worker.exit = read_json(worker.dir / "exit.json")
-            if worker.child is None:
-                worker.child = read_json(worker.dir / "child.pid")
-            if worker.exit is None:
-                worker.exit = {"vanished": True}
+            self.workers.refresh(worker)
+            if worker.vanished:
                 job.lost = job.lost or f"worker {worker.rank} process vanished"
-
-    def _shim_alive(self, worker: _Worker) -> bool:
-        if worker.own and worker.shim_pid is not None:
-            try:
-                pid, _ = os.waitpid(worker.shim_pid, os.WNOHANG)
-            except ChildProcessError:
-                worker.own = False  # reaped elsewhere: look it up by pid and start time below
-            else:
-                return pid == 0
-        return is_running(worker.shim_pid, worker.shim_ticks)
 
     def _watch(self, job: _Job) -> None:
         self._refresh(job)
@@ -335,9 +294,7 @@ class LocalBackend:
                 # shim that has not started its command is left alone: it sees the stop file and records
                 # that it did not start (killing it would lose that record).
                 for worker in job.workers:
-                    if not worker.done and worker.child is not None:
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.killpg(int(worker.child["pgid"]), signal.SIGKILL)
+                    self.workers.kill(worker)
         if not all(w.done for w in job.workers):
             return
         self._finish(job)
@@ -361,6 +318,9 @@ class LocalBackend:
         code = int(first.exit["code"])
         if "error" in first.exit:
             detail = f"worker {first.rank} could not start: {first.exit['error']}"
+        elif first.exit.get("oom"):
+            limit = int(first.exit.get("memory_limit") or 0)
+            detail = f"worker {first.rank} was killed: out of memory (limit {people_size(limit)})"
         elif first.exit.get("signal"):
             detail = f"worker {first.rank} was killed by {_signal_name(int(first.exit['signal']))} ({code})"
         else:
@@ -378,32 +338,29 @@ class LocalBackend:
         job.kill_at = time.monotonic() + grace_s
         # Persisted first: a shim that has not started its command yet sees it and does not start it, and
         # after a restart the stop (and its deadline) still holds.
-        write_json(
-            job.dir / "stop.json",
-            {"reason": job.stop_reason, "signal": signum, "kill_at": time.time() + grace_s},
+        self.workers.mark_stopping(
+            job.job_id, job.attempt, {"reason": job.stop_reason, "signal": signum, "kill_at": time.time() + grace_s}
         )
         self._signal_workers(job, signum)
 
     def _signal_workers(self, job: _Job, signum: int) -> None:
         for worker in job.workers:
-            if worker.done or worker.child is None or worker.signalled:
-                continue
-            worker.signalled = True
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(worker.child["pgid"]), signum)
+            self.workers.signal(worker, signum)
 
     def _kill_workers(self, job: _Job) -> None:
-        """SIGKILL every worker still running (a lost job is abandoned): its command's group, or the shim
+        """Kill every worker still running (a lost job is abandoned): its cgroup and command, or the shim
         itself before it started one."""
-        with contextlib.suppress(OSError):
-            write_json(job.dir / "stop.json", {"lost": job.lost or "killed", "signal": int(signal.SIGKILL)})
+        lost = {"lost": job.lost or "killed", "signal": int(signal.SIGKILL)}
+        self.workers.mark_stopping(job.job_id, job.attempt, lost)
         for worker in job.workers:
-            if worker.done and "vanished" not in (worker.exit or {}):
+            if worker.done and not worker.vanished:
                 continue
-            _kill_worker(worker.child, worker.shim_pid, worker.shim_ticks)
+            self.workers.abandon(worker)
 
     def _finish(self, job: _Job) -> None:
         key = (job.job_id, job.attempt)
+        for worker in job.workers:
+            self.workers.tidy(worker)
         self._live.pop(key, None)
         self._finished.add(key)
         self.ports.release(job.port, _owner(key))
@@ -434,7 +391,7 @@ class LocalBackend:
         key = (launch.job.id, launch.attempt)
         if key in self._live or key in self._finished:
             return
-        attempt_dir = self.layout.attempt_dir(*key)
+        attempt_dir = self.workers.attempt_dir(*key)
         info = read_json(attempt_dir / "attempt.json")
         if info is None:
             self._lose(key, "never started (control plane stopped before launch)")
@@ -444,27 +401,15 @@ class LocalBackend:
         port = info.get("port")
         job = _Job(launch.job.id, launch.attempt, attempt_dir, signum, int(port) if port is not None else None)
         for rank in range(len(launch.workers)):
-            worker_dir = attempt_dir / f"worker-{rank}"
-            shim = _shim_record(worker_dir)
-            worker = _Worker(
-                rank,
-                worker_dir,
-                shim_pid=shim.get("pid"),
-                shim_ticks=shim.get("ticks"),
-                child=read_json(worker_dir / "child.pid"),
-                exit=read_json(worker_dir / "exit.json"),
-            )
+            worker = self.workers.find(launch.job.id, launch.attempt, rank)
             job.workers.append(worker)
-            if not worker.done and not is_running(worker.shim_pid, worker.shim_ticks):
-                worker.exit = read_json(worker_dir / "exit.json")  # it may have just ended
-                if worker.exit is None:
-                    worker.exit = {"vanished": True}
-                    job.lost = job.lost or (
-                        "worker died while the control plane was down"
-                        if worker_dir.exists()
-                        else "never started (control plane stopped during launch)"
-                    )
-        stop = read_json(attempt_dir / "stop.json")
+            if worker.vanished:
+                job.lost = job.lost or (
+                    "worker died while the control plane was down"
+                    if worker.dir.exists()
+                    else "never started (control plane stopped during launch)"
+                )
+        stop = self.workers.stop_record(*key)
         if stop is not None and stop.get("lost"):
             job.lost = job.lost or str(stop["lost"])  # given up on before: it stays lost
         elif stop is not None:
@@ -477,42 +422,10 @@ class LocalBackend:
             self.ports.hold(job.port, _owner(key))
         self._live[key] = job
 
-    def _kill_orphans(self, keep: set[Path]) -> None:
-        """Kill every worker found running under the state folder whose attempt is not in `keep`: no job
-        may run twice (the store gave its resources to someone else, or retried it)."""
-        root = self.layout.run_root()
-        for attempt_dir in root.glob("*/attempt-*"):
-            if attempt_dir in keep:
-                continue
-            for worker_dir in attempt_dir.glob("worker-*"):
-                if (worker_dir / "exit.json").exists():
-                    continue
-                with contextlib.suppress(OSError):
-                    write_json(attempt_dir / "stop.json", {"lost": ORPHAN_DETAIL, "signal": int(signal.SIGKILL)})
-                shim = read_json(worker_dir / "shim.pid") or {}
-                _kill_worker(read_json(worker_dir / "child.pid"), shim.get("pid"), shim.get("ticks"))
-
-
-def _shim_record(worker_dir: Path, wait_s: float = 1.0) -> dict[str, Any]:
-    """The worker's shim (pid, start ticks). A shim spawned just before the control plane died has not
-    written its record yet: give it a moment rather than declare a live worker dead."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        shim = read_json(worker_dir / "shim.pid")
-        if shim is not None or not (worker_dir / "spec.json").exists() or time.monotonic() > deadline:
-            return shim or {}
-        time.sleep(0.01)
-
-
-def _kill_worker(child: dict[str, Any] | None, shim_pid: int | None, shim_ticks: int | None) -> None:
-    """SIGKILL a worker's command group if it runs; a shim that has not started its command yet is killed
-    itself (the stop file written before keeps a shim that is just starting from starting it)."""
-    if child is not None and is_running(int(child["pid"]), child.get("ticks")):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(child["pgid"]), signal.SIGKILL)
-    elif child is None and is_running(shim_pid, shim_ticks) and shim_pid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(shim_pid, signal.SIGKILL)
+    def _say_disk(self, exc: OSError) -> None:
+        if exc.errno in _NO_SPACE and not self._disk_full_said:
+            self._disk_full_said = True
+            log.error("%s; jobs cannot start until space is freed", _disk_words(exc))
 
 
 def _owner(key: Key) -> str:
@@ -524,3 +437,20 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_words(exc: OSError) -> str:
+    if exc.errno in _NO_SPACE:
+        return f"disk full at {exc.filename or 'the executor folder'}"
+    return f"{exc.strerror or exc} ({exc.filename})" if exc.filename else str(exc)
+
+
+def people_size(nbytes: int) -> str:
+    """Bytes as people write them: 16 GiB, 512 MiB."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes} bytes"

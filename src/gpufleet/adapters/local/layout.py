@@ -1,11 +1,14 @@
-"""Where the local executor keeps each job's files under its state folder.
+"""Where the local executor keeps each job's files under its state folder (private to the control plane).
 
-jobs/<job>/                               the job's default working folder (kept across attempts, so
-                                          checkpoints written there survive a preemption)
+jobs/<job>/                               the job's default working folder when jobs run as the control
+                                          plane's own user (kept across attempts, so checkpoints written
+                                          there survive a preemption); jobs of per-queue users have theirs
+                                          in their user's home (`isolation.py`)
 run/<job>/attempt-<n>/attempt.json        what was launched (job id, attempt, workers, MASTER_PORT)
 run/<job>/attempt-<n>/stop.json           a stop was asked for (signal, reason, kill deadline)
-run/<job>/attempt-<n>/worker-<r>/         spec.json (command), shim.pid, child.pid, exit.json
-logs/<job>/attempt-<n>/worker-<r>.log     the worker's stdout and stderr
+run/<job>/attempt-<n>/worker-<r>/         spec.json (command, environment, user, cgroup), shim.pid,
+                                          child.pid, exit.reserve then exit.json
+logs/<job>/attempt-<n>/worker-<r>.log     the worker's stdout and stderr (under `--log-dir` when given)
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 _PLAIN = re.compile(r"[A-Za-z0-9_.\-]")
 
@@ -24,9 +28,19 @@ def safe_name(job_id: str) -> str:
     return "%2E" + out[1:] if out.startswith(".") else out
 
 
+def job_id_of(folder: str) -> str:
+    """The job id a `safe_name` folder stands for."""
+    return unquote(folder, errors="strict")
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     root: Path
+    logs: Path | None = None  # where logs go; None: `logs/` under `root`
+
+    @property
+    def log_root(self) -> Path:
+        return self.logs if self.logs is not None else self.root / "logs"
 
     def job_dir(self, job_id: str) -> Path:
         return self.root / "jobs" / safe_name(job_id)
@@ -34,14 +48,17 @@ class Layout:
     def run_root(self) -> Path:
         return self.root / "run"
 
+    def run_dir(self, job_id: str) -> Path:
+        return self.run_root() / safe_name(job_id)
+
     def attempt_dir(self, job_id: str, attempt: int) -> Path:
-        return self.run_root() / safe_name(job_id) / f"attempt-{attempt}"
+        return self.run_dir(job_id) / f"attempt-{attempt}"
 
     def worker_dir(self, job_id: str, attempt: int, rank: int) -> Path:
         return self.attempt_dir(job_id, attempt) / f"worker-{rank}"
 
     def log_dir(self, job_id: str) -> Path:
-        return self.root / "logs" / safe_name(job_id)
+        return self.log_root / safe_name(job_id)
 
     def log_path(self, job_id: str, attempt: int, rank: int) -> Path:
         return self.log_dir(job_id) / f"attempt-{attempt}" / f"worker-{rank}.log"

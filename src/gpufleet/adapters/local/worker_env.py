@@ -1,7 +1,10 @@
-"""The environment of one worker: what the allocator owns (GPUs, ranks, rendezvous) and what the job adds.
+"""The environment of one worker: a clean base, what the job adds, and what the allocator owns (GPUs, ranks,
+rendezvous).
 
-Precedence, lowest first: the control plane's environment, the job's `run.env`, then the variables below,
-which the allocator owns (a job cannot choose its own GPUs by setting CUDA_VISIBLE_DEVICES).
+Precedence, lowest first: the base (`PATH`, `HOME`, `USER`, `LOGNAME`, `LANG`: what a login would give the
+worker's user), the job's `run.env`, then the allocator's variables (a job cannot choose its own GPUs by
+setting CUDA_VISIBLE_DEVICES). Nothing comes from the control plane's own environment: it may hold the
+operator's secrets and tokens.
 """
 
 from __future__ import annotations
@@ -12,6 +15,20 @@ from gpufleet.domain.cluster import Gpu, Node
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.ports import Launch
+
+# Docker's default: what a job finds without a login shell to set PATH up.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_LANG = "C.UTF-8"
+
+
+def base_env(user: str, home: str) -> dict[str, str]:
+    """What every worker starts from: a sane PATH, its user's name and home, a UTF-8 locale."""
+    return {"PATH": DEFAULT_PATH, "HOME": home, "USER": user, "LOGNAME": user, "LANG": DEFAULT_LANG}
+
+
+def worker_env(base: Mapping[str, str], job_env: Mapping[str, str], allocator: Mapping[str, str]) -> dict[str, str]:
+    """The worker's whole environment: base < the job's own < the allocator's."""
+    return {**base, **job_env, **allocator}
 
 
 def allocator_env(

@@ -120,6 +120,7 @@ def encode_job(job: Job) -> Json:
         "job_type": job.job_type,
         "name": job.name,
         "run": None if job.run is None else encode_run(job.run),
+        "user": job.user,
     }
 
 
@@ -139,6 +140,7 @@ _JOB_READERS: dict[str, Callable[[Any], Any]] = {
     "job_type": str,
     "name": str,
     "run": lambda v: None if v is None else decode_run(v),
+    "user": str,  # absent in records written before it existed: "" (unknown)
 }
 
 
@@ -249,12 +251,20 @@ def decode_quota(data: Mapping[str, Any]) -> Quota:
 
 
 def encode_queue(spec: QueueSpec) -> Json:
-    return {
+    data: Json = {
         "name": spec.name,
         "quotas": {key: encode_quota(quota) for key, quota in sorted(spec.quotas.items())},
         "cohort": spec.cohort,
         "weight": _float_out(spec.weight),
     }
+    # Limits only when set: a queue without them is stored as before they existed.
+    if spec.max_pending is not None:
+        data["max_pending"] = spec.max_pending
+    if spec.max_grace_s is not None:
+        data["max_grace_s"] = _float_out(spec.max_grace_s)
+    if spec.run_as is not None:
+        data["run_as"] = spec.run_as
+    return data
 
 
 _QUEUE_READERS: dict[str, Callable[[Any], Any]] = {
@@ -262,6 +272,9 @@ _QUEUE_READERS: dict[str, Callable[[Any], Any]] = {
     "quotas": lambda quotas: {str(key): decode_quota(q) for key, q in quotas.items()},
     "cohort": lambda v: None if v is None else str(v),
     "weight": _float_in,
+    "run_as": lambda v: None if v is None else str(v),
+    "max_pending": _opt_int,
+    "max_grace_s": _opt_float_in,
 }
 
 

@@ -4,7 +4,8 @@ The migrations in `migrations/versions` create these tables; a test compares the
 this metadata, so the two cannot drift apart.
 
 Each job is one row: its whole `JobRecord` as JSON (`record`, written by `codec`) plus copies of the
-fields that queries filter or order on (`seq`, `queue`, `name`, `state`, `version`), kept in step with the
+fields that queries filter or order on (`seq`, `queue`, `name`, `state`, `version`, `priority`, `username`),
+kept in step with the
 JSON by every write. `seq` is the submission order (`Job.submit_seq`), handed out from the `submit_seq`
 counter in `meta`; see `sql.py` for why a counter row and not an autoincrement.
 """
@@ -36,10 +37,16 @@ jobs = sa.Table(
     sa.Column("version", sa.Integer(), nullable=False),
     sa.Column("submitted_at", sa.Float(), nullable=False),
     sa.Column("record", sa.JSON(), nullable=False),
-    # The loop reads active jobs in submission order; the API pages by queue, state or name, newest first.
+    sa.Column("priority", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("username", sa.String(), nullable=False, server_default=""),  # who submitted it (token name)
+    # The loop reads active jobs in submission order; the API pages by queue, state, name or submitter, newest
+    # first; `explain` counts the waiting jobs ahead of one in its queue (higher priority, then earlier).
     sa.Index(None, "state", "seq"),
     sa.Index(None, "queue", "seq"),
     sa.Index(None, "name", "seq"),
+    # Also what a queue's pending jobs are counted on at each submit, when an admin capped them.
+    sa.Index(None, "queue", "state", "priority", "seq"),
+    sa.Index(None, "username", "seq"),
 )
 
 transitions = sa.Table(
@@ -106,6 +113,38 @@ settings = sa.Table(
     metadata,
     sa.Column("key", sa.String(), primary_key=True),
     sa.Column("value", sa.Text(), nullable=False),
+)
+
+# Admin actions (tokens, queues, nodes, force-cancels, backups, store resets): who, what, when, from where.
+# Rows are only ever added.
+audit = sa.Table(
+    "audit",
+    metadata,
+    sa.Column("id", AutoId, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Float(), nullable=False),
+    sa.Column("actor", sa.String(), nullable=False),  # the token's name, or `local:<OS user>` for local commands
+    sa.Column("token_id", sa.String(), nullable=True),
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("target", sa.Text(), nullable=False),
+    sa.Column("detail", sa.Text(), nullable=False),
+    sa.Column("source", sa.String(), nullable=False),  # the client's address, or `local`
+    sa.Column("outcome", sa.String(16), nullable=False),  # ok, or denied (a token that may not do it)
+    sa.Index(None, "at"),
+)
+
+# Idempotency keys of submits, per token: the same key again returns the job it created. Kept for a bounded
+# time (`created_at`); the body's hash tells a retry from a different request under the same key.
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("token_id", sa.String(), primary_key=True),
+    sa.Column("key", sa.String(), primary_key=True),
+    sa.Column("body_hash", sa.String(64), nullable=False),
+    sa.Column("job_id", sa.String(), sa.ForeignKey("jobs.id"), nullable=False),
+    # No index on created_at: a submit looks keys up by (token, key); the clean-up every 10 minutes scans.
+    sa.Column("created_at", sa.Float(), nullable=False),
+    # On SQLite the rows live in the primary key's b-tree itself: one b-tree written per key, not two.
+    sqlite_with_rowid=False,
 )
 
 # Counters: `cluster_version` (bumped on any queue or node change), `submit_seq` and `request_seq` (the

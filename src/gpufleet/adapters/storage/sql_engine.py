@@ -43,6 +43,27 @@ class StoreUnavailableError(GpufleetError):
     """The database cannot be reached or stayed locked: nothing was written, the call may be retried."""
 
 
+class StoreFullError(StoreUnavailableError):
+    """The database's disk is full: nothing was written; the call succeeds again once space is freed."""
+
+    def __init__(self, where: str, detail: str) -> None:
+        self.where = where
+        super().__init__(
+            f"disk full at {where}: the store cannot write ({detail})",
+            "free space on that file system, then retry (keep job logs elsewhere and smaller with `gpufleet up "
+            "--log-dir`, `--log-cap` and `--log-max-total`)",
+        )
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether a database error says its disk is full (SQLite's SQLITE_FULL, PostgreSQL's 53100)."""
+    cause = getattr(error, "orig", None) or error
+    if getattr(cause, "sqlstate", None) == "53100":
+        return True
+    text = str(cause).lower()
+    return "database or disk is full" in text or "no space left on device" in text
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 

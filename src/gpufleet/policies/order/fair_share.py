@@ -8,6 +8,7 @@ YuniKorn's DRF do (Ghodsi et al., NSDI 2011).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 from gpufleet.domain.jobs import Job
@@ -16,14 +17,21 @@ from gpufleet.scheduling.plugin_api import ClusterView, SortKey
 NAME = "fair_share"
 
 
+def weighted_dominant_share(used: Mapping[str, int], capacity: Mapping[str, int], weight: float) -> float:
+    """The largest of a queue's shares of the cluster's GPU, CPU and memory (`capacity`, base units), over
+    its weight. The dashboard shows the same number the order uses."""
+    share = 0.0
+    for key, total in capacity.items():
+        if total > 0:
+            share = max(share, used.get(key, 0) / total)
+    return share / weight
+
+
 def dominant_share(queue: str, cluster: ClusterView) -> float:
     spec = cluster.quotas.queues.get(queue)
     weight = spec.weight if spec is not None else 1.0
-    share = 0.0
-    for key, capacity in cluster.capacity.items():
-        if capacity > 0:
-            share = max(share, cluster.quotas.used(queue, key) / capacity)
-    return share / weight
+    used = {key: cluster.quotas.used(queue, key) for key in cluster.capacity}
+    return weighted_dominant_share(used, cluster.capacity, weight)
 
 
 class FairShare:

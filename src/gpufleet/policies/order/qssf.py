@@ -9,7 +9,8 @@ than `min_samples` finished runs in the class, the queue's last finished runs of
 queues'; with no history at all, `prior_s`.
 
 Why these choices (Philly, Oct-Nov 2017, Helios' VC cluster, arrivals compressed 8x; average JCT: strict
-FIFO 63,777 s, FIFO with backfill 36,884 s, SJF with oracle durations 19,078 s, ratio 0.299):
+FIFO 63,777 s, FIFO with backfill 36,884 s, SJF with oracle durations 19,078 s, ratio 0.299; the QSSF
+figures below were measured while the learner still ran inside the cycle, see docs/ARCHITECTURE.md):
 
 - Recent history, not a long one: run times come in bursts (a team submits many short runs, then long
   ones), so the last 20 finishes of the class predict better than the last 40 or 50 (4-7% shorter JCT in
@@ -19,10 +20,11 @@ FIFO 63,777 s, FIFO with backfill 36,884 s, SJF with oracle durations 19,078 s, 
   lower bound of its own, which an online predictor can honestly know.
 - A quantile below the median: a class is ranked by how short its typical jobs are (0.3: 26,739 s; with
   the running jobs: 26,627 s; 0.7 did worse, 28,181 s).
-- These defaults, aging included: 26,571 s, 0.417 of strict FIFO (Helios publishes SJF at 0.398 of FIFO).
-  On December (outside that window, 8,080 jobs, x8) 17,173 s vs strict FIFO 21,978 s and FIFO with
-  backfill 18,522 s. The `default` profile adds LAS preemption inside a queue (`preempt/las.py`), which
-  corrects the predictions that miss once a job has run long: 22,039 s, 0.346 of strict FIFO.
+- These defaults, aging included, were the shortest of those tried on that window (the tuning data; what
+  was compared is listed above and in `gpufleet.sim.tuned`). Their figures, on that window and on the months
+  it was not tuned on, come from `gpufleet sim --reproduce helios-philly` (docs/results). The `default`
+  profile adds LAS preemption inside a queue (`preempt/las.py`), which corrects the predictions that miss
+  once a job has run long.
 
 Differences under ~3% are noise on this trace (one ordering change early moves every later queue), so the
 defaults were also checked, in an offline replay of the trace (each VC a GPU count, no node packing), at

@@ -4,8 +4,16 @@ A node scores by how much the cluster's fragmentation (`gpufleet.scheduling.frag
 target workload) would grow if the worker went there: the smaller the growth, the higher the score. A
 fractional worker counts with the GPU of the node that grows it least, which the `fgd` select plugin then
 picks. Scores are `100 * sigmoid(-growth / 1000)`, growth in milli-GPU, as upstream's `FGDScorePlugin`
-(hkust-adsl/kubernetes-scheduler-simulator, `pkg/simulator/plugin/fgd_score.go`), without its rounding to
-integers: no growth scores 50, each whole GPU less fragmented moves it towards 100.
+(hkust-adsl/kubernetes-scheduler-simulator, `pkg/simulator/plugin/fgd_score.go`): no growth scores 50, each
+whole GPU less fragmented moves it towards 100.
+
+`truncate=True` keeps what the authors' simulator does with that number: a Kubernetes score is an integer,
+so it is truncated to a whole point (0..100), and nodes whose growth differs by less than about 40 milli-GPU
+tie and go to the first node (the lowest index here). That coarse tie is part of the published FGD: the
+`fgd` profile (FGD as published) truncates, and reproduces the published allocation on both openb pod lists
+(`docs/results/`); exact scores and the same first-node ties allocate about a point less on `default`.
+`fgd-plus` and `default` build on that published FGD; `fgd-bf` keeps exact scores and breaks near-ties with
+best fit on purpose.
 
 The target workload is a constructor parameter (`TargetWorkload`, or (gpu_milli, gpus, models, weight)
 tuples); the registry's factory uses `GENERIC_TARGET`. The paper builds it from the trace being scheduled:
@@ -54,6 +62,12 @@ def growth_score(growth: FloatArray) -> FloatArray:
     """100 * sigmoid(-growth / 1000): 50 for no growth, towards 100 as fragmentation shrinks."""
     exponent = np.minimum(np.maximum(growth / 1000.0, -60.0), 60.0)  # np.clip without its Python wrapper
     return np.asarray(100.0 / (1.0 + np.exp(exponent)), dtype=np.float64)
+
+
+def truncated_score(growth: FloatArray) -> FloatArray:
+    """`growth_score` truncated to a whole point, as the FGD authors' simulator scores (`int64(100 * sigmoid)`)."""
+    exponent = np.minimum(np.maximum(growth / 1000.0, -60.0), 60.0)
+    return np.asarray(np.floor(100.0 * (1.0 / (1.0 + np.exp(exponent)))), dtype=np.float64)
 
 
 class _Entry:
@@ -217,13 +231,19 @@ class FgdScore:
     node_local: ClassVar[bool] = True
 
     def __init__(
-        self, target: TargetWorkload | Iterable[TaskLike] = GENERIC_TARGET, *, memo: GradientMemo | None = None
+        self,
+        target: TargetWorkload | Iterable[TaskLike] = GENERIC_TARGET,
+        *,
+        memo: GradientMemo | None = None,
+        truncate: bool = False,
     ) -> None:
         self.target = TargetWorkload.of(target)
         self.memo = shared_memo(memo, self.target)
+        self.truncate = truncate
+        self._score = truncated_score if truncate else growth_score
 
     def score(
         self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
         growth, _ = self.memo.growth(cluster.nodes, view.job.request, view.model_lut, evaluation, candidates)
-        return growth_score(growth)
+        return self._score(growth)

@@ -6,6 +6,11 @@ the trace README: `cpu_milli` milli-cores, `memory_mib` MiB, `num_gpu` GPUs (0/1
 per-GPU share in thousandths (below 1000 only when `num_gpu == 1`), `gpu_spec` allowed models joined by `|`,
 `creation_time`/`deletion_time` seconds from trace start.
 
+Other pod lists of the same dataset give only `name, cpu_milli, memory_mib, num_gpu, gpu_milli` (no models, no
+times). They load wherever nothing more is needed: without `gpu_spec` every pod may run on any model, and
+without `creation_time` the pods keep the file's order (enough for the FGD protocol, which samples and
+shuffles them); a time replay (`load_openb`) needs `creation_time` and says so.
+
 The FGD experiment protocol (sampling pods up to 130 % of GPU capacity) is in `openb_fgd`.
 """
 
@@ -23,8 +28,8 @@ FOLDER = "alibaba-openb-2023"
 NODE_FILE = "openb_node_list_all_node.csv"
 POD_FILES = {"default": "openb_pod_list_default.csv", "gpuspec33": "openb_pod_list_gpuspec33.csv"}
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
-POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "creation_time")
-POD_OPTIONAL = ("qos", "pod_phase", "deletion_time", "scheduled_time")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")  # every openb pod list has these
+POD_OPTIONAL = ("gpu_spec", "creation_time", "qos", "pod_phase", "deletion_time", "scheduled_time")
 
 CITATION = (
     "Weng, Yang, Yu, Wang, Tang, Yang, Zhang. Beware of Fragmentation: Scheduling GPU-Sharing Workloads with "
@@ -114,21 +119,33 @@ def load_openb_pods(
     known_models: Iterable[str] | None = None,
     lifetimes: bool = False,
     queue: str = DEFAULT_QUEUE,
+    timed: bool = False,
 ) -> tuple[TraceJob, ...]:
     """Pods of an openb pod list as jobs, sorted by (creation_time, row).
 
     Each pod is one worker: `num_gpu == 0` CPU-only; `num_gpu == 1` with `gpu_milli < 1000` a fractional GPU;
-    otherwise `num_gpu` whole GPUs. `gpu_spec` becomes the allowed models. If `known_models` is given, a
-    model in `gpu_spec` outside it is an error (a typo would make the pod unplaceable without a word).
-    Duration is None (pods never leave, as in the FGD protocol) unless `lifetimes`: then it is
-    `deletion_time - scheduled_time` (run time), or `deletion_time - creation_time` for pods that were never
-    scheduled (how long they stayed), and None where that is not positive.
+    otherwise `num_gpu` whole GPUs. `gpu_spec` becomes the allowed models (no column: any model). If
+    `known_models` is given, a model in `gpu_spec` outside it is an error (a typo would make the pod
+    unplaceable without a word). Without a `creation_time` column pods arrive at 0 in the file's order,
+    unless `timed` (a time replay), which needs the column. Duration is None (pods never leave, as in the FGD
+    protocol) unless `lifetimes`: then it is `deletion_time - scheduled_time` (run time), or
+    `deletion_time - creation_time` for pods that were never scheduled (how long they stayed), and None where
+    that is not positive.
     """
     table = CsvTable(Path(path), "openb pod list", POD_COLUMNS, optional=POD_OPTIONAL)
-    if lifetimes and not table.has("deletion_time"):
-        raise WorkloadError(
-            "column 'deletion_time' is missing", "add it, or load without lifetimes", path=table.path, line=1
-        )
+    for needed, wanted, fix in (
+        ("deletion_time", lifetimes, "add it, or load without lifetimes"),
+        (
+            "creation_time",
+            timed or lifetimes,
+            "a time replay needs each pod's creation_time: add the column, or run this pod list under the FGD "
+            "protocol (--workload fgd, or --reproduce fgd --set pods=PATH), which needs only name, cpu_milli, "
+            "memory_mib, num_gpu and gpu_milli",
+        ),
+    ):
+        if wanted and not table.has(needed):
+            raise WorkloadError(f"column {needed!r} is missing", fix, path=table.path, line=1)
+    with_models, with_times = table.has("gpu_spec"), table.has("creation_time")
     known = frozenset(known_models) if known_models is not None else None
     cache = RequestCache()
     jobs: list[TraceJob] = []
@@ -150,7 +167,7 @@ def load_openb_pods(
                 f"is {milli} with num_gpu {gpus}",
                 "only single-GPU pods share a GPU: use 1000, or num_gpu 1",
             )
-        models = parse_models(row.text("gpu_spec", required=False))
+        models = parse_models(row.text("gpu_spec", required=False)) if with_models else frozenset()
         if known is not None and not models <= known:
             unknown = ", ".join(sorted(models - known))
             raise row.error(
@@ -158,7 +175,7 @@ def load_openb_pods(
                 f"names GPU model(s) {unknown} that no node has",
                 f"use models of this cluster ({', '.join(sorted(known))}), separated by '|'",
             )
-        created = row.number("creation_time", minimum=0)
+        created = row.number("creation_time", minimum=0) if with_times else 0.0
         duration = None
         if lifetimes:
             started = created
@@ -231,7 +248,7 @@ def load_openb(
     node_path, pod_path = openb_paths(path, pods)
     nodes = load_openb_nodes(node_path, gpu_nodes_only=gpu_nodes_only, gpu_memory=gpu_memory)
     known = {g.model for n in nodes for g in n.gpus} if strict_models else None
-    jobs = load_openb_pods(pod_path, known_models=known, lifetimes=lifetimes)
+    jobs = load_openb_pods(pod_path, known_models=known, lifetimes=lifetimes, timed=True)
     assumptions = [
         memory_assumption(gpu_memory),
         "Nodes have one NVLink group each and no rack/zone labels (the trace has no topology).",

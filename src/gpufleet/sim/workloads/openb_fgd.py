@@ -5,6 +5,11 @@ until their total GPU request reaches a given share of the cluster's GPU capacit
 shuffle the order, and schedule them one by one on the 1213 GPU nodes; pods never leave. This module makes the
 ordered pod list (and a Workload around it); simulating and measuring are elsewhere.
 
+`with_gpu_share` builds pod lists where GPU sharing weighs more than in `default` (28.5 % of the GPU request
+there), as the FGD paper's `gpushare*` lists do: the GPU pods are redrawn, seeded, so that fractional pods
+make up a given share of the GPU request. These are our resamples, not the published lists (which give
+only the columns this loader needs, and load as any pod list: `pods=PATH`).
+
 The README rule is the default. `keep_originals=True` follows the upstream simulator's code instead
 (`TunePodsByNodeTotalResource`): every pod of the list once, then random copies appended while the next one
 still fits under the target (the total never exceeds it; upstream's check compares the per-GPU share of the
@@ -81,6 +86,49 @@ def fgd_sample_pods(
     return tuple(sampled)
 
 
+def with_gpu_share(pods: Sequence[TraceJob], share_pct: float, *, seed: int = 0) -> tuple[TraceJob, ...]:
+    """The pod list with its GPU pods redrawn (with replacement, numpy `default_rng(seed)`) so that
+    fractional pods ask for `share_pct` % of the GPU request; as many GPU pods as before, CPU-only pods kept.
+
+    With mean requests f (fractional pods) and w (whole-GPU pods) and G GPU pods, n = P G w / ((1 - P) f + P w)
+    fractional pods give the share P. Copies are named `<pod>~<k>`; arrivals keep the list's order.
+    """
+    if not 0 < share_pct <= 100:
+        raise WorkloadError(f"GPU-sharing share is {share_pct:g} %", "give a share in (0, 100], e.g. 60")
+    fractional = [tj for tj in pods if tj.job.request.fractional]
+    whole = [tj for tj in pods if tj.job.request.gpus and not tj.job.request.fractional]
+    if not fractional or (share_pct < 100 and not whole):
+        raise WorkloadError(
+            "the pod list lacks fractional or whole-GPU pods to redraw from",
+            "resample a pod list that has both (e.g. default)",
+        )
+    share = share_pct / 100.0
+    gpu_pods = len(fractional) + len(whole)
+    mean_f = float(np.mean([tj.gpu_milli_total for tj in fractional]))
+    mean_w = float(np.mean([tj.gpu_milli_total for tj in whole])) if whole else 0.0
+    n_fractional = (
+        gpu_pods if share == 1.0 else round(share * gpu_pods * mean_w / ((1 - share) * mean_f + share * mean_w))
+    )
+    rng = np.random.default_rng(seed)
+    drawn = [fractional[i] for i in rng.integers(0, len(fractional), size=n_fractional)]
+    if gpu_pods > n_fractional:
+        drawn += [whole[i] for i in rng.integers(0, len(whole), size=gpu_pods - n_fractional)]
+    order = rng.permutation(len(drawn))
+    cpu_only = [tj for tj in pods if not tj.job.request.gpus]
+    resampled = list(cpu_only)
+    for k, i in enumerate(order):
+        source = drawn[i]
+        resampled.append(replace(source, job=replace(source.job, id=f"{source.id}~{k}")))
+    return tuple(replace(tj, job=replace(tj.job, submit_seq=position)) for position, tj in enumerate(resampled))
+
+
+def gpu_share_pct(pods: Sequence[TraceJob]) -> float:
+    """The share (%) of the GPU request that fractional pods make."""
+    total = sum(tj.gpu_milli_total for tj in pods)
+    shared = sum(tj.gpu_milli_total for tj in pods if tj.job.request.fractional)
+    return 100.0 * shared / total if total else 0.0
+
+
 def _readme_rule(milli: np.ndarray, target: float, rng: np.random.Generator) -> list[tuple[str, int]]:
     mean = float(milli.mean())
     drawn: list[np.ndarray] = []
@@ -127,12 +175,26 @@ def fgd_workload(
     pods: str = "default",
     target_pct: float = DEFAULT_TARGET_PCT,
     keep_originals: bool = False,
+    gpushare_pct: float | None = None,
+    resample_seed: int = 0,
 ) -> Workload:
-    """The FGD experiment's input for one seed: the 1213 GPU nodes of openb and the sampled, shuffled pods."""
+    """The FGD experiment's input for one seed: the 1213 GPU nodes of openb and the sampled, shuffled pods.
+
+    `gpushare_pct`: first redraw the pod list so fractional pods ask for that share of the GPU request
+    (`with_gpu_share`, seeded by `resample_seed`)."""
     node_path, pod_path = openb_paths(path, pods)
     nodes = load_openb_nodes(node_path, gpu_nodes_only=True)
     known = {g.model for n in nodes for g in n.gpus}
     trace = load_openb_pods(pod_path, known_models=known)
+    name = pod_list_name(pod_path)
+    extra: tuple[str, ...] = ()
+    if gpushare_pct is not None:
+        trace = with_gpu_share(trace, gpushare_pct, seed=resample_seed)
+        name = f"{name}-gpushare{gpushare_pct:g}r{resample_seed}"
+        extra = (
+            f"Pod list resampled from {pod_list_name(pod_path)} (numpy default_rng({resample_seed})): fractional "
+            f"pods ask for {gpu_share_pct(trace):.1f} % of the GPU request (target {gpushare_pct:g} %).",
+        )
     capacity = sum(len(n.gpus) for n in nodes) * 1000
     jobs = fgd_sample_pods(trace, capacity, seed=seed, target_pct=target_pct, keep_originals=keep_originals)
     rule = (
@@ -141,7 +203,7 @@ def fgd_workload(
         else "draws until the total reaches the target (README)"
     )
     return Workload(
-        name=f"openb-fgd-{pod_path.stem.removeprefix('openb_pod_list_')}-seed{seed}",
+        name=f"openb-fgd-{name}-seed{seed}",
         citation=CITATION,
         license=LICENSE,
         nodes=nodes,
@@ -149,10 +211,16 @@ def fgd_workload(
         jobs=jobs,
         assumptions=(
             memory_assumption(),
+            *extra,
             f"FGD protocol: pods sampled with replacement to {target_pct:g} % of {capacity // 1000} GPUs, {rule}, "
             f"shuffled with numpy default_rng({seed}); arrivals 1 s apart; pods never leave.",
         ),
     )
+
+
+def pod_list_name(pod_path: Path) -> str:
+    """`default` for openb_pod_list_default.csv: the name the published results use for a pod list."""
+    return pod_path.stem.removeprefix("openb_pod_list_")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,12 @@ PHILLY_MODEL = "philly-gpu"
 PHILLY_GPU_MEMORY = 12 * GiB
 COHORT = "philly"
 HELIOS_WINDOW = ("2017-10-01 00:00:00", "2017-11-30 23:59:59")  # jobs Helios simulated
+# Submission windows by name: Helios' (the published results are on it) and the months outside it.
+WINDOWS: dict[str, tuple[str, str]] = {
+    "oct-nov": HELIOS_WINDOW,
+    "september": ("2017-09-01 00:00:00", "2017-09-30 23:59:59"),
+    "december": ("2017-12-01 00:00:00", "2017-12-31 23:59:59"),
+}
 
 CITATION = (
     "Jeon, Venkataraman, Phanishayee, Qian, Xiao, Yang. Analysis of Large-Scale Multi-Tenant GPU Clusters for "
@@ -100,25 +106,61 @@ def load_philly(
     hi = _parse_time(end, "end") if end else None
     if lo and hi and hi < lo:
         raise WorkloadError(f"end {end} is before start {start}", "give start <= end")
-
     table = CsvTable(jobs_path, "Philly jobs CSV", JOB_COLUMNS, optional=("gpu_time",))
-    with_gpu_time = table.has("gpu_time")
+    kept = _rows_in_window(table, lo, hi, sizes if drop_unknown_vcs else None)
+    t0 = lo or min(when for when, _ in kept)
+    jobs, unknown = _trace_jobs(kept, t0, sizes, vc_borrowing, with_gpu_time=table.has("gpu_time"))
+    nodes = tuple(
+        make_node(f"philly-{vc}-{i:02d}", PHILLY_MODEL, GPUS_PER_NODE, PHILLY_GPU_MEMORY)
+        for vc, count in sizes.items()
+        for i in range(count)
+    )
+    return Workload(
+        name="philly",
+        citation=CITATION,
+        license=LICENSE,
+        nodes=nodes,
+        queues=_vc_queues(sizes, unknown, vc_borrowing),
+        jobs=jobs,
+        assumptions=(
+            f"Cluster: Helios' VC sizes, {len(nodes)} nodes x {GPUS_PER_NODE} GPUs of one generic model "
+            f"{PHILLY_MODEL!r} with {PHILLY_GPU_MEMORY // GiB} GiB (the trace has no GPU model; 12 or 24 GB).",
+            "Queues: one per VC, nominal quota = its nodes x 8 GPUs, cohort 'philly', "
+            + ("borrowing allowed." if vc_borrowing else "no borrowing (jobs stay in their VC, as in Helios)."),
+            f"Jobs of VCs not in the VC table ({', '.join(sorted(unknown)) or 'none'}) get nominal 0 "
+            "and run only on borrowed idle quota.",
+            "Jobs of more than 8 GPUs: gangs of equal workers of at most 8 GPUs; no CPU or memory requests.",
+            f"Submission window: {start or 'first job'} .. {end or 'last job'}; arrival = seconds since its "
+            "start; durations as in the trace.",
+        ),
+    )
+
+
+def _rows_in_window(
+    table: CsvTable, lo: datetime | None, hi: datetime | None, known_vcs: dict[str, int] | None
+) -> list[tuple[datetime, Row]]:
+    """The rows submitted in [lo, hi], with their time; only VCs in `known_vcs` when it is given."""
     kept: list[tuple[datetime, Row]] = []
     for row in table:
         when = _row_time(row)
         if (lo and when < lo) or (hi and when > hi):
             continue
-        if drop_unknown_vcs and row.text("cluster") not in sizes:
+        if known_vcs is not None and row.text("cluster") not in known_vcs:
             continue
         kept.append((when, row))
     if not kept:
         raise WorkloadError(
             "no job is left after the time window and VC filters",
             "widen start/end, or check the VC names",
-            path=jobs_path,
+            path=table.path,
         )
-    t0 = lo or min(when for when, _ in kept)
+    return kept
 
+
+def _trace_jobs(
+    kept: list[tuple[datetime, Row]], t0: datetime, sizes: dict[str, int], vc_borrowing: bool, *, with_gpu_time: bool
+) -> tuple[tuple[TraceJob, ...], set[str]]:
+    """The rows as jobs, sorted by arrival (then row), and the VCs they name that the VC table lacks."""
     cache = RequestCache()
     jobs: list[TraceJob] = []
     unknown: set[str] = set()
@@ -147,12 +189,11 @@ def load_philly(
         gpu_time = row.number("gpu_time", minimum=0) if with_gpu_time else duration * gpus
         jobs.append(TraceJob(job, duration, gpu_time))
     jobs.sort(key=lambda tj: (tj.job.submitted_at, tj.job.submit_seq))
+    return tuple(jobs), unknown
 
-    nodes = tuple(
-        make_node(f"philly-{vc}-{i:02d}", PHILLY_MODEL, GPUS_PER_NODE, PHILLY_GPU_MEMORY)
-        for vc, count in sizes.items()
-        for i in range(count)
-    )
+
+def _vc_queues(sizes: dict[str, int], unknown: set[str], vc_borrowing: bool) -> tuple[QueueSpec, ...]:
+    """One queue per VC with its GPUs as nominal quota; VCs missing from the table get nominal 0."""
     queues = [
         QueueSpec(
             vc,
@@ -162,25 +203,7 @@ def load_philly(
         for vc, count in sizes.items()
     ]
     queues += [QueueSpec(vc, {GPU: Quota(nominal=0)}, cohort=COHORT) for vc in sorted(unknown)]
-    window = f"{start or 'first job'} .. {end or 'last job'}"
-    return Workload(
-        name="philly",
-        citation=CITATION,
-        license=LICENSE,
-        nodes=nodes,
-        queues=tuple(queues),
-        jobs=tuple(jobs),
-        assumptions=(
-            f"Cluster: Helios' VC sizes, {len(nodes)} nodes x {GPUS_PER_NODE} GPUs of one generic model "
-            f"{PHILLY_MODEL!r} with {PHILLY_GPU_MEMORY // GiB} GiB (the trace has no GPU model; 12 or 24 GB).",
-            "Queues: one per VC, nominal quota = its nodes x 8 GPUs, cohort 'philly', "
-            + ("borrowing allowed." if vc_borrowing else "no borrowing (jobs stay in their VC, as in Helios)."),
-            f"Jobs of VCs not in the VC table ({', '.join(sorted(unknown)) or 'none'}) get nominal 0 "
-            "and run only on borrowed idle quota.",
-            "Jobs of more than 8 GPUs: gangs of equal workers of at most 8 GPUs; no CPU or memory requests.",
-            f"Submission window: {window}; arrival = seconds since its start; durations as in the trace.",
-        ),
-    )
+    return tuple(queues)
 
 
 @dataclass(frozen=True, slots=True)

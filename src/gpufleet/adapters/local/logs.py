@@ -1,0 +1,82 @@
+"""Retention of finished jobs' logs: by age and by the total size of all logs.
+
+A worker's log is capped while it runs (the shim keeps its newest part, see `shim.py`); what is left once a
+job has finished is kept until it is older than `max_age_s` (counted from the last write to any of the job's
+logs), and while all logs together stay under `max_total` bytes (beyond that, the finished jobs whose logs
+were written longest ago go first). Logs of jobs still active are never removed. A finished job's run
+records (`run/<job>/`: its command, environment and exit records) go with its logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet.adapters.local.layout import Layout, job_id_of
+
+DAY_S = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class LogRetention:
+    max_age_s: float | None = 30 * DAY_S  # None: no age limit
+    max_total: int | None = None  # bytes for all logs together; None: no limit
+
+
+@dataclass(frozen=True, slots=True)
+class _JobLogs:
+    job_id: str
+    folder: Path
+    size: int
+    last_write: float
+
+
+def prune_logs(layout: Layout, retention: LogRetention, finished: Callable[[str], bool]) -> dict[str, int]:
+    """Delete what `retention` no longer keeps, of jobs `finished(job id)` says are done. Returns how many
+    jobs' logs and how many bytes were removed."""
+    now = time.time()
+    found: list[_JobLogs] = []
+    total = 0
+    for folder in sorted(p for p in layout.log_root.iterdir() if p.is_dir()) if layout.log_root.is_dir() else ():
+        size, last = _usage(folder)
+        total += size
+        try:
+            job_id = job_id_of(folder.name)
+        except UnicodeDecodeError:
+            continue
+        found.append(_JobLogs(job_id, folder, size, last))
+    removable = sorted((j for j in found if finished(j.job_id)), key=lambda j: (j.last_write, j.job_id))
+    removed = freed = 0
+    for logs in removable:
+        too_old = retention.max_age_s is not None and logs.last_write < now - retention.max_age_s
+        too_big = retention.max_total is not None and total > retention.max_total
+        if not (too_old or too_big):
+            continue
+        shutil.rmtree(logs.folder, ignore_errors=True)
+        shutil.rmtree(layout.run_dir(logs.job_id), ignore_errors=True)
+        total -= logs.size
+        removed += 1
+        freed += logs.size
+    return {"jobs": removed, "bytes": freed}
+
+
+def _usage(folder: Path) -> tuple[int, float]:
+    """Bytes held by the log files under `folder`, and when the newest was last written (the folder's own
+    time when it holds none)."""
+    size, last = 0, 0.0
+    for path in folder.rglob("*"):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        if path.is_file():
+            size += stat.st_size
+            last = max(last, stat.st_mtime)
+    if last == 0.0:
+        with contextlib.suppress(OSError):
+            last = folder.stat().st_mtime
+    return size, last

@@ -1,0 +1,318 @@
+"""The workers of one node: start each under its shim (isolated as `isolation.py` says), see whether it
+started and how it ended, signal it, kill it (its whole cgroup), find it again after a restart, read its log.
+
+This is everything an executor does on a node that is not about jobs: `LocalBackend` keeps the job-level
+rules (gangs, stops and their deadlines, observations for the loop) and calls a `WorkerSupervisor` for the
+machine it runs on; a multi-node backend's node agent imports this module and does the same on its node.
+The supervisor keeps no state that its files do not also hold (`layout.py`), so a new supervisor on the same
+folders (after a restart) finds every worker again.
+
+Each call is cheap enough for the loop's pace: `refresh` opens a file or two and makes one `waitpid` or
+`/proc` check; only `orphans` scans the folders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufleet.adapters.local import cgroup_ops
+from gpufleet.adapters.local.isolation import Isolation, WorkerSpec
+from gpufleet.adapters.local.layout import Layout
+from gpufleet.adapters.local.logs import LogRetention, prune_logs
+from gpufleet.adapters.local.proc import is_running, read_json, start_ticks, write_json
+from gpufleet.domain.errors import GpufleetError
+
+SHIM_MODULE = "gpufleet.adapters.local.shim"
+# The shim runs isolated from the environment (-I: no PYTHONPATH, no user site) but imports the very gpufleet
+# this process runs, wherever it is installed.
+_HERE = str(Path(__file__).resolve().parents[3])
+SHIM_BOOT = f"import sys; sys.path.insert(0, {_HERE!r}); from {SHIM_MODULE} import main; sys.exit(main(sys.argv))"
+# The shim's own environment: enough for Python to start. The command gets the one in its spec.
+SHIM_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+# The shim resets these to their defaults (the control plane may ignore some), then installs its handlers.
+_DEFAULT_SIGNALS = (
+    signal.SIGPIPE,
+    signal.SIGXFSZ,
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+@dataclass
+class Worker:
+    """One worker as its files say. `exit` set means it ended (or vanished: `{"vanished": True}`)."""
+
+    rank: int
+    dir: Path
+    shim_pid: int | None = None
+    shim_ticks: int | None = None
+    own: bool = False  # its shim is this process's child: reaped with waitpid
+    child: dict[str, Any] | None = None  # child.pid: pid, pgid, ticks, started_at
+    exit: dict[str, Any] | None = None  # exit.json: code, signal, ended_at, oom (or error / not_started)
+    cgroup: tuple[str, ...] = ()
+    signalled: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.exit is not None
+
+    @property
+    def vanished(self) -> bool:
+        return self.exit is not None and bool(self.exit.get("vanished"))
+
+
+class WorkerSupervisor:
+    """Starts and watches the workers of this node, under `state_dir` (logs under `log_dir`)."""
+
+    def __init__(self, state_dir: Path, isolation: Isolation | None = None, log_dir: Path | None = None) -> None:
+        self.layout = Layout(Path(state_dir), Path(log_dir) if log_dir is not None else None)
+        self.isolation = isolation or Isolation.same_user()
+        try:
+            for folder in (self.layout.root, self.layout.run_root()):
+                folder.mkdir(parents=True, exist_ok=True)
+                folder.chmod(0o700)
+            if not self.layout.log_root.exists():
+                self.layout.log_root.mkdir(parents=True)
+                self.layout.log_root.chmod(0o700)
+        except OSError as exc:
+            raise GpufleetError(
+                f"cannot create the executor's folder {exc.filename or state_dir}: {exc.strerror or exc}",
+                "give a writable data folder (and --log-dir)",
+            ) from exc
+
+    # --- attempts ---------------------------------------------------------------------------------------
+
+    def attempt_dir(self, job_id: str, attempt: int) -> Path:
+        return self.layout.attempt_dir(job_id, attempt)
+
+    def begin_attempt(self, job_id: str, attempt: int, info: dict[str, Any]) -> Path:
+        """Record an attempt before its workers start (`attempt.json`); raises OSError (disk full)."""
+        folder = self.layout.attempt_dir(job_id, attempt)
+        folder.mkdir(parents=True)
+        write_json(folder / "attempt.json", info)
+        return folder
+
+    def mark_stopping(self, job_id: str, attempt: int, info: dict[str, Any]) -> None:
+        """Persist that the attempt is stopping (`stop.json`): a shim that has not started its command yet
+        does not start it, and after a restart the stop still holds. A full disk only loses the record."""
+        with contextlib.suppress(OSError):
+            write_json(self.layout.attempt_dir(job_id, attempt) / "stop.json", info)
+
+    def stop_record(self, job_id: str, attempt: int) -> dict[str, Any] | None:
+        return read_json(self.layout.attempt_dir(job_id, attempt) / "stop.json")
+
+    # --- one worker -------------------------------------------------------------------------------------
+
+    def start(self, spec: WorkerSpec) -> Worker:
+        """Start one worker under its shim. Returns at once; a worker that cannot be started (its user, its
+        cgroup) is returned ended, with the reason in `exit["error"]` and its log. Raises OSError only
+        when its own files cannot be written (disk full)."""
+        worker_dir = self.layout.worker_dir(spec.job_id, spec.attempt, spec.rank)
+        worker_dir.mkdir()
+        log = self.layout.log_path(spec.job_id, spec.attempt, spec.rank)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        worker = Worker(spec.rank, worker_dir)
+        try:
+            prepared = self.isolation.prepare(spec, self.layout.job_dir(spec.job_id))
+        except (GpufleetError, OSError) as exc:
+            message = str(exc) if isinstance(exc, GpufleetError) else f"cannot set up its cgroup: {exc}"
+            _append(log, f"gpufleet: {message}\n")
+            worker.exit = {"code": 126, "error": message, "ended_at": time.time()}
+            write_json(worker_dir / "exit.json", worker.exit)
+            return worker
+        worker.cgroup = tuple(prepared.cgroup)
+        _create_log(log, prepared.log_gid)
+        write_json(
+            worker_dir / "spec.json",
+            {
+                "argv": list(spec.argv),
+                "stop_file": str(worker_dir.parent / "stop.json"),
+                "log": str(log),
+                "log_cap": self.isolation.log_cap,
+                **prepared.shim_fields(),
+            },
+        )
+        try:
+            pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-I", "-c", SHIM_BOOT, str(worker_dir)],
+                SHIM_ENV,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_APPEND, 0),
+                    (os.POSIX_SPAWN_DUP2, 1, 2),
+                ],
+                setsid=True,
+                setsigdef=_DEFAULT_SIGNALS,
+            )
+        except OSError as exc:
+            cgroup_ops.remove(list(worker.cgroup))
+            worker.exit = {"code": 126, "error": f"cannot start the worker shim: {exc.strerror or exc}"}
+            write_json(worker_dir / "exit.json", worker.exit)
+            return worker
+        worker.shim_pid, worker.shim_ticks, worker.own = pid, start_ticks(pid), True
+        with contextlib.suppress(OSError):  # the shim writes it too
+            write_json(worker_dir / "shim.pid", {"pid": pid, "ticks": worker.shim_ticks})
+        return worker
+
+    def find(self, job_id: str, attempt: int, rank: int) -> Worker:
+        """A worker started earlier (by this or an earlier supervisor), as its files say."""
+        worker_dir = self.layout.worker_dir(job_id, attempt, rank)
+        shim = _shim_record(worker_dir)
+        spec = read_json(worker_dir / "spec.json") or {}
+        worker = Worker(
+            rank,
+            worker_dir,
+            shim_pid=shim.get("pid"),
+            shim_ticks=shim.get("ticks"),
+            child=read_json(worker_dir / "child.pid"),
+            exit=read_json(worker_dir / "exit.json"),
+            cgroup=tuple(spec.get("cgroup") or ()),
+        )
+        if not worker.done and not is_running(worker.shim_pid, worker.shim_ticks):
+            worker.exit = read_json(worker_dir / "exit.json") or {"vanished": True}  # it may have just ended
+        return worker
+
+    def refresh(self, worker: Worker) -> None:
+        """Bring the worker up to date: started? ended? vanished (its shim gone without an exit record)?"""
+        if worker.done:
+            return
+        if worker.child is None:
+            worker.child = read_json(worker.dir / "child.pid")
+        # exit.json first: the shim writes it just before it exits.
+        worker.exit = read_json(worker.dir / "exit.json")
+        if worker.exit is not None or self._shim_alive(worker):
+            return
+        worker.exit = read_json(worker.dir / "exit.json")
+        if worker.child is None:
+            worker.child = read_json(worker.dir / "child.pid")
+        if worker.exit is None:
+            worker.exit = {"vanished": True}
+
+    def signal(self, worker: Worker, signum: int) -> None:
+        """Send `signum` to the worker's command (its process group), once; nothing before it started."""
+        if worker.done or worker.child is None or worker.signalled:
+            return
+        worker.signalled = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(worker.child["pgid"]), signum)
+
+    def kill(self, worker: Worker) -> None:
+        """SIGKILL the worker's command and everything in its cgroup (processes that left its group or
+        session too). A shim that has not started its command is left alone: the stop file keeps it from
+        starting it, and it records so (killing it would lose that record)."""
+        if worker.done or worker.child is None:
+            return
+        if worker.cgroup:
+            cgroup_ops.kill(list(worker.cgroup), timeout_s=0.0)  # one round per call: the loop calls again
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(worker.child["pgid"]), signal.SIGKILL)
+
+    def abandon(self, worker: Worker) -> None:
+        """Kill a worker given up on (lost, or found running for no job): its cgroup and command, or its
+        shim before it started one; remove its cgroup once empty (its shim may be gone)."""
+        child = worker.child
+        if child is not None and (worker.cgroup or is_running(int(child["pid"]), child.get("ticks"))):
+            if worker.cgroup:
+                cgroup_ops.kill(list(worker.cgroup))
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(child["pgid"]), signal.SIGKILL)
+        elif child is None and worker.shim_pid is not None and is_running(worker.shim_pid, worker.shim_ticks):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(worker.shim_pid, signal.SIGKILL)
+        if worker.cgroup and not is_running(worker.shim_pid, worker.shim_ticks):
+            cgroup_ops.kill(list(worker.cgroup))
+            cgroup_ops.remove(list(worker.cgroup))
+
+    def tidy(self, worker: Worker) -> None:
+        """Remove an ended worker's cgroup if it is empty and still there (its shim normally removes it; one
+        killed, or slow on a loaded machine, may leave it)."""
+        if worker.done and worker.cgroup:
+            cgroup_ops.remove(list(worker.cgroup))
+
+    def orphans(self, keep: set[Path], detail: str) -> None:
+        """Kill every worker found running under the state folder whose attempt is not in `keep`: no job
+        may run twice (the store gave its resources to someone else, or retried it)."""
+        for attempt_dir in self.layout.run_root().glob("*/attempt-*"):
+            if attempt_dir in keep:
+                continue
+            for worker_dir in attempt_dir.glob("worker-*"):
+                if (worker_dir / "exit.json").exists():
+                    continue
+                with contextlib.suppress(OSError):
+                    write_json(attempt_dir / "stop.json", {"lost": detail, "signal": int(signal.SIGKILL)})
+                rank = worker_dir.name.removeprefix("worker-")
+                if rank.isdigit():
+                    found = self._found(worker_dir, int(rank))
+                    self.abandon(found)
+
+    def _found(self, worker_dir: Path, rank: int) -> Worker:
+        shim = read_json(worker_dir / "shim.pid") or {}
+        spec = read_json(worker_dir / "spec.json") or {}
+        return Worker(
+            rank,
+            worker_dir,
+            shim_pid=shim.get("pid"),
+            shim_ticks=shim.get("ticks"),
+            child=read_json(worker_dir / "child.pid"),
+            cgroup=tuple(spec.get("cgroup") or ()),
+        )
+
+    def _shim_alive(self, worker: Worker) -> bool:
+        if worker.own and worker.shim_pid is not None:
+            try:
+                pid, _ = os.waitpid(worker.shim_pid, os.WNOHANG)
+            except ChildProcessError:
+                worker.own = False  # reaped elsewhere: look it up by pid and start time below
+            else:
+                return pid == 0
+        return is_running(worker.shim_pid, worker.shim_ticks)
+
+    # --- logs -------------------------------------------------------------------------------------------
+
+    def log_paths(self, job_id: str) -> list[Path]:
+        """The job's log files, one per attempt and worker, oldest attempt first."""
+        return self.layout.log_paths(job_id)
+
+    def prune_logs(self, retention: LogRetention, finished: Callable[[str], bool]) -> dict[str, int]:
+        """Delete finished jobs' logs (and run records) past `retention`; see `logs.py`."""
+        return prune_logs(self.layout, retention, finished)
+
+
+def _shim_record(worker_dir: Path, wait_s: float = 1.0) -> dict[str, Any]:
+    """The worker's shim (pid, start ticks). A shim spawned just before the control plane died has not
+    written its record yet: give it a moment rather than declare a live worker dead."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        shim = read_json(worker_dir / "shim.pid")
+        if shim is not None or not (worker_dir / "spec.json").exists() or time.monotonic() > deadline:
+            return shim or {}
+        time.sleep(0.01)
+
+
+def _create_log(path: Path, gid: int) -> None:
+    """The worker's log: the control plane's, readable by the worker's group when it runs as its own user."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640 if gid >= 0 else 0o600)
+    try:
+        if gid >= 0:
+            os.fchown(fd, -1, gid)
+    finally:
+        os.close(fd)
+
+
+def _append(path: Path, text: str) -> None:
+    with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
+        f.write(text)

@@ -1,0 +1,164 @@
+"""Which OS user a worker runs as: the queue's own unprivileged user, or the one an administrator mapped.
+
+When the control plane runs as root, every queue's jobs run as a user of their own, never as the control
+plane's: `gpufleet-<queue>`, a system user (no password, no login shell) created on first use with its home
+folder under the jobs' home (`/var/lib/gpufleet-jobs/<user>` by default, never inside the data folder), or
+the user `gpufleet quota set QUEUE --run-as USER` names. A job of one queue then cannot read another
+queue's files, logs or processes, nor the control plane's store, tokens or configuration.
+
+Queue names may hold upper-case letters and dots and be 63 characters long; user names may not: a queue
+whose name is not already a plain user name gets `gpufleet-<start>-<hash>` (deterministic, distinct).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet.domain.errors import GpufleetError
+
+PREFIX = "gpufleet-"
+MAX_NAME = 32  # useradd's limit
+DEFAULT_JOBS_HOME = Path("/var/lib/gpufleet-jobs")
+COMMENT = "gpufleet jobs of queue"  # how the users gpufleet created are told from others
+_PLAIN = re.compile(r"[a-z0-9_][a-z0-9_-]*")
+NOLOGIN = next((s for s in ("/usr/sbin/nologin", "/sbin/nologin") if os.path.exists(s)), "/bin/false")
+
+
+@dataclass(frozen=True, slots=True)
+class RunAs:
+    """An OS user a worker runs as."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+    groups: tuple[int, ...] = ()  # supplementary groups (the user's, from /etc/group)
+
+    @classmethod
+    def of(cls, entry: pwd.struct_passwd) -> RunAs:
+        groups = tuple(sorted(set(os.getgrouplist(entry.pw_name, entry.pw_gid)) - {entry.pw_gid}))
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, groups)
+
+    @classmethod
+    def me(cls) -> RunAs:
+        """The control plane's own user (a single-user control plane runs jobs as itself)."""
+        uid = os.geteuid()
+        try:
+            return cls.of(pwd.getpwuid(uid))
+        except KeyError:
+            return cls(str(uid), uid, os.getegid(), os.environ.get("HOME", "/"))
+
+
+def queue_user(queue: str) -> str:
+    """The OS user of a queue without a mapped one: `gpufleet-<queue>` when that is a valid user name,
+    otherwise a shortened lower-case name with a hash of the queue's name (two queues never share one)."""
+    plain = PREFIX + queue
+    if _PLAIN.fullmatch(queue) and len(plain) <= MAX_NAME:
+        return plain
+    digest = hashlib.sha256(queue.encode()).hexdigest()[:8]
+    start = re.sub(r"[^a-z0-9_-]", "-", queue.lower())[: MAX_NAME - len(PREFIX) - len(digest) - 1].strip("-")
+    return f"{PREFIX}{start}-{digest}" if start else f"{PREFIX}{digest}"
+
+
+class Users:
+    """Resolves (and creates, for queues without a mapping) the user a queue's workers run as. Root only."""
+
+    def __init__(self, jobs_home: Path = DEFAULT_JOBS_HOME, forbidden: Path | None = None) -> None:
+        """`forbidden`: a folder homes may not be inside (the data folder, private to the control plane)."""
+        self.jobs_home = Path(jobs_home)
+        if forbidden is not None and _inside(self.jobs_home, forbidden):
+            raise GpufleetError(
+                f"the jobs' home folder {self.jobs_home} is inside the data folder {forbidden}, out of jobs' reach",
+                "give --jobs-home a folder outside the data folder, e.g. /var/lib/gpufleet-jobs",
+            )
+        self._lock = threading.Lock()
+
+    def for_queue(self, queue: str, run_as: str | None) -> RunAs:
+        """The user for a worker of `queue`: the mapped `run_as`, else the queue's own (created on first use).
+        Raises GpufleetError with a fix when that user cannot be used."""
+        if run_as is not None:
+            return check_mapped(run_as)
+        name = queue_user(queue)
+        with self._lock:
+            try:
+                entry = pwd.getpwnam(name)
+            except KeyError:
+                entry = self._create(name, queue)
+            if entry.pw_gecos.startswith(COMMENT) and not _inside(Path(entry.pw_dir), self.jobs_home):
+                entry = self._rehome(entry)  # made by an earlier start with another --jobs-home
+            if entry.pw_uid == 0:
+                raise GpufleetError(f"user {name} has uid 0", f"remove it (userdel {name}); gpufleet creates it again")
+            self._ensure_home(entry)
+        return RunAs.of(entry)
+
+    def _create(self, name: str, queue: str) -> pwd.struct_passwd:
+        useradd = shutil.which("useradd", path="/usr/sbin:/sbin:/usr/bin:/bin")
+        if useradd is None:
+            raise GpufleetError(
+                f"cannot create user {name} for queue {queue!r}: useradd is not installed",
+                "install it (Debian: the passwd package), or map the queue to an existing user with "
+                f"`gpufleet quota set {queue} --run-as USER`",
+            )
+        self.jobs_home.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.jobs_home, 0o755)  # each user reaches its own home, never another's (those are 0700)
+        command = [
+            useradd, "--system", "--user-group", "--no-create-home", "--home-dir", str(self.jobs_home / name),
+            "--shell", NOLOGIN, "--comment", f"{COMMENT} {queue}", name,
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env={"PATH": "/usr/sbin:/usr/bin"})
+        try:
+            return pwd.getpwnam(name)  # another control plane may have created it meanwhile: fine
+        except KeyError:
+            why = done.stderr.strip() or f"useradd exited {done.returncode}"
+            raise GpufleetError(
+                f"cannot create user {name} for queue {queue!r}: {why}",
+                f"create it yourself (useradd --system {name}), or map the queue with "
+                f"`gpufleet quota set {queue} --run-as USER`",
+            ) from None
+
+    def _rehome(self, entry: pwd.struct_passwd) -> pwd.struct_passwd:
+        usermod = shutil.which("usermod", path="/usr/sbin:/sbin:/usr/bin:/bin")
+        if usermod is not None:
+            home = str(self.jobs_home / entry.pw_name)
+            subprocess.run([usermod, "--home", home, entry.pw_name], capture_output=True, check=False)
+        return pwd.getpwnam(entry.pw_name)
+
+    def _ensure_home(self, entry: pwd.struct_passwd) -> None:
+        """A home of our users exists, is theirs, and is private (it may have been removed by hand)."""
+        home = Path(entry.pw_dir)
+        if not _inside(home, self.jobs_home):
+            return  # a user we did not create: its home is its administrator's business
+        if not home.is_dir():
+            self.jobs_home.mkdir(parents=True, exist_ok=True)
+            home.mkdir(mode=0o700, exist_ok=True)
+            os.chown(home, entry.pw_uid, entry.pw_gid)
+
+
+def check_mapped(name: str) -> RunAs:
+    """A user an administrator mapped a queue to: it must exist and be neither root nor the control plane's."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise GpufleetError(
+            f"user {name!r} does not exist on this machine", f"create it first (useradd {name}), or map another user"
+        ) from None
+    if entry.pw_uid == 0 or entry.pw_uid == os.geteuid():
+        whose = "root's" if entry.pw_uid == 0 else "the control plane's"
+        raise GpufleetError(
+            f"user {name!r} has {whose} uid {entry.pw_uid}: its jobs could read every team's data and tokens",
+            "map the queue to an unprivileged user of its own, or leave --run-as out (gpufleet then creates one)",
+        )
+    return RunAs.of(entry)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = path.absolute(), folder.absolute()
+    return path == folder or folder in path.parents

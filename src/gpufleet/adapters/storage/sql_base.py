@@ -1,0 +1,101 @@
+"""What every part of the SQL store shares: the engine, one transaction at a time, counters and upserts.
+
+`SqlStore` (sql.py) is built from parts that each own a group of tables: `sql_jobs.py` (jobs, their
+transitions, requests, notices and idempotency keys), `sql_cluster.py` (queues and nodes) and
+`sql_access.py` (tokens, settings and the audit log). They all inherit this base, so a method of one part
+runs in one short transaction exactly as the others do.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from gpufleet.adapters.storage import schema as t
+from gpufleet.adapters.storage.sql_engine import READ_ONLY, StoreFullError, StoreUnavailableError, is_disk_full
+from gpufleet.domain.errors import GpufleetError
+from gpufleet.domain.lifecycle import TERMINAL, JobState
+
+ACTIVE_STATES = tuple(s.value for s in JobState if s not in TERMINAL)
+CHUNK = 500  # ids per IN (...) list, well under SQLite's limit on bound parameters
+_LISTED = 20  # names listed in an error message at most
+
+_BUMP_CLUSTER_VERSION = sa.update(t.meta).where(t.meta.c.key == t.CLUSTER_VERSION).values(value=t.meta.c.value + 1)
+_NEXT = (
+    sa.update(t.meta)
+    .where(t.meta.c.key == sa.bindparam("counter"))
+    .values(value=t.meta.c.value + 1)
+    .returning(t.meta.c.value)
+)
+QUEUE_NAMES = sa.select(t.queues.c.name).order_by(t.queues.c.name)
+
+
+def names(listed: Sequence[str]) -> str:
+    """Names for an error message, the first few and how many more."""
+    shown = ", ".join(listed[:_LISTED])
+    return shown + (f" and {len(listed) - _LISTED} more" if len(listed) > _LISTED else "")
+
+
+def first_line(error: BaseException) -> str:
+    cause = getattr(error, "orig", None) or error
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+
+
+class SqlBase:
+    """The engine and its transactions. Thread-safe; open the store once per process."""
+
+    def __init__(self, engine: sa.Engine, url: str) -> None:
+        """Use `SqlStore.open(url)`; this takes an engine already migrated."""
+        self._engine = engine
+        self.url = url  # without its password
+        self._sqlite = engine.dialect.name == "sqlite"
+        # Where its disk is, in words for a "disk full at …" message.
+        self._where = str(Path(engine.url.database or "").parent) if self._sqlite else url
+        # SQLite has one writer at a time. Threads of this process queue here instead of in SQLite's busy
+        # handler, which sleeps and retries (up to 100 ms a try) and would cut throughput under contention.
+        # Other processes still wait through the busy timeout.
+        self._write_lock = threading.Lock() if self._sqlite else None
+
+    @contextmanager
+    def _tx(self, *, write: bool) -> Iterator[sa.Connection]:
+        """One transaction; database outages become StoreUnavailableError (nothing was written)."""
+        lock = self._write_lock if write and self._write_lock is not None else nullcontext()
+        try:
+            with lock, self._engine.connect() as connection:
+                if not write:
+                    connection.execution_options(**{READ_ONLY: True})
+                with connection.begin():
+                    yield connection
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as error:
+            if is_disk_full(error):
+                raise StoreFullError(self._where, first_line(error)) from None
+            raise StoreUnavailableError(
+                f"the database {self.url} did not answer: {first_line(error)}",
+                "check that it runs and is reachable (SQLite: that no other program holds it locked), then retry",
+            ) from None
+        except sa.exc.DataError as error:
+            # A value the database cannot hold (e.g. a NUL character in PostgreSQL text); nothing was written.
+            raise GpufleetError(
+                f"the database refused a value: {first_line(error)}", "remove control characters from names and texts"
+            ) from None
+
+    @staticmethod
+    def _next(connection: sa.Connection, counter: str) -> int:
+        """The next number of `counter`; its row stays locked until the transaction ends."""
+        return int(connection.execute(_NEXT, {"counter": counter}).scalar_one())
+
+    @staticmethod
+    def _bump_cluster_version(connection: sa.Connection) -> None:
+        connection.execute(_BUMP_CLUSTER_VERSION)
+
+    def _upsert(self, connection: sa.Connection, table: sa.Table, values: dict[str, Any]) -> None:
+        keys = [c.name for c in table.primary_key.columns]
+        insert = (sqlite.insert if self._sqlite else postgresql.insert)(table).values(**values)
+        changes = {k: v for k, v in values.items() if k not in keys}
+        connection.execute(insert.on_conflict_do_update(index_elements=keys, set_=changes))
