@@ -33,7 +33,8 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
                    ordering only: no plugin preempts a running job for a shorter one
     gavel          the round allocator (`policies/rounds`): each round (360 s) an LP gives every active job
                    max-min fair shares of each GPU model over throughput-normalised allocations, weighted by
-                   service received (bands 1 and 10 h: weights 16, 4, 1) and queue weight, then keeps every
+                   service received inside a queue (bands 0.5, 2 and 10 h: weights 64, 16, 4, 1) and queue
+                   weight; a running job keeps its GPUs unless another lags by more than 360 s; keeps every
                    GPU busy; jobs that lag their share run next round, others are preempted with the
                    checkpoint signal at the round's end; for a throughput table (`PolicyData.throughput`;
                    without one every model counts the same)
@@ -264,7 +265,10 @@ def _fgd_fair(data: PolicyData) -> Profile:
 ROUND_S = 360.0  # Gavel's round; see ROUND_S_MEASURED in gpufleet.sim.tuned
 ROUND_MIN_RUN_S = 0.0  # a job started in a round keeps its GPUs to the round's end; no further minimum
 # `gavel`'s weights by hours of service received: less service, more weight (tuned; see gpufleet.sim.tuned).
-GAVEL_BANDS = WeightBands(thresholds_h=(1.0, 10.0), weights=(16.0, 4.0, 1.0))
+GAVEL_BANDS = WeightBands(thresholds_h=(0.5, 2.0, 10.0), weights=(64.0, 16.0, 4.0, 1.0))
+# `gavel`: a running job keeps its GPUs unless another job lags its share by more than this much service (the
+# restart a stop costs, and the churn it saves; tuned, see gpufleet.sim.tuned).
+GAVEL_KEEP_S = 360.0
 
 
 def round_profile(
@@ -277,11 +281,20 @@ def round_profile(
     fill: bool = True,
     round_s: float = ROUND_S,
     min_run_s: float = ROUND_MIN_RUN_S,
+    restart_s: float = 0.0,
 ) -> Profile:
     """A round allocator profile: max-min fair shares of GPU models by LP each round, realised by preemption
     at round ends; placement inside the planned model packs, with topology for multi-GPU jobs; GPUs filled
     mid-round (`fill`) go to the models a job runs fastest on."""
-    planner = Planner(data.throughput, round_s=round_s, agnostic=agnostic, bands=bands, efficient=efficient, fill=fill)
+    planner = Planner(
+        data.throughput,
+        round_s=round_s,
+        agnostic=agnostic,
+        bands=bands,
+        efficient=efficient,
+        fill=fill,
+        restart_s=restart_s,
+    )
     scores: tuple[tuple[str | ScorePlugin, float], ...] = (("bin_pack", 1.0), ("topology", 1.0))
     if fill and not agnostic:
         scores = ((ThroughputScore(data.throughput), 2.0), *scores)
@@ -336,7 +349,7 @@ PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
     # Round allocators: Gavel's max-min fairness over normalised throughput (LP each round). `gavel` is ours
     # (service-weighted bands, every GPU kept busy); `gavel-mmf` Gavel's max_min_fairness_perf as published
     # (equal weights, one LP); `max-min` Gavel's heterogeneity-agnostic max_min_fairness (every GPU the same).
-    "gavel": lambda data: round_profile("gavel", data, bands=GAVEL_BANDS),
+    "gavel": lambda data: round_profile("gavel", data, bands=GAVEL_BANDS, restart_s=GAVEL_KEEP_S),
     "gavel-mmf": lambda data: round_profile("gavel-mmf", data, efficient=False, fill=False),
     "max-min": lambda data: round_profile("max-min", data, agnostic=True, efficient=False, fill=False),
     "gavel-greedy": _gavel_greedy,

@@ -10,12 +10,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.policies.catalog import DEFAULT_LAS_MIN_RUN_S, FGD_BF_BEST_FIT_WEIGHT, FGD_PLUS_SCARCITY_WEIGHT
+from gpufleet.policies.catalog import (
+    DEFAULT_LAS_MIN_RUN_S,
+    FGD_BF_BEST_FIT_WEIGHT,
+    FGD_PLUS_SCARCITY_WEIGHT,
+    GAVEL_BANDS,
+    ROUND_S,
+)
 from gpufleet.policies.order.qssf import DEFAULT_AGING, DEFAULT_QUANTILE, DEFAULT_WINDOW
 from gpufleet.sim.reproduce import HELIOS_LOAD_SCALE
 
 PHILLY_TUNING = "Philly Oct-Nov 2017 (Helios' window, 68,510 jobs) on Helios' VC cluster, arrivals x8"
 PHILLY_HELD_OUT = ("helios-september", "helios-december")
+GAVEL_TUNING_RATES = "4.8 and 6.0"
+GAVEL_TUNING = (
+    f"Gavel's continuous single-GPU trace (seed 0, jobs 4000-4999 measured) at {GAVEL_TUNING_RATES} jobs/h"
+)
+GAVEL_HELD_OUT = ("gavel", "gavel-multi")
+GAVEL_BANDS_HOW = "TBD"
+GAVEL_ROUND_HOW = "TBD"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +111,29 @@ TUNED: tuple[TunedConstant, ...] = (
         "openb default, FGD protocol, seeds 42-46",
         "GPU allocation at 100 % arrived with 0.005, 0.02, 0.05 and 0.1: 94.78, 95.37, 95.14, 94.95",
         ("fgd-default-heldout", "fgd-gpuspec33-heldout"),
+    ),
+)
+
+
+TUNED = (
+    *TUNED,
+    TunedConstant(
+        "gavel: weight of a job with under 1 h of service (bands 1 and 10 h)",
+        GAVEL_BANDS.weights[0],
+        "x a job past 10 h",
+        "gpufleet.policies.catalog.GAVEL_BANDS",
+        GAVEL_TUNING,
+        GAVEL_BANDS_HOW,
+        GAVEL_HELD_OUT,
+    ),
+    TunedConstant(
+        "gavel: round length",
+        ROUND_S,
+        "s",
+        "gpufleet.policies.catalog.ROUND_S",
+        GAVEL_TUNING,
+        GAVEL_ROUND_HOW,
+        GAVEL_HELD_OUT,
     ),
 )
 

@@ -128,11 +128,13 @@ class Planner:
         queue_fair: bool = True,
         fill: bool = True,
         boundary_s: float = 5.0,
+        restart_s: float = 0.0,
     ) -> None:
         self.table = None if agnostic else table
         self.round_s = round_s
         self.fill = fill
         self.boundary_s = boundary_s
+        self.restart_s = restart_s
         self.bands = bands or WeightBands()
         self.efficient = efficient
         self.queue_fair = queue_fair
@@ -320,8 +322,14 @@ class Planner:
         shares per weight), rounded with an offset that moves every round (a low-discrepancy sequence), so a
         queue gets its fractional GPUs in the right proportion of rounds; what the budgets leave free goes
         to whoever lags most."""
+        # A running job that stops loses `restart_s` of service (the restart): it keeps its place unless another
+        # job lags it by more than that.
         order = sorted(
-            (-plan.deficit, plan.job.submit_seq, job_id)
+            (
+                -(plan.deficit + (self.restart_s * plan.normalised if plan.running_on is not None else 0.0)),
+                plan.job.submit_seq,
+                job_id,
+            )
             for job_id, plan in result.jobs.items()
             if job_id not in stopping and plan.share
         )
