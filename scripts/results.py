@@ -286,7 +286,7 @@ def _gavel_section() -> list[str]:
             for r in load(name)["comparison"]
         ]
         lines += _table(
-            ("rate (jobs/h)", "policy", "Gavel's policy", "avg JCT h", "Gavel's avg JCT h", "ratio", "rho", "Gavel's rho"),
+            ("rate (jobs/h)", "policy", "Gavel's policy", "avg JCT h", "Gavel's avg JCT h", "ratio", "rho", "Gavel's"),
             rows,
         )
         lines += [""]

@@ -30,7 +30,6 @@ from gpufleet.policies.rounds.plan import Planner, RoundPlan
 from gpufleet.scheduling.plugin_api import (
     SUCCESS,
     ClusterView,
-    Code,
     Holding,
     JobView,
     RunEstimate,
@@ -185,11 +184,12 @@ class RoundPreempt:
         job = view.job
         if not self.planner.at_boundary(cluster.now):
             next_in = _next_round_in(self.planner, cluster.now)
-            return VictimChoice((), wait(NAME, f"waiting for a round: GPUs change hands then; next round in {next_in}"))
+            reason = f"waiting for a round: GPUs change hands then; next round in {next_in}"
+            return VictimChoice((), _also(blocked_by, reason))
         plan = current_plan(self.planner, cluster)
         model = plan.assigned.get(job.id)
         if model is None:
-            return VictimChoice((), wait(NAME, waiting_reason(plan, job, cluster.now), blocked_by.message()))
+            return VictimChoice((), _also(blocked_by, waiting_reason(plan, job, cluster.now)))
         evicting, removed, holdings = cluster.evicting, cluster.removed, cluster.holdings
         candidates = [
             c
@@ -206,7 +206,7 @@ class RoundPreempt:
                     break
         if not fits:
             reason = f"planned on {model} this round, but its GPUs are held by jobs whose round is not over"
-            return VictimChoice((), Status(Code.UNSCHEDULABLE, (reason, blocked_by.message()), NAME))
+            return VictimChoice((), _also(blocked_by, reason))
         # Reprieve: keep running every victim the job does not need.
         for job_id in list(reversed(chosen[:-1])):
             trial = [j for j in chosen if j != job_id]
@@ -218,6 +218,11 @@ class RoundPreempt:
             for job_id in chosen
         )
         return VictimChoice(victims, wait(NAME, f"waiting for {len(victims)} job(s) to stop at the round's end"))
+
+
+def _also(blocked_by: Status, reason: str) -> Status:
+    """What blocked the job (its code, plugin and wake hint), and the round's reason after it."""
+    return Status(blocked_by.code, (*blocked_by.reasons, reason), blocked_by.plugin, blocked_by.wake_on)
 
 
 class ServiceLearner:
