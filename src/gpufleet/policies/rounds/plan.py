@@ -312,6 +312,13 @@ class Planner:
             self._solved[cache_key] = hit
         return hit
 
+    def _rank_value(self, plan: JobPlan) -> float:
+        """How strongly a job claims the round: its lag in normalised seconds, plus, for a running job, the
+        service a stop would cost it (`restart_s`). (Ranking by lag relative to the target instead, as Gavel's
+        ratio does, put new jobs first and gave a longer average JCT: 20.17 h against 19.27 h at 4.8 jobs/h.)"""
+        keep = self.restart_s * plan.normalised if plan.running_on is not None else 0.0
+        return plan.deficit + keep
+
     def _assign(self, result: RoundPlan, free: dict[str, int], stopping: frozenset[JobId], now: float) -> None:
         """Jobs by deficit (largest first), each on the model of its allocation it lags most on that still has
         its GPUs, within its queue's budget of that model this round. A running job planned on another model
@@ -326,7 +333,7 @@ class Planner:
         # job lags it by more than that.
         order = sorted(
             (
-                -(plan.deficit + (self.restart_s * plan.normalised if plan.running_on is not None else 0.0)),
+                -self._rank_value(plan),
                 plan.job.submit_seq,
                 job_id,
             )
