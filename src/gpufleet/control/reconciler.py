@@ -384,18 +384,18 @@ class Reconciler:
         changes = _Changes()
         released_queues: set[str] = set()
         requeued: list[JobRecord] = []
-        outcomes: list[tuple[JobRecord, JobRecord]] = []
+        outcomes: list[tuple[JobRecord, Observation, JobRecord]] = []
         for obs in observations:
             record = self._current(obs, changes)
             if record is None:
                 continue
             outcome = self._observed(record, obs, changes)
             if outcome is not None:
-                outcomes.append((record, outcome))
+                outcomes.append((record, obs, outcome))
         self._write(changes)
         self._unwritten = []
         # Working state follows the store only once the store took the change.
-        for record, outcome in outcomes:
+        for record, obs, outcome in outcomes:
             if not outcome.holds_resources and record.holds_resources:
                 self.base.remove_running(record.id)
                 # A run ended on its own when the job exited without having been asked to stop.
