@@ -4,6 +4,7 @@ remove at the end of the session the users (and homes) the session created."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import pwd
@@ -86,6 +87,7 @@ def job_users_and_folders() -> Iterator[None]:
         with users_created_here():
             yield
     finally:
+        release_views()
         remove_scratch()
         for folder in sorted(_gpufleet_cgroups() - cgroups_before, key=lambda p: -len(p.parts)):
             for worker in folder.glob("*/"):
@@ -124,8 +126,46 @@ def python_for_anyone() -> tuple[str, dict[str, str]]:
     import gpufleet
 
     python = JOB_PYTHON
-    source = Path(gpufleet.__file__).resolve().parents[1]
-    return python, {"PYTHONPATH": f"{source}:{sysconfig.get_paths()['purelib']}"}
+    source = reachable_view(Path(gpufleet.__file__).resolve().parents[1])
+    packages = reachable_view(Path(sysconfig.get_paths()["purelib"]))
+    return python, {"PYTHONPATH": f"{source}:{packages}"}
+
+
+_views: dict[Path, Path] = {}  # folder -> its view
+
+
+def _others_may_enter(path: Path) -> bool:
+    """Whether a user who is neither the owner nor in the group can reach `path` (every folder above it
+    lets others pass)."""
+    return all(folder.stat().st_mode & 0o001 for folder in (path, *path.parents))
+
+
+def reachable_view(folder: Path) -> Path:
+    """`folder`, or, when a folder above it is private (a checkout in a 0700 temporary folder, or under
+    /root), the same folder bind-mounted read-only where every user can reach it. Only root can mount;
+    without root the jobs run as the test's own user and reach `folder` anyway."""
+    if _others_may_enter(folder) or os.geteuid() != 0:
+        return folder
+    if folder in _views:
+        return _views[folder]
+    if not _views:
+        atexit.register(release_views)  # also when a session ends without its fixtures' teardown
+    view = Path(tempfile.mkdtemp(prefix="gpufleet-test-view-"))
+    view.chmod(0o755)
+    subprocess.run(["mount", "--bind", str(folder), str(view)], check=True, capture_output=True)
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=False, capture_output=True)
+    _views[folder] = view
+    return view
+
+
+def release_views() -> None:
+    """Unmount the views `reachable_view` made. Never a recursive delete here: a view that is still
+    mounted is the real folder, so only an empty mount point is removed."""
+    while _views:
+        _, view = _views.popitem()
+        subprocess.run(["umount", "--lazy", str(view)], check=False, capture_output=True)
+        with contextlib.suppress(OSError):
+            view.rmdir()
 
 
 @contextlib.contextmanager

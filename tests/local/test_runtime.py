@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gpufleet
 from gpufleet.runtime import apply_gpu_memory_cap
 
 
@@ -25,8 +26,11 @@ def test_launch_runs_the_script_as_main_with_its_arguments(tmp_path: Path) -> No
         "print(json.dumps({'name': __name__, 'argv': sys.argv, 'path0': sys.path[0], 'heavy': heavy}))\n"
     )
     env = {**os.environ, "GPUFLEET_GPU_FRACTION": "0.5", "GPUFLEET_GPU_MEMORY_BYTES": str(40 * 2**30)}
+    # Without site-packages (-S: where the tests' own PyTorch is installed, which the runtime would rightly load
+    # to cap it), and gpufleet from its source folder.
+    env["PYTHONPATH"] = str(Path(gpufleet.__file__).resolve().parents[1])
     done = subprocess.run(
-        [sys.executable, "-m", "gpufleet.launch", str(script), "--lr", "0.1"],
+        [sys.executable, "-S", "-m", "gpufleet.launch", str(script), "--lr", "0.1"],
         env=env,
         capture_output=True,
         text=True,

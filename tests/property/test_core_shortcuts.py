@@ -2,7 +2,9 @@
 
 Shortcuts checked: jobs whose outcome is already known in the cycle settled without a turn
 (`settle_known`), single-node victim searches skipped when they cannot beat the best set found
-(`_lower_bound`), what-ifs over many running jobs applied as arrays (`SHIFT_ARRAYS_FROM`), node-local
+(`_lower_bound`), fit tests of a victim search skipped where a per-node bound says no (`_Room`), a
+whole-GPU gang's what-if fit counted instead of placed (`known_gang_fit`), what-ifs over many running
+jobs applied as arrays (`SHIFT_ARRAYS_FROM`), node-local
 scores kept per request class and recomputed for changed nodes only (`Profile.local_scores`), and the
 node table, capacity memo and running-job facts reused from an earlier cycle of the same inventory.
 """
@@ -20,10 +22,11 @@ from hypothesis import strategies as st
 from gpufleet.policies.catalog import profile
 from gpufleet.policies.preempt import priority as priority_preemption
 from gpufleet.scheduling import cycle as cycle_module
+from gpufleet.scheduling import placer as placer_module
 from gpufleet.scheduling import state as state_module
 from gpufleet.scheduling.cycle import run_cycle
-from gpufleet.scheduling.plugin_api import Profile
-from gpufleet.scheduling.state import InventoryCache
+from gpufleet.scheduling.plugin_api import JobView, Profile, Status
+from gpufleet.scheduling.state import CycleState, InventoryCache
 from tests.kit import without
 from tests.property.strategies import World, worlds
 
@@ -39,6 +42,9 @@ def _plain() -> Iterator[None]:
     with (
         patch.object(cycle_module._Cycle, "settle_known", lambda self, stack: None),
         patch.object(priority_preemption, "_lower_bound", _never_prune),
+        patch.object(priority_preemption._Room, "could_fit", lambda self: True),
+        patch.object(priority_preemption._Room, "could_fit_on", lambda self, node: True),
+        patch.object(placer_module, "known_gang_fit", lambda *_: None),
         patch.object(state_module, "SHIFT_ARRAYS_FROM", 10**9),
         patch.object(Profile, "local_scores", property(lambda self: False)),
     ):
@@ -63,3 +69,50 @@ def test_shortcuts_decide_as_the_plain_path(world: World, data: st.DataObject) -
     assert cold == plain
     assert again == plain
     assert warm == plain
+
+
+@given(worlds(max_pending=12))
+def test_a_gang_fit_known_without_placing_is_what_placing_says(world: World) -> None:
+    """`known_gang_fit`, where it answers, says what a trial `place_gang` says, and leaves the table as it was."""
+    policy = profile(world.profile_name)
+    state = CycleState(world.snapshot)
+    for job in world.pending:
+        for size in {job.gang_size, 2, 3}:
+            view = JobView(job, state.table.model_lut(job.request.models))
+            before = state.table.gpu_milli_free.copy()
+            known = placer_module.known_gang_fit(policy, view, state, size)
+            assert (state.table.gpu_milli_free == before).all()
+            if known is None:
+                continue
+            outcome = placer_module.place_gang(policy, view, state, size)
+            placed = not isinstance(outcome, Status)
+            if placed:
+                assert not isinstance(outcome, Status)
+                state.table.apply_many(outcome, +1)
+            assert known == placed, (job, size)
+
+
+@given(worlds(max_pending=8), st.data())
+def test_the_victim_search_bound_never_says_no_where_the_job_fits(world: World, data: st.DataObject) -> None:
+    """`_Room` is an upper bound as a victim search moves: wherever the what-if view says the job (or one
+    worker on a node) fits, the bound allows it, before and after taking running jobs out and putting
+    them back; so the fit tests it skips would all have said no."""
+    policy = profile(world.profile_name)
+    state = CycleState(world.snapshot)
+    what_if = cycle_module._WhatIf(policy, state)
+    running = sorted(r.id for r in world.snapshot.running)
+    for job in world.pending:
+        search = priority_preemption._Search(job, state.view, what_if)
+        taken = data.draw(st.lists(st.sampled_from(running), unique=True) if running else st.just([]))
+        back = data.draw(st.lists(st.sampled_from(taken), unique=True) if taken else st.just([]))
+        for moves in ((), [(search.remove, j) for j in taken], [(search.restore, j) for j in back]):
+            for move, job_id in moves:
+                move(job_id)
+            if what_if.fits(job):
+                assert search.room.could_fit(), job
+            for node in range(len(state.table)):
+                if what_if.worker_fits(job, node):
+                    assert search.room.could_fit_on(node), (job, node)
+        for job_id in taken:
+            if job_id not in back:
+                search.restore(job_id)

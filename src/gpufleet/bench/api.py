@@ -56,10 +56,12 @@ class LocalServer:
         python: str = sys.executable,
         prefix: tuple[str, ...] = (),
         log_path: Path | None = None,
+        ready_timeout_s: float = 30.0,
     ) -> None:
         """`token`: the admin token of an earlier start on the same data directory (a restart prints none).
         `prefix` runs it through another command (e.g. `runuser -u USER --`); `log_path`: where its output
-        goes (default: server.log in the data directory)."""
+        goes (default: server.log in the data directory); `ready_timeout_s`: how long it may take to start
+        (a Ray cluster's agents take longer than the local executor)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
@@ -76,9 +78,9 @@ class LocalServer:
             stderr=subprocess.STDOUT,
             env=env,
         )
-        self.token = self._wait_ready()
+        self.token = self._wait_ready(ready_timeout_s)
 
-    def _wait_ready(self, timeout_s: float = 30.0) -> str:
+    def _wait_ready(self, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -97,7 +99,7 @@ class LocalServer:
                 raise GpufleetError("gpufleet up printed no admin token", "give the token of the earlier start")
             time.sleep(0.05)
         self.stop()
-        raise GpufleetError("gpufleet up did not become ready in 30 s", "see its output in server.log")
+        raise GpufleetError(f"gpufleet up did not become ready in {timeout_s:g} s", "see its output in server.log")
 
     def output(self) -> str:
         """What this start of the server printed."""

@@ -7,6 +7,7 @@ GPUFLEET_TOKEN, or the file `gpufleet login` writes) and most take --json for sc
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -114,6 +115,13 @@ def login(
 def submit(
     spec_file: Annotated[str, typer.Argument(metavar="JOB.yaml", help="The job spec.")],
     queue: Annotated[str | None, typer.Option(help="Submit to this queue (overrides the spec's).")] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            help="Working directory of every worker (overrides the spec's) [default: the spec's, else the "
+            "directory you submit from]; `-`: the job's own private folder.",
+        ),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it ends; exit 1 unless it succeeded.")] = False,
     retry_for: Annotated[
         float, typer.Option(min=0, help="Seconds to keep retrying when the control plane is unreachable or busy.")
@@ -124,14 +132,20 @@ def submit(
 ) -> None:
     """Submit a job from a YAML spec.
 
-    Each submit carries an idempotency key, and is retried (for up to --retry-for seconds) when the control
-    plane cannot be reached, restarts, or asks to slow down: a retry never makes a second job."""
+    It runs in the directory you submit from unless the spec or --workdir says otherwise (on every node of a
+    cluster: keep it on a file system they share). Each submit carries an idempotency key, and is retried
+    (for up to --retry-for seconds) when the control plane cannot be reached, restarts, or asks to slow down:
+    a retry never makes a second job."""
     from gpufleet.server.spec import load_spec_file
 
     with _client(url, token) as client:
         spec = load_spec_file(spec_file)
         if queue:
             spec = spec.model_copy(update={"queue": queue})
+        if workdir is not None:
+            spec = spec.model_copy(update={"workdir": "" if workdir == "-" else workdir})
+        elif not spec.workdir:
+            spec = spec.model_copy(update={"workdir": os.getcwd()})
         body = spec.model_dump(mode="json", exclude_none=True)
         job = client.call(
             "POST",

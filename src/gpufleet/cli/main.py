@@ -213,6 +213,24 @@ def bench_api(
     print_result(result, as_json)
 
 
+@bench_app.command("ray")
+def bench_ray(
+    nodes: int = typer.Option(4, min=2, help="Emulated nodes in the local Ray cluster."),
+    gpus_per_node: int = typer.Option(8, min=1, help="Emulated GPUs per node."),
+    jobs: int = typer.Option(200, min=1, help="Jobs launched in the burst."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """Jobs on a local Ray cluster: submit -> all workers started p50/p99, launches/s, node death -> requeued."""
+    from gpufleet.bench import ray_fleet as ray_bench
+
+    try:
+        result = ray_bench.run(nodes, gpus_per_node, jobs)
+    except GpufleetError as error:
+        fail(error)
+        return
+    print_result(result, as_json)
+
+
 @bench_app.command("web")
 def bench_web(
     jobs: int = typer.Option(10_000, min=100, help="Jobs in the store before the pages are timed."),

@@ -132,8 +132,22 @@ def up(
         str | None,
         typer.Option(help="All logs together stay under this; the oldest finished jobs' logs go first."),
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            help="Run jobs on the nodes of a Ray cluster: `auto` (the cluster this machine joined), HOST:PORT, or "
+            "`local` (a Ray cluster of the --inventory's emulated nodes on this machine). Needs gpufleet[ray].",
+        ),
+    ] = None,
+    agent_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --ray: where each node's agent keeps its files on that node [default: DATA_DIR/nodes]."
+        ),
+    ] = None,
 ) -> None:
-    """Start the control plane: HTTP API, scheduling loop and local executor, on embedded defaults."""
+    """Start the control plane: HTTP API, scheduling loop and executor (this machine, or a Ray cluster's
+    nodes with --ray), on embedded defaults."""
     from gpufleet.server.control_plane import ControlPlane, UpSettings, is_loopback
     from gpufleet.server.spec import parse_duration, parse_size
 
@@ -173,6 +187,8 @@ def up(
         log_cap=_option(parse_size, log_cap, "--log-cap"),
         log_max_age_s=_option(parse_duration, log_max_age, "--log-max-age") or None,
         log_max_total=_option(parse_size, log_max_total, "--log-max-total") if log_max_total else None,
+        ray=ray,
+        agent_dir=agent_dir.expanduser().absolute() if agent_dir is not None else None,
     )
     try:
         plane = ControlPlane(settings)

@@ -21,7 +21,7 @@ from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.snapshot import ClusterSnapshot, Placement, Preemption
 from gpufleet.scheduling.classes import JobClass, PlacementClass, RequestClass, placement_class
 from gpufleet.scheduling.ledger import job_usage
-from gpufleet.scheduling.placer import evaluate, place_gang, place_worker
+from gpufleet.scheduling.placer import evaluate, fits, place_gang, place_worker
 from gpufleet.scheduling.plugin_api import GangContext, JobView, Profile, RunEstimate, SortKey
 from gpufleet.scheduling.state import CycleState, InventoryCache
 from gpufleet.scheduling.status import Code, Status, unresolvable, wait
@@ -97,11 +97,7 @@ class _WhatIf:
         if job.gang_size == 1:
             # One worker is placed exactly when some node passes the filters: no need to place it.
             return bool(evaluate(self.profile, view, state).passed.any())
-        outcome = place_gang(self.profile, view, state, job.gang_size)
-        if isinstance(outcome, Status):
-            return False
-        state.table.apply_many(outcome, +1)
-        return True
+        return fits(self.profile, view, state, job.gang_size)
 
     def worker_fits(self, job: Job, node: int) -> bool:
         # The class's cached filter results, refreshed where nodes changed, are the filters run on `node`.

@@ -195,10 +195,30 @@ def place_gang(profile: Profile, view: JobView, state: CycleState, size: int) ->
 
 
 def fits(profile: Profile, view: JobView, state: CycleState, size: int) -> bool:
-    """Whether the job would fit now (a trial placement that is undone)."""
+    """Whether `size` workers of the job would be placed now (what `place_gang` would say), the table
+    left as it was: a trial placement, undone, unless `known_gang_fit` already knows the answer."""
+    known = known_gang_fit(profile, view, state, size)
+    if known is not None:
+        return known
     outcome = place_gang(profile, view, state, size)
     if isinstance(outcome, Status):
         return False
-    for worker in outcome:
-        state.table.apply(worker, +1)
+    state.table.apply_many(outcome, +1)
     return True
+
+
+def known_gang_fit(profile: Profile, view: JobView, state: CycleState, size: int) -> bool | None:
+    """Whether `place_gang` would place the gang, where that is known without placing it; else None.
+
+    Known when the request is whole GPUs and no passing node has usable free GPUs for a second worker:
+    placing a worker then changes its own node only (filters are per node: class evaluations re-filter
+    just the changed nodes), that node cannot pass again, and every other passing node still passes; so
+    `place_gang` places all workers exactly when at least `size` nodes pass, wherever its scores put them."""
+    request = view.job.request
+    if size < 2 or not request.gpus or request.fractional:
+        return None
+    evaluation = evaluate(profile, view, state)
+    passing = evaluation.passed.nonzero()[0]
+    if len(passing) and int(rows_count(evaluation.usable[passing]).max()) >= 2 * request.gpus:
+        return None
+    return len(passing) >= size

@@ -153,7 +153,11 @@ class CycleState:
             "cpu": int(self.table.cpu_total.sum()),
             "memory": int(self.table.mem_total.sum()),
         }
-        self._hold_all(self._take_running(sorted(snapshot.running, key=_running_id), inventory))
+        facts = self._take_running(sorted(snapshot.running, key=_running_id), inventory)
+        # What each running job holds as flat lists, by job id (for `running_arrays`): shared with copies,
+        # which have the same node index; an entry counts only for the very running object it was made from.
+        self._facts_by_job: dict[JobId, _RunningFacts] = {f.running.job.id: f for f in facts}
+        self._hold_all(facts)
         self.view = ClusterView(self)
 
     def _hold_all(self, facts: list[_RunningFacts]) -> None:
@@ -224,29 +228,7 @@ class CycleState:
                 fact = self._facts(running)
             facts.append(fact)
         inventory.running = {id(f.running): f for f in facts}
-        owner: list[int] = []
-        nodes: list[int] = []
-        cpus: list[int] = []
-        mems: list[int] = []
-        share_owner: list[int] = []
-        share_nodes: list[int] = []
-        share_gpus: list[int] = []
-        share_milli: list[int] = []
-        share_mems: list[int] = []
-        for k, fact in enumerate(facts):
-            owner.extend([k] * len(fact.nodes))
-            nodes.extend(fact.nodes)
-            cpus.extend(fact.cpus)
-            mems.extend(fact.mems)
-            share_owner.extend([k] * len(fact.share_nodes))
-            share_nodes.extend(fact.share_nodes)
-            share_gpus.extend(fact.share_gpus)
-            share_milli.extend(fact.share_milli)
-            share_mems.extend(fact.share_mems)
-
-        arrays = WorkerArrays.from_lists(
-            owner, nodes, cpus, mems, share_owner, share_nodes, share_gpus, share_milli, share_mems
-        )
+        arrays = _worker_arrays(facts)
         table.apply_flat(arrays, -1)
         # Kept for victim searches and what-ifs: `ordered` is the order of the holdings built next.
         self._running_arrays = ({r.job.id: k for k, r in enumerate(ordered)}, arrays)
@@ -445,13 +427,21 @@ class CycleState:
         steps instead of one Python step per GPU share. Immutable: copies share it."""
         if self._running_arrays is None:
             ids = [job_id for job_id, holding in self.holdings.items() if holding.running is not None]
-            workers: list[WorkerPlacement] = []
-            owners: list[int] = []
-            for k, job_id in enumerate(ids):
-                for worker in self.holdings[job_id].workers:
-                    workers.append(worker)
-                    owners.append(k)
-            self._running_arrays = ({j: k for k, j in enumerate(ids)}, WorkerArrays.of(self.table, workers, owners))
+            known = self._facts_by_job
+            if len(known) > 2 * len(ids) + 1024:  # jobs that ended: dropped now and then (in place: shared)
+                kept = {j: known[j] for j in ids if j in known}
+                known.clear()
+                known.update(kept)
+            facts: list[_RunningFacts] = []
+            for job_id in ids:
+                running = self.holdings[job_id].running
+                assert running is not None
+                fact = known.get(job_id)
+                if fact is None or fact.running is not running:
+                    fact = known[job_id] = self._facts(running)
+                facts.append(fact)
+            arrays = _worker_arrays(facts)
+            self._running_arrays = ({j: k for k, j in enumerate(ids)}, arrays)
         return self._running_arrays
 
     def arrays_of(self, job_ids: list[JobId]) -> WorkerArrays | None:
@@ -543,3 +533,29 @@ class CycleState:
         finally:
             self._shift(job_ids, -1)
             self.removed.difference_update(job_ids)
+
+
+def _worker_arrays(facts: list[_RunningFacts]) -> WorkerArrays:
+    """What running jobs hold, laid out as flat arrays; job `k` of `facts` is owner `k`."""
+    owner: list[int] = []
+    nodes: list[int] = []
+    cpus: list[int] = []
+    mems: list[int] = []
+    share_owner: list[int] = []
+    share_nodes: list[int] = []
+    share_gpus: list[int] = []
+    share_milli: list[int] = []
+    share_mems: list[int] = []
+    for k, fact in enumerate(facts):
+        owner.extend([k] * len(fact.nodes))
+        nodes.extend(fact.nodes)
+        cpus.extend(fact.cpus)
+        mems.extend(fact.mems)
+        share_owner.extend([k] * len(fact.share_nodes))
+        share_nodes.extend(fact.share_nodes)
+        share_gpus.extend(fact.share_gpus)
+        share_milli.extend(fact.share_milli)
+        share_mems.extend(fact.share_mems)
+    return WorkerArrays.from_lists(
+        owner, nodes, cpus, mems, share_owner, share_nodes, share_gpus, share_milli, share_mems
+    )

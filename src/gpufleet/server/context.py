@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.adapters.local.isolation import IsolationReport
+from gpufleet.adapters.local.logs import read_log_file
 from gpufleet.domain.jobs import JobId
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, AdminStore
@@ -20,9 +21,14 @@ class ApiContext:
     clock: Clock
     # Log files of a job, oldest attempt first, one per worker (empty when it never ran here).
     log_paths: Callable[[JobId], Sequence[Path]] = lambda _job_id: ()
+    # Reads part of one of those logs (offset, limit, tail -> data, start, size): from this machine's disk, or
+    # through the agent of the node the log is on.
+    read_log: Callable[[Path, int, int, int | None], tuple[bytes, int, int]] = read_log_file
     # Tell the control loop that something changed (a submit, a cancel, a quota), so it runs now.
     wake: Callable[[], None] = lambda: None
     emulated: bool = False
+    # Whether a node's GPUs are emulated, when the fleet mixes both (nodes of a Ray cluster); None: `emulated`.
+    emulated_node: Callable[[str], bool] | None = None
     inventory_source: str = "nvml"  # "nvml", "emulated: 8xA100-80GB", "emulated: cluster.yaml"
     policy: str = "default"
     # Prometheus exposition of /metrics (set by the process once telemetry is wired).
@@ -45,3 +51,6 @@ class ApiContext:
     team_tokens_refused: str | None = None
     # Raises GpufleetError (with a fix) when a queue may not be mapped to this OS user.
     check_run_as: Callable[[str], None] = lambda _user: None
+
+    def is_emulated(self, node: str) -> bool:
+        return self.emulated if self.emulated_node is None else self.emulated_node(node)

@@ -1,8 +1,10 @@
-"""`gpufleet up`: the control plane in one process — the HTTP API, the control loop in a thread, the local
+"""`gpufleet up`: the control plane in one process — the HTTP API, the control loop in a thread, the
 executor, and the store — with clean shutdown and re-adoption of running jobs on restart.
 
 The loop is the same `Reconciler` the simulator drives; here its ports are the wall clock, the SQL store
-and the local executor. API requests only write submissions and requests to the store and wake the loop.
+and an executor: the local one, or with `--ray` the Ray backend and its node inventory (`adapters/ray`),
+the only difference between one machine and many. API requests only write submissions and requests to the
+store and wake the loop.
 """
 
 from __future__ import annotations
@@ -16,15 +18,15 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Protocol
 
 from gpufleet.adapters.clock import WallClock
 from gpufleet.adapters.local.executor import LocalBackend
-from gpufleet.adapters.local.isolation import DEFAULT_LOG_CAP, DEFAULT_PIDS_LIMIT, Isolation
-from gpufleet.adapters.local.logs import DAY_S, LogRetention
+from gpufleet.adapters.local.isolation import DEFAULT_LOG_CAP, DEFAULT_PIDS_LIMIT, Isolation, IsolationReport
+from gpufleet.adapters.local.logs import DAY_S, LogRetention, read_log_file
 from gpufleet.adapters.local.users import DEFAULT_JOBS_HOME, RunAs
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
 from gpufleet.adapters.storage.sql_engine import StoreFullError
@@ -36,6 +38,7 @@ from gpufleet.domain.quotas import DEFAULT_QUEUE, QueueSpec
 from gpufleet.domain.throughput_table import table_from_json
 from gpufleet.policies.catalog import PolicyData, profile
 from gpufleet.ports.admin import JobQuery
+from gpufleet.ports.gpu_probe import GpuActivity, GpuProbe
 from gpufleet.scheduling.fragmentation import TargetWorkload
 from gpufleet.server.context import ApiContext
 from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
@@ -43,7 +46,10 @@ from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
 from gpufleet.server.store_guard import open_store
 
 if TYPE_CHECKING:
-    from gpufleet.server.gpu_monitor import Telemetry
+    from gpufleet.adapters.ray.backend import RayBackend
+    from gpufleet.adapters.ray.local_cluster import LocalRayCluster
+    from gpufleet.adapters.ray.ray_inventory import RayFleet
+    from gpufleet.server.gpu_monitor import ProbeFactory, Telemetry
 
 log = logging.getLogger("gpufleet.up")
 
@@ -98,6 +104,12 @@ class UpSettings:
     log_max_age_s: float | None = 30 * DAY_S
     log_max_total: int | None = None
     log_prune_interval_s: float = 600.0
+    # Many machines: "local" (a Ray cluster of the inventory's emulated nodes on this machine), "auto" (the
+    # cluster this machine belongs to) or HOST:PORT; None: the local executor.
+    ray: str | None = None
+    agent_dir: Path | None = None  # where node agents keep their files on each node; default: <data_dir>/nodes
+    ray_wait_nodes: int = 0  # at start, wait for this many GPU nodes to be up (at most ray_wait_s)
+    ray_wait_s: float = 60.0
 
     @property
     def url(self) -> str:
@@ -117,6 +129,8 @@ def discover_inventory(settings: UpSettings) -> Inventory:
     hostname = _hostname()
     if settings.emulate and settings.inventory_file:
         raise GpufleetError("both --emulate and --inventory were given", "give one of them")
+    if settings.ray is not None and not (settings.emulate or settings.inventory_file):
+        return Inventory((), False, "ray")
     if settings.emulate:
         from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 
@@ -145,7 +159,12 @@ def _hostname() -> str:
 
 
 def _telemetry(
-    settings: UpSettings, store: SqlStore, inventory: Inventory, hostname: str, target: TargetWorkload
+    settings: UpSettings,
+    store: SqlStore,
+    inventory: Inventory,
+    hostname: str,
+    target: TargetWorkload,
+    make_probe: ProbeFactory | None = None,
 ) -> Telemetry:
     from gpufleet.server.gpu_monitor import Telemetry, TelemetrySettings
 
@@ -156,7 +175,13 @@ def _telemetry(
         flush_interval_s=settings.usage_flush_s,
     )
     return Telemetry(
-        store, inventory.nodes, emulated=inventory.emulated, hostname=hostname, settings=options, target=target
+        store,
+        inventory.nodes,
+        emulated=inventory.emulated,
+        hostname=hostname,
+        settings=options,
+        target=target,
+        make_probe=make_probe,
     )
 
 
@@ -317,10 +342,17 @@ class LoopThread(threading.Thread):
             log.exception("control loop step failed; retrying every second")
 
 
+class LogPruner(Protocol):
+    """What the janitor needs of an executor: the local one prunes this machine's logs, the Ray one each
+    node's through its agent."""
+
+    def prune_logs(self, retention: LogRetention, finished: Callable[[str], bool]) -> dict[str, int]: ...
+
+
 class LogJanitor(threading.Thread):
     """Deletes finished jobs' logs past their retention, at start and then every `interval_s`."""
 
-    def __init__(self, backend: LocalBackend, store: SqlStore, retention: LogRetention, interval_s: float) -> None:
+    def __init__(self, backend: LogPruner, store: SqlStore, retention: LogRetention, interval_s: float) -> None:
         super().__init__(name="gpufleet-logs", daemon=True)
         self.backend = backend
         self.store = store
@@ -364,6 +396,8 @@ class ControlPlane:
                 "--single-user would run every job as root",
                 "leave it out: as root, gpufleet runs each queue's jobs as an unprivileged user of their own",
             )
+        self.fleet: RayFleet | None = None  # with --ray: the cluster's nodes and agents
+        self.local_cluster: LocalRayCluster | None = None  # with --ray local: the cluster this process started
         self.lock = DataDirLock(settings.data_dir)
         try:
             make_private(settings.data_dir)
@@ -377,6 +411,8 @@ class ControlPlane:
             )
             self.store = self.opened.store
             make_private(settings.data_dir)  # the store's files, just created
+            if settings.ray is not None:
+                self.inventory = self._join_ray(settings, self.inventory)
             self.store.set_nodes(self.inventory.nodes)
             if not self.store.queues():
                 self.store.set_queue(QueueSpec(DEFAULT_QUEUE))
@@ -390,27 +426,46 @@ class ControlPlane:
                 pids_limit=settings.pids_limit,
                 log_cap=settings.log_cap,
             )
-            self.backend = LocalBackend(
-                settings.data_dir / "jobs",
-                self.inventory.nodes,
-                self.clock,
-                emulated=self.inventory.emulated,
-                isolation=self.isolation,
-                log_dir=settings.log_dir,
-            )
-            self.isolation_report = self.backend.isolation_report(single_user_allowed=settings.single_user)
-            refused = None
-            if not self.isolation.switches_users and not settings.single_user:
-                refused = (
-                    f"this control plane runs every job as its own user {RunAs.me().name} (it is not root), so a "
-                    "team's job could read every other team's jobs and logs and the admin token"
+            self.backend: LocalBackend | RayBackend
+            make_probe: ProbeFactory | None = None
+            if self.fleet is not None:
+                from gpufleet.adapters.ray.agent_probe import RayProbe
+                from gpufleet.adapters.ray.backend import RayBackend
+
+                fleet = self.fleet
+                self.backend = RayBackend(fleet, self.clock)
+                fleet.backend = self.backend
+                self.isolation_report: IsolationReport = fleet.isolation_report() or self.isolation.report(
+                    settings.single_user
                 )
+
+                def make_probe(
+                    activity: Callable[[], Mapping[tuple[str, int], GpuActivity]],
+                    weights: Callable[[], Mapping[int, int]],
+                ) -> GpuProbe:
+                    return RayProbe(fleet, activity, weights)
+            else:
+                self.backend = LocalBackend(
+                    settings.data_dir / "jobs",
+                    self.inventory.nodes,
+                    self.clock,
+                    emulated=self.inventory.emulated,
+                    isolation=self.isolation,
+                    log_dir=settings.log_dir,
+                )
+                self.isolation_report = self.backend.isolation_report(single_user_allowed=settings.single_user)
             self.log_janitor = LogJanitor(
                 self.backend,
                 self.store,
                 LogRetention(settings.log_max_age_s, settings.log_max_total),
                 settings.log_prune_interval_s,
             )
+            refused = None
+            if not self.isolation.switches_users and not settings.single_user:
+                refused = (
+                    f"this control plane runs every job as its own user {RunAs.me().name} (it is not root), so a "
+                    "team's job could read every other team's jobs and logs and the admin token"
+                )
             recent = [record.job for record in self.store.jobs(JobQuery(limit=RECENT_JOBS))]
             self.fgd_target = learned_target(recent)
             log.info("FGD target workload: %s", self.fgd_target.source)
@@ -422,7 +477,12 @@ class ControlPlane:
             loop_settings = ReconcilerSettings(max_grace_s=settings.max_grace_s)
             self.reconciler = Reconciler(self.store, self.backend, self.clock, policy, settings=loop_settings)
             self.telemetry = _telemetry(
-                settings, self.store, self.inventory, hostname=_hostname(), target=self.fgd_target.target
+                settings,
+                self.store,
+                self.inventory,
+                hostname=_hostname(),
+                target=self.fgd_target.target,
+                make_probe=make_probe,
             )
             self.loop = LoopThread(
                 self.reconciler,
@@ -432,10 +492,15 @@ class ControlPlane:
                 observer=self.telemetry.observer.after_step,
             )
             self.telemetry.wake = self.loop.wake
+            if self.fleet is not None:
+                self.fleet.on_nodes = self._nodes_changed
+                self.fleet.wake = self.loop.wake
             self.context = ApiContext(
                 store=self.store,
                 clock=self.clock,
                 log_paths=self.backend.log_paths,
+                read_log=self.backend.read_log if self.fleet is not None else read_log_file,
+                emulated_node=self.fleet.is_emulated if self.fleet is not None else None,
                 wake=self.loop.wake,
                 emulated=self.inventory.emulated,
                 inventory_source=self.inventory.source,
@@ -455,8 +520,52 @@ class ControlPlane:
             for line in (self.isolation_report.users, self.isolation_report.cgroups, *self.isolation_report.notes):
                 log.info("isolation: %s", line)
         except BaseException:
+            self._leave_ray()
             self.lock.release()
             raise
+
+    def _join_ray(self, settings: UpSettings, emulated: Inventory) -> Inventory:
+        """Connect to the Ray cluster (starting a local one for `--ray local`), find or start every node's
+        agent, and return the nodes up now plus the store's others, marked down."""
+        from gpufleet.adapters.ray.agent import AgentOptions
+        from gpufleet.adapters.ray.ray_inventory import RayFleet
+
+        address = settings.ray or "auto"
+        if address == "local":
+            if not emulated.nodes:
+                raise GpufleetError(
+                    "--ray local runs a Ray cluster of emulated GPU nodes and needs their inventory",
+                    "add --inventory fleet.yaml (or --emulate 8xA100-80GB for one node)",
+                )
+            from gpufleet.adapters.ray.local_cluster import LocalRayCluster
+
+            self.local_cluster = LocalRayCluster(emulated.nodes)
+            address = self.local_cluster.address
+        options = AgentOptions(
+            root=str((settings.agent_dir or settings.data_dir / "nodes").absolute()),
+            jobs_home=str(settings.jobs_home),
+            use_cgroups=settings.use_cgroups,
+            pids_limit=settings.pids_limit,
+            log_cap=settings.log_cap,
+        )
+        self.fleet = RayFleet(address, options, emulated=emulated.nodes)
+        wait_for = settings.ray_wait_nodes or len(emulated.nodes)
+        nodes = self.fleet.first_scan(self.store.nodes(), wait_for=wait_for, timeout_s=settings.ray_wait_s)
+        where = "local Ray cluster" if self.local_cluster is not None else f"Ray cluster at {settings.ray}"
+        up = sum(1 for n in nodes if n.healthy)
+        source = f"{where}: {up} node(s) up" + (f", {emulated.source}" if emulated.nodes else "")
+        return Inventory(nodes, self.fleet.all_emulated(), source)
+
+    def _nodes_changed(self, nodes: tuple[Node, ...]) -> None:
+        """A node joined or left the Ray cluster: the store (the loop reads it), telemetry's GPU list."""
+        self.store.set_nodes(nodes)
+        self.telemetry.nodes = nodes
+
+    def _leave_ray(self) -> None:
+        if self.fleet is not None:
+            self.fleet.close()
+        if self.local_cluster is not None:
+            self.local_cluster.shutdown()
 
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         import uvicorn
@@ -481,6 +590,8 @@ class ControlPlane:
         self.loop.start()
         self.telemetry.start()
         self.log_janitor.start()
+        if self.fleet is not None:
+            self.fleet.start()
         try:
             if on_ready is not None:
                 _call_when_started(server, on_ready)
@@ -507,8 +618,11 @@ class ControlPlane:
             self.backend.shutdown(stop_jobs=self.settings.stop_jobs_on_exit, grace_s=self.settings.exit_grace_s)
             self.isolation.cgroups.release()  # only if no job is left running in them
         finally:
-            self.store.close()
-            self.lock.release()
+            try:
+                self._leave_ray()
+            finally:
+                self.store.close()
+                self.lock.release()
 
     def _stop_jobs(self) -> None:
         from gpufleet.domain.lifecycle import JobState

@@ -76,6 +76,10 @@ WorkerKey = tuple[str, int, int]
 _LOGGED_STRANGERS_MAX = 10_000  # pids remembered as already logged (a bound, not a figure that matters)
 
 
+# Builds a probe from the emulated activity per GPU and the pid weights (both read at each sample).
+ProbeFactory = Callable[[Callable[[], Mapping[GpuKey, GpuActivity]], Callable[[], Mapping[int, int]]], GpuProbe]
+
+
 class JobProcesses(Protocol):
     """What telemetry asks the executor (`LocalBackend` has both): who runs a process, and the other way."""
 
@@ -295,7 +299,11 @@ class Telemetry:
         clock: Callable[[], float] = time.time,
         processes: JobProcesses | None = None,
         target: TargetWorkload = GENERIC_TARGET,
+        make_probe: ProbeFactory | None = None,
     ) -> None:
+        """`make_probe`: builds the probe from the emulated activity and pid weights this telemetry keeps
+        (a probe that samples through node agents); default: NVML, or the emulated probe on an emulated
+        inventory."""
         self.store = store
         self.target = target  # FGD's target workload: the fragmentation metric measures against the scheduler's
         self.processes = processes  # None: the loop's executor, once the loop has stepped
@@ -308,6 +316,8 @@ class Telemetry:
         self._activity: dict[GpuKey, GpuActivity] = {}
         self._pid_weights: dict[int, int] = {}
         self._logged_strangers: set[tuple[str, int]] = set()
+        if probe is None and make_probe is not None:
+            probe = make_probe(lambda: self._activity, lambda: self._pid_weights)
         self.probe: GpuProbe = probe or self._make_probe(hostname)
         s = self.settings
         self.sampler = Sampler(self.probe, SampleRing(s.ring_length), interval_s=s.interval_s, clock=clock)

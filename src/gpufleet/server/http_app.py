@@ -31,7 +31,7 @@ from gpufleet.ports.admin import Role
 from gpufleet.server.auth import Principal
 from gpufleet.server.body_limit import BodyLimit
 from gpufleet.server.context import ApiContext
-from gpufleet.server.http_errors import ConflictError, ForbiddenError, UnauthorizedError
+from gpufleet.server.http_errors import ConflictError, ForbiddenError, UnauthorizedError, UnavailableError
 from gpufleet.server.limits import MAX_BODY_BYTES
 from gpufleet.server.ratelimit import RateLimitedError
 from gpufleet.server.schemas import ErrorOut, HealthOut, IsolationOut
@@ -121,6 +121,8 @@ def error_status(error: GpufleetError) -> tuple[int, str]:
         return 429, "rate_limited"
     if isinstance(error, StoreUnavailableError):
         return 503, "store_unavailable"
+    if isinstance(error, UnavailableError):
+        return 503, "unavailable"
     if isinstance(error, UnauthorizedError):
         return 401, "unauthorized"
     if isinstance(error, ForbiddenError):

@@ -24,3 +24,7 @@ class TeamTokenRefusedError(ForbiddenError):
 
 class ConflictError(GpufleetError):
     """The request clashes with the current state: cancel a finished job, delete a busy queue (409)."""
+
+
+class UnavailableError(GpufleetError):
+    """What was asked for is somewhere not reachable now, e.g. a log on a node that is down (503)."""

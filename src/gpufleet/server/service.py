@@ -38,7 +38,7 @@ from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
 from gpufleet.server.context import ApiContext
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of
-from gpufleet.server.http_errors import ConflictError, ForbiddenError, NotFoundError
+from gpufleet.server.http_errors import ConflictError, ForbiddenError, NotFoundError, UnavailableError
 from gpufleet.server.ratelimit import RateLimits
 from gpufleet.server.schemas import (
     CancelOut,
@@ -454,13 +454,9 @@ class Service:
                 f"pick one of: {', '.join(available)}",
             )
         try:
-            with chosen.path.open("rb") as handle:
-                size = handle.seek(0, 2)
-                start = min(offset, size) if tail is None else max(0, size - tail)
-                handle.seek(start)
-                data = handle.read(MAX_LOG_CHUNK)
-        except FileNotFoundError:
-            data, start, size = b"", offset, offset
+            data, start, size = self.ctx.read_log(chosen.path, offset, MAX_LOG_CHUNK, tail)
+        except GpufleetError as error:
+            raise UnavailableError(error.message, error.fix) from None
         next_offset = start + len(data)
         latest = want_attempt == max(f.attempt for f in files)
         complete = next_offset >= size and (finished or not latest)
@@ -675,7 +671,9 @@ class Service:
 
     def nodes(self) -> list[NodeOut]:
         holding = self._holding()
-        return [node_out(n, holding, self.ctx.emulated) for n in sorted(self.store.nodes(), key=lambda n: n.name)]
+        return [
+            node_out(n, holding, self.ctx.is_emulated(n.name)) for n in sorted(self.store.nodes(), key=lambda n: n.name)
+        ]
 
     def _node(self, name: str) -> Node:
         node = self._nodes().get(name)
@@ -690,7 +688,7 @@ class Service:
         node = self.store.set_node_flags(name, cordoned=cordoned)
         self.audit.record(principal, action, name)
         self.ctx.wake()
-        return node_out(node, self._holding(), self.ctx.emulated)
+        return node_out(node, self._holding(), self.ctx.is_emulated(node.name))
 
     def drain(self, principal: Principal, name: str) -> DrainOut:
         self.audit.require_admin(principal, "draining a node", "node.drain", name)
@@ -706,7 +704,7 @@ class Service:
                 requeued.append(record.id)
         self.audit.record(principal, "node.drain", name, {"requeued": requeued})
         self.ctx.wake()
-        return DrainOut(node=node_out(node, self._holding(), self.ctx.emulated), requeued=requeued)
+        return DrainOut(node=node_out(node, self._holding(), self.ctx.is_emulated(node.name)), requeued=requeued)
 
     # ------------------------------------------------------------------------------------- tokens
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpufleet.adapters.local.isolation import Isolation, IsolationReport, WorkerSpec
 from gpufleet.adapters.local.logs import LogRetention
@@ -315,17 +316,7 @@ class LocalBackend:
             return
         first = min(failed, key=lambda w: (float(w.exit.get("ended_at", 0.0)) if w.exit else 0.0, w.rank))
         assert first.exit is not None
-        code = int(first.exit["code"])
-        if "error" in first.exit:
-            detail = f"worker {first.rank} could not start: {first.exit['error']}"
-        elif first.exit.get("oom"):
-            limit = int(first.exit.get("memory_limit") or 0)
-            detail = f"worker {first.rank} was killed: out of memory (limit {people_size(limit)})"
-        elif first.exit.get("signal"):
-            detail = f"worker {first.rank} was killed by {_signal_name(int(first.exit['signal']))} ({code})"
-        else:
-            detail = f"worker {first.rank} exited {code}"
-        job.failure = (code, detail)
+        job.failure = describe_failure(first.rank, first.exit)
         if not all(w.done for w in job.workers):
             # A gang cannot go on without a member: stop the others, with a short grace.
             self._begin_stop(job, signal.SIGTERM, self.gang_grace_s)
@@ -426,6 +417,20 @@ class LocalBackend:
         if exc.errno in _NO_SPACE and not self._disk_full_said:
             self._disk_full_said = True
             log.error("%s; jobs cannot start until space is freed", _disk_words(exc))
+
+
+def describe_failure(rank: int, exit_record: dict[str, Any]) -> tuple[int, str]:
+    """A failed worker's exit code and what to tell the user, from its exit record (`exit.json`). Every
+    backend that runs workers under the shim (this one, a node agent's) words failures this way."""
+    code = int(exit_record["code"])
+    if "error" in exit_record:
+        return code, f"worker {rank} could not start: {exit_record['error']}"
+    if exit_record.get("oom"):
+        limit = int(exit_record.get("memory_limit") or 0)
+        return code, f"worker {rank} was killed: out of memory (limit {people_size(limit)})"
+    if exit_record.get("signal"):
+        return code, f"worker {rank} was killed by {_signal_name(int(exit_record['signal']))} ({code})"
+    return code, f"worker {rank} exited {code}"
 
 
 def _owner(key: Key) -> str:

@@ -80,3 +80,16 @@ def _usage(folder: Path) -> tuple[int, float]:
         with contextlib.suppress(OSError):
             last = folder.stat().st_mtime
     return size, last
+
+
+def read_log_file(path: Path, offset: int, limit: int, tail: int | None = None) -> tuple[bytes, int, int]:
+    """Up to `limit` bytes of a log file from `offset` (with `tail`: its last `tail` bytes): (data, where it
+    starts, the file's size). A file not there (yet, or any more) reads as empty at `offset`."""
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, 2)
+            start = min(offset, size) if tail is None else max(0, size - tail)
+            handle.seek(start)
+            return handle.read(limit), start, size
+    except FileNotFoundError:
+        return b"", offset, offset

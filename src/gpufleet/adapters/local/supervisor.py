@@ -129,10 +129,7 @@ class WorkerSupervisor:
             prepared = self.isolation.prepare(spec, self.layout.job_dir(spec.job_id))
         except (GpufleetError, OSError) as exc:
             message = str(exc) if isinstance(exc, GpufleetError) else f"cannot set up its cgroup: {exc}"
-            _append(log, f"gpufleet: {message}\n")
-            worker.exit = {"code": 126, "error": message, "ended_at": time.time()}
-            write_json(worker_dir / "exit.json", worker.exit)
-            return worker
+            return self._not_started(worker, log, message)
         worker.cgroup = tuple(prepared.cgroup)
         _create_log(log, prepared.log_gid)
         write_json(
@@ -166,6 +163,22 @@ class WorkerSupervisor:
         worker.shim_pid, worker.shim_ticks, worker.own = pid, start_ticks(pid), True
         with contextlib.suppress(OSError):  # the shim writes it too
             write_json(worker_dir / "shim.pid", {"pid": pid, "ticks": worker.shim_ticks})
+        return worker
+
+    def refuse(self, spec: WorkerSpec, message: str) -> Worker:
+        """Record a worker that will not be started (its node cannot run it, e.g. its working folder is
+        missing there): returned ended with exit code 126, the reason in `exit["error"]` and in its log.
+        Raises OSError only when its own files cannot be written."""
+        worker_dir = self.layout.worker_dir(spec.job_id, spec.attempt, spec.rank)
+        worker_dir.mkdir()
+        log = self.layout.log_path(spec.job_id, spec.attempt, spec.rank)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        return self._not_started(Worker(spec.rank, worker_dir), log, message)
+
+    def _not_started(self, worker: Worker, log: Path, message: str) -> Worker:
+        _append(log, f"gpufleet: {message}\n")
+        worker.exit = {"code": 126, "error": message, "ended_at": time.time()}
+        write_json(worker.dir / "exit.json", worker.exit)
         return worker
 
     def find(self, job_id: str, attempt: int, rank: int) -> Worker:

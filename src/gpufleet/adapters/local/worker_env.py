@@ -39,15 +39,17 @@ def allocator_env(
     master_addr: str,
     master_port: int,
     emulated: bool,
+    node_addresses: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The variables the allocator sets for worker `rank` of `launch`. Raises GpufleetError when the
-    placement names a node or GPU this backend does not have."""
+    """The variables the allocator sets for worker `rank` of `launch`. `node_addresses`: each node's address
+    (default: `master_addr` for every node, all on this machine). Raises GpufleetError when the placement
+    names a node or GPU this backend does not have."""
     job = launch.job
     placement = launch.workers[rank]
     node = nodes.get(placement.node)
     if node is None:
         raise GpufleetError(
-            f"worker {rank} is placed on node {placement.node!r}, which this local executor does not run",
+            f"worker {rank} is placed on node {placement.node!r}, which this executor does not run",
             f"place it on one of: {', '.join(sorted(nodes)) or 'no nodes configured'}",
         )
     gpus: list[Gpu] = []
@@ -62,6 +64,9 @@ def allocator_env(
     node_order = list(dict.fromkeys(w.node for w in launch.workers))
     same_node = [r for r, w in enumerate(launch.workers) if w.node == placement.node]
     visible = ",".join(g.uuid for g in gpus)
+    addresses = node_addresses or {}
+    # One address per node of the job, rank 0's first: what `torchrun --rdzv` or a hostfile wants.
+    node_ips = "\n".join(addresses.get(name, master_addr) for name in node_order)
     env = {
         "CUDA_VISIBLE_DEVICES": visible,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -74,6 +79,7 @@ def allocator_env(
         "LOCAL_RANK": str(same_node.index(rank)),
         "LOCAL_WORLD_SIZE": str(len(same_node)),
         "NODE_RANK": str(node_order.index(placement.node)),
+        "GPUFLEET_NODE_IPS": node_ips,
         "GPUFLEET_JOB_ID": job.id,
         "GPUFLEET_JOB_NAME": job.name or job.id,
         "GPUFLEET_QUEUE": job.queue,

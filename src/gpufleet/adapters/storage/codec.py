@@ -173,13 +173,18 @@ def decode_placement(data: Mapping[str, Any]) -> WorkerPlacement:
     return WorkerPlacement(**_decode(data, _PLACEMENT_READERS))
 
 
-def encode_record(record: JobRecord) -> Json:
+def encode_workers(workers: tuple[WorkerPlacement, ...]) -> list[Json]:
+    return [encode_placement(w) for w in workers]
+
+
+def encode_record(record: JobRecord, parts: EncodedParts | None = None) -> Json:
+    """`parts`: what encoded the record's job and workers before, to reuse (see `EncodedParts`)."""
     return {
-        "job": encode_job(record.job),
+        "job": encode_job(record.job) if parts is None else parts.job(record.job),
         "state": record.state.value,
         "version": record.version,
         "attempt": record.attempt,
-        "workers": [encode_placement(w) for w in record.workers],
+        "workers": encode_workers(record.workers) if parts is None else parts.workers(record.workers),
         "submitted_at": _float_out(record.submitted_at),
         "started_at": _opt_float_out(record.started_at),
         "first_started_at": _opt_float_out(record.first_started_at),
@@ -195,6 +200,40 @@ def encode_record(record: JobRecord) -> Json:
         "failures": record.failures,
         "reason": record.reason,
     }
+
+
+class EncodedParts:
+    """`encode_job` and `encode_workers`, remembering what they encoded by the object: a record's job and its
+    workers stay the same objects while the record moves from state to state, so a writer that writes the
+    same jobs again and again (the control loop) encodes each once. Keeps at most `limit` of each (then
+    starts afresh); a hit is the same object."""
+
+    def __init__(self, limit: int = 65_536) -> None:
+        self.limit = limit
+        self._jobs: dict[int, tuple[Job, Json]] = {}
+        self._workers: dict[int, tuple[tuple[WorkerPlacement, ...], list[Json]]] = {}
+
+    def job(self, job: Job) -> Json:
+        hit = self._jobs.get(id(job))
+        if hit is not None and hit[0] is job:
+            return hit[1]
+        if len(self._jobs) >= self.limit:
+            self._jobs.clear()
+        encoded = encode_job(job)
+        self._jobs[id(job)] = (job, encoded)
+        return encoded
+
+    def workers(self, workers: tuple[WorkerPlacement, ...]) -> list[Json]:
+        if not workers:
+            return []
+        hit = self._workers.get(id(workers))
+        if hit is not None and hit[0] is workers:
+            return hit[1]
+        if len(self._workers) >= self.limit:
+            self._workers.clear()
+        encoded = encode_workers(workers)
+        self._workers[id(workers)] = (workers, encoded)
+        return encoded
 
 
 _RECORD_READERS: dict[str, Callable[[Any], Any]] = {
@@ -338,6 +377,7 @@ def decode_node(data: Mapping[str, Any]) -> Node:
 
 
 __all__ = [
+    "EncodedParts",
     "decode_gpu",
     "decode_job",
     "decode_node",
@@ -356,4 +396,5 @@ __all__ = [
     "encode_record",
     "encode_request",
     "encode_run",
+    "encode_workers",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gpufleet.adapters.storage import schema as t
-from gpufleet.adapters.storage.codec import decode_record, encode_record
+from gpufleet.adapters.storage.codec import EncodedParts, decode_record, encode_record
 from gpufleet.adapters.storage.sql_base import ACTIVE_STATES, CHUNK, QUEUE_NAMES, SqlBase, first_line, names
 from gpufleet.domain.errors import FieldProblem, GpufleetError, LimitError, SpecError, UnknownNameError
 from gpufleet.domain.jobs import Job, JobId
@@ -86,6 +86,10 @@ _REQUESTS_AFTER = sa.select(t.requests).where(t.requests.c.seq > sa.bindparam("c
 
 class JobTables(SqlBase):
     """`jobs`, `transitions`, `requests` and `notices`."""
+
+    def __init__(self, engine: sa.Engine, url: str) -> None:
+        super().__init__(engine, url)
+        self._encoded_parts = EncodedParts()  # the loop rewrites the same jobs' records step after step
 
     # --- StateStore: jobs ---------------------------------------------------------------------------------
 
@@ -234,7 +238,7 @@ class JobTables(SqlBase):
                             f"job {record.id}: expected version {expected}, store has {stored.get(record.id)}"
                         )
                 if latest:
-                    self._replace(c, [(stored[i], r) for i, r in latest.items()])
+                    self._replace(c, [(stored[i], r) for i, r in latest.items()], self._encoded_parts)
                 if transitions:
                     c.execute(_INSERT_TRANSITIONS, [_transition_row(tr) for tr in transitions])
         except sa.exc.IntegrityError as error:
@@ -252,7 +256,7 @@ class JobTables(SqlBase):
         return stored
 
     @staticmethod
-    def _replace(c: sa.Connection, changes: list[tuple[int, JobRecord]]) -> None:
+    def _replace(c: sa.Connection, changes: list[tuple[int, JobRecord]], parts: EncodedParts) -> None:
         params = [
             {
                 "b_id": r.id,
@@ -263,7 +267,7 @@ class JobTables(SqlBase):
                 "b_username": r.job.user,
                 "b_state": r.state.value,
                 "b_version": r.version,
-                "b_record": encode_record(r),
+                "b_record": encode_record(r, parts),
             }
             for expected, r in changes
         ]

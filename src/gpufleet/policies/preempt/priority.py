@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -91,6 +92,18 @@ def _capable_nodes(job: Job, cluster: ClusterView) -> BoolArray:
     return cluster.memo(("preempt.capable", request), compute)
 
 
+def _capable_gpus(job: Job, cluster: ClusterView) -> BoolArray:
+    """GPUs of a model the job may use with enough GPU memory (depends on capacity only)."""
+    request = job.request
+    table = cluster.nodes
+
+    def compute() -> BoolArray:
+        lut = table.spec_lut(request.models)
+        return np.asarray(lut[table.gpu_model] & table.gpu_exists & (table.gpu_mem_total >= request.gpu_memory))
+
+    return cluster.memo(("preempt.capable_gpus", request.models, request.gpu_memory), compute)
+
+
 def _potential_workers(job: Job, cluster: ClusterView, what_if: WhatIf, candidates: list[Holding]) -> IntArray:
     """Per node: how many workers of the job would fit if every candidate on it were stopped."""
     table = cluster.nodes
@@ -112,14 +125,7 @@ def _potential_workers(job: Job, cluster: ClusterView, what_if: WhatIf, candidat
     if request.memory:
         workers = np.minimum(workers, mem // request.memory)
     if request.gpus:
-        usable = cluster.memo(
-            ("preempt.capable_gpus", request.models, request.gpu_memory),
-            lambda: (
-                table.spec_lut(request.models)[table.gpu_model]
-                & table.gpu_exists
-                & (table.gpu_mem_total >= request.gpu_memory)
-            ),
-        )
+        usable = _capable_gpus(job, cluster)
         if request.fractional:
             free = usable & (milli >= request.gpu_milli) & (gpu_mem >= request.gpu_memory)
             workers = np.minimum(workers, rows_count(free))
@@ -147,24 +153,27 @@ class PriorityPreemption:
         reclaiming = ledger.within_nominal(job.queue, demand)
         needs = frozenset(key for key, amount in demand.items() if amount)
         capable = _capable_nodes(job, cluster)
-        index = cluster.nodes.index
         spec = ledger.queues.get(job.queue)
         cohort = spec.cohort if spec is not None else None
+        evicting = cluster.evicting
+        indexed: dict[tuple[str, int], _Group] = cluster.per_cycle(("preempt.groups", NAME), dict)
         reasons: dict[str, str] = {}
         candidates: list[Holding] = []
-        for (queue, priority), members in sorted(cluster.preemptible_groups.items()):
+        for group, members in sorted(cluster.preemptible_groups.items()):
+            queue, priority = group
             why = self.eligible(job, queue, priority, cluster, reclaiming, needs)
             if why is None:
                 continue
             frees_quota = not quota_ok and (
                 queue == job.queue or (cohort is not None and _cohort(ledger.queues.get(queue)) == cohort)
             )
-            for job_id in members:
-                holding = cluster.holdings.get(job_id)
-                if holding is None or job_id in cluster.evicting:
-                    continue
-                if frees_quota or any(capable[index[w.node]] for w in holding.workers):
-                    reasons[job_id] = why
+            entry = indexed.get(group)
+            if entry is None:
+                entry = indexed[group] = _Group(members, cluster)
+            for k in entry.useful(capable, frees_quota):
+                holding = entry.holdings[k]
+                if holding.job.id not in evicting:
+                    reasons[holding.job.id] = why
                     candidates.append(holding)
         return candidates, reasons
 
@@ -190,28 +199,24 @@ class PriorityPreemption:
         candidates, reasons = self.candidates(job, cluster, demand, quota_ok)
         if not candidates:
             return _refusal(blocked_by, "no job that may be preempted for it holds what it needs")
-        # A victim's cost depends on the victim and the time only, not on the view: once per cycle.
-        known: dict[str, tuple[float, ...]] = cluster.per_cycle(("preempt.costs", self), dict)
-        costs: dict[str, tuple[float, ...]] = {}
-        for h in candidates:
-            cost = known.get(h.job.id)
-            if cost is None:
-                cost = known[h.job.id] = self.cost(h, cluster)
-            costs[h.job.id] = cost
-        candidates.sort(key=lambda h: (*costs[h.job.id], h.job.id))
+        # A victim's cost depends on the victim and the time only, not on the view: every preemptible job's,
+        # and its rank in (cost, id) order, once per cycle.
+        costs, rank = self._ranking(cluster)
+        candidates.sort(key=lambda h: rank[h.job.id])
         chosen: list[str] | None = None
         potential = _potential_workers(job, cluster, what_if, candidates)
         if int(np.minimum(potential, job.gang_size).sum()) < job.gang_size:
             return _refusal(blocked_by, f"preempting all {len(candidates)} eligible jobs would not make room")
+        search = _Search(job, cluster, what_if)
         if job.gang_size == 1 and quota_ok:
-            chosen = self._on_one_node(job, cluster, what_if, candidates, potential > 0, costs)
+            chosen = self._on_one_node(job, cluster, search, candidates, potential > 0, costs)
         if chosen is None:
             ids = [h.job.id for h in candidates]
             with what_if.without(ids):
                 helps = what_if.fits(job)
             if not helps:
                 return _refusal(blocked_by, f"preempting all {len(ids)} eligible jobs would not make room")
-            chosen = self._greedy(job, what_if, ids)
+            chosen = self._greedy(search, ids)
         with what_if.without(chosen):
             if not what_if.fits(job):  # pragma: no cover - defensive: the search guarantees it
                 return VictimChoice((), unschedulable(NAME, "preemption search found no valid victim set"))
@@ -219,33 +224,49 @@ class PriorityPreemption:
         status = wait(NAME, f"preempting {len(chosen)} job(s) to make room: {', '.join(chosen)}")
         return VictimChoice(victims, status)
 
-    def _greedy(self, job: Job, what_if: WhatIf, ordered: list[str]) -> list[str]:
+    def _ranking(self, cluster: ClusterView) -> tuple[dict[str, tuple[float, ...]], dict[str, int]]:
+        """Every preemptible job's cost, and its place in (cost, job id) order: computed once per cycle."""
+
+        def compute() -> tuple[dict[str, tuple[float, ...]], dict[str, int]]:
+            holdings = cluster.holdings
+            costs: dict[str, tuple[float, ...]] = {}
+            for members in cluster.preemptible_groups.values():
+                for job_id in members:
+                    holding = holdings.get(job_id)
+                    if holding is not None:
+                        costs[job_id] = self.cost(holding, cluster)
+            ordered = sorted(costs, key=lambda job_id: (*costs[job_id], job_id))
+            return costs, {job_id: k for k, job_id in enumerate(ordered)}
+
+        return cluster.per_cycle(("preempt.ranking", self), compute)
+
+    def _greedy(self, search: _Search, ordered: list[str]) -> list[str]:
         removed: list[str] = []
         for job_id in ordered:
-            what_if.remove(job_id)
+            search.remove(job_id)
             removed.append(job_id)
-            if what_if.fits(job):
+            if search.fits():
                 break
-        return self._reprieve(job, what_if, removed)
+        return self._reprieve(search, removed)
 
-    def _reprieve(self, job: Job, what_if: WhatIf, removed: list[str]) -> list[str]:
+    def _reprieve(self, search: _Search, removed: list[str]) -> list[str]:
         """Given `removed` (taken out of the view, cheapest first), put back every victim not needed."""
         kept = list(removed)
         for job_id in reversed(removed):
-            what_if.restore(job_id)
-            if what_if.fits(job):
+            search.restore(job_id)
+            if search.fits():
                 kept.remove(job_id)
             else:
-                what_if.remove(job_id)
+                search.remove(job_id)
         for job_id in reversed(kept):
-            what_if.restore(job_id)
+            search.restore(job_id)
         return kept
 
     def _on_one_node(
         self,
         job: Job,
         cluster: ClusterView,
-        what_if: WhatIf,
+        search: _Search,
         candidates: list[Holding],
         potential: BoolArray,
         costs: dict[str, tuple[float, ...]],
@@ -271,15 +292,15 @@ class PriorityPreemption:
                 continue  # no victim set on this node can beat the best one: same choice, no search
             removed: list[str] = []
             for holding in per_node[node]:
-                what_if.remove(holding.job.id)
+                search.remove(holding.job.id)
                 removed.append(holding.job.id)
-                if what_if.worker_fits(job, node) and what_if.fits(job):
+                if search.fits_on(node):
                     break
             else:
                 for job_id in reversed(removed):
-                    what_if.restore(job_id)
+                    search.restore(job_id)
                 continue
-            kept = self._reprieve(job, what_if, removed)
+            kept = self._reprieve(search, removed)
             if not kept:
                 continue  # it would fit with nobody stopped here: not a victim set
             kept_costs = [costs[v] for v in kept]
@@ -308,3 +329,148 @@ def _lower_bound(
 
 def _cohort(spec: QueueSpec | None) -> str | None:
     return spec.cohort if spec is not None else None
+
+
+class _Group:
+    """One preemptible group's jobs, with where their workers run as arrays, built once per cycle (groups and
+    running jobs hold for the cycle), so which of them free a node a job could use is one vectorised test
+    instead of a walk over every worker of every member per victim search."""
+
+    __slots__ = ("everyone", "holdings", "node", "owner")
+
+    def __init__(self, members: Sequence[str], cluster: ClusterView) -> None:
+        holdings = cluster.holdings
+        index = cluster.nodes.index
+        self.holdings: list[Holding] = []
+        nodes: list[int] = []
+        owners: list[int] = []
+        for job_id in members:
+            holding = holdings.get(job_id)
+            if holding is None:
+                continue
+            k = len(self.holdings)
+            self.holdings.append(holding)
+            for worker in holding.workers:
+                nodes.append(index[worker.node])
+                owners.append(k)
+        self.node = np.asarray(nodes, dtype=np.int64)
+        self.owner = np.asarray(owners, dtype=np.int64)
+        self.everyone = list(range(len(self.holdings)))
+
+    def useful(self, capable: BoolArray, frees_quota: bool) -> list[int]:
+        """Members (by position, in job-id order) that free quota, or hold a worker on a `capable` node."""
+        if frees_quota:
+            return self.everyone
+        hit = np.zeros(len(self.holdings), dtype=np.bool_)
+        hit[self.owner[capable[self.node]]] = True
+        positions: list[int] = np.flatnonzero(hit).tolist()
+        return positions
+
+
+class _Room:
+    """Per node, an upper bound on how many workers of the job fit on the view as a search changes it (free
+    resources of the view, plus what the search took out). A worker never fits where the bound is 0 and a
+    gang never fits where the bounds, each capped at the gang size, sum to less than it; so a search asks
+    the what-if view (a placement, or the filters' evaluation) only where the answer can be yes, and
+    decides exactly as if it asked everywhere.
+
+    The bound counts, per node, CPU and memory over the request, and GPUs that are usable for the request
+    (model, GPU memory) and free enough: whole ones for whole GPUs; for a share, how many shares each GPU
+    still has room for. Nodes that could never hold a worker count 0."""
+
+    def __init__(self, job: Job, cluster: ClusterView) -> None:
+        table = cluster.nodes
+        request = job.request
+        self.index = table.index
+        self.gang = job.gang_size
+        self.request = request
+        self.capable = _capable_nodes(job, cluster)
+        self.usable = _capable_gpus(job, cluster)
+        self.cpu = table.cpu_free.copy()
+        self.mem = table.mem_free.copy()
+        self.milli = table.gpu_milli_free.copy()
+        self.gpu_mem = table.gpu_mem_free.copy()
+        workers = np.where(self.capable, self.gang, 0).astype(np.int64)
+        if request.cpu_milli:
+            workers = np.minimum(workers, self.cpu // request.cpu_milli)
+        if request.memory:
+            workers = np.minimum(workers, self.mem // request.memory)
+        if request.gpus:
+            workers = np.minimum(workers, self._gpu_workers(self.usable, self.milli, self.gpu_mem).sum(axis=-1))
+        self.workers: list[int] = np.clip(workers, 0, self.gang).tolist()
+        self.total: int = sum(self.workers)
+
+    def _gpu_workers(self, usable: BoolArray, milli: IntArray, gpu_mem: IntArray) -> IntArray:
+        """Per GPU (any shape): workers of the request it could take now (for whole GPUs, in GPUs over the
+        request's count: summed over a node and floored, per node)."""
+        request = self.request
+        if request.fractional:
+            shares = milli // request.gpu_milli
+            if request.gpu_memory:
+                shares = np.minimum(shares, gpu_mem // request.gpu_memory)
+            return np.where(usable, shares, 0)
+        return np.where(usable & (milli == MILLI_PER_GPU), 1, 0)
+
+    def _node(self, node: int) -> int:
+        if not self.capable[node]:
+            return 0
+        request = self.request
+        workers = self.gang
+        if request.cpu_milli:
+            workers = min(workers, int(self.cpu[node]) // request.cpu_milli)
+        if request.memory:
+            workers = min(workers, int(self.mem[node]) // request.memory)
+        if request.gpus:
+            gpus = int(self._gpu_workers(self.usable[node], self.milli[node], self.gpu_mem[node]).sum())
+            workers = min(workers, gpus if request.fractional else gpus // request.gpus)
+        return max(0, workers)
+
+    def shift(self, holding: Holding, sign: int) -> None:
+        """What `holding` holds becomes free (+1) or taken again (-1), as the what-if view does."""
+        index = self.index
+        touched: set[int] = set()
+        for worker in holding.workers:
+            node = index[worker.node]
+            touched.add(node)
+            self.cpu[node] += sign * worker.cpu_milli
+            self.mem[node] += sign * worker.memory
+            for share in worker.gpus:
+                self.milli[node, share.index] += sign * share.milli
+                self.gpu_mem[node, share.index] += sign * share.memory
+        for node in touched:
+            now = self._node(node)
+            self.total += now - self.workers[node]
+            self.workers[node] = now
+
+    def could_fit(self) -> bool:
+        return self.total >= self.gang
+
+    def could_fit_on(self, node: int) -> bool:
+        return self.workers[node] > 0
+
+
+class _Search:
+    """A victim search's moves on the what-if view, with the bound (`_Room`) kept in step, so that fit tests
+    that cannot succeed are answered without a trial placement."""
+
+    def __init__(self, job: Job, cluster: ClusterView, what_if: WhatIf) -> None:
+        self.job = job
+        self.holdings = cluster.holdings
+        self.what_if = what_if
+        self.room = _Room(job, cluster)
+
+    def remove(self, job_id: str) -> None:
+        self.what_if.remove(job_id)
+        self.room.shift(self.holdings[job_id], +1)
+
+    def restore(self, job_id: str) -> None:
+        self.what_if.restore(job_id)
+        self.room.shift(self.holdings[job_id], -1)
+
+    def fits(self) -> bool:
+        """Whether the job fits the view now (admission and placement)."""
+        return self.room.could_fit() and self.what_if.fits(self.job)
+
+    def fits_on(self, node: int) -> bool:
+        """Whether one worker passes the filters on `node` and the job fits the view now."""
+        return self.room.could_fit_on(node) and self.what_if.worker_fits(self.job, node) and self.what_if.fits(self.job)
