@@ -20,7 +20,8 @@ tuned on as well (`scripts/results` regenerates it).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -29,8 +30,9 @@ from typing import Any
 
 from gpufleet.domain.errors import UnknownNameError
 from gpufleet.policies.catalog import PROFILES
-from gpufleet.sim.engine import SimSettings
+from gpufleet.sim.engine import SimRun, SimSettings
 from gpufleet.sim.experiment import Comparison, Progress, run_experiment, scale_load
+from gpufleet.sim.isolated import isolated_jcts
 from gpufleet.sim.metrics import PolicyMetrics
 from gpufleet.sim.prices import PriceTable
 from gpufleet.sim.workload import Workload, WorkloadError
@@ -480,6 +482,31 @@ def published_rates(published: Mapping[tuple[str, str, float, str], float], trac
     return tuple(sorted({rate for (t, metric, rate, _) in published if t == trace and metric == "avg_jct_hours"}))
 
 
+def _per_rate(progress: Progress | None, rate: float, index: int, rates: int, elapsed_s: float) -> Progress | None:
+    """Progress labelled by the rate, its place in the sweep and, after the first rate, the time left at the pace so
+    far (the higher rates, run last, take longer: a lower bound)."""
+    if progress is None:
+        return None
+    left = f", about {elapsed_s / index * (rates - index) / 60:.0f} min left" if index else ""
+    label = f"[{index + 1}/{rates}] {rate:g} jobs/h{left}: "
+    return lambda policy, arrived, total: progress(label + policy, arrived, total)
+
+
+def jct_by_job(run: SimRun, job_ids: Collection[str] | None) -> dict[str, float]:
+    """JCT (seconds) of every finished job of the run (of `job_ids` only, when given)."""
+    return {
+        r.id: r.finished_at - r.submitted_at
+        for r in run.store.all()
+        if r.finished_at is not None and (job_ids is None or r.id in job_ids)
+    }
+
+
+def gavel_rho(jct: Mapping[str, float], isolated_jct: Mapping[str, float]) -> float | None:
+    """Gavel's average finish-time fairness: the mean of JCT / isolated JCT over jobs finished in both runs."""
+    ratios = [jct[j] / isolated_jct[j] for j in jct if isolated_jct.get(j, 0.0) > 0]
+    return sum(ratios) / len(ratios) if ratios else None
+
+
 def reproduce_gavel(
     traces_root: Path,
     *,
@@ -502,15 +529,23 @@ def reproduce_gavel(
     lo, hi = GAVEL_MEASURED
     experiments = []
     rows = []
-    for rate in rates:
+    started = time.monotonic()
+    for index, rate in enumerate(rates):
         workload = load_gavel(folder, rate_per_hour=rate, seed=seed, num_jobs=num_jobs, multi_gpu=GAVEL_TRACES[trace])
         measured = frozenset(tj.id for tj in workload.jobs[lo:hi]) or None
         # As Gavel's simulator, stop once the measured jobs are done (the later ones only keep the load up).
         settings = SimSettings(until_done=measured)
         experiment = run_experiment(
-            workload, names, prices=prices, job_ids=measured, settings=settings, progress=progress
+            workload,
+            names,
+            prices=prices,
+            job_ids=measured,
+            settings=settings,
+            progress=_per_rate(progress, rate, index, len(rates), time.monotonic() - started),
         )
         experiments.append(experiment)
+        # Gavel's rho divides each job's JCT by its JCT under Gavel's isolated allocation (gpufleet.sim.isolated).
+        isolated_jct = isolated_jcts(workload)
         for r in experiment.results:
             theirs = GAVEL_POLICIES.get(r.policy)
             key = round(rate, 3)
@@ -525,7 +560,7 @@ def reproduce_gavel(
                     _r(jct_h, 2),
                     jct_pub,
                     _ratio(jct_h, jct_pub),
-                    _r(r.metrics.ftf_rho.avg, 2),
+                    _r(gavel_rho(jct_by_job(r.run, measured), isolated_jct), 2),
                     rho_pub,
                     r.metrics.jobs_finished,
                 )
@@ -540,7 +575,10 @@ def reproduce_gavel(
         "tiresias (preemptive 2D-LAS, event-driven) has no published counterpart on this trace: no published column.",
         "Heterogeneity-agnostic event-driven profiles (fifo, tiresias) break placement ties by node name, so at low "
         "load jobs land on the K80s first (the slowest GPUs, named first).",
-        "rho: ours approximates the 1/N share with the mean number of jobs in the system (gpufleet.sim.metrics).",
+        "rho as Gavel defines it (OSDI'20 section 4.2; its evaluation divides JCTs job by job: scheduler/notebooks/"
+        "figures/evaluation/plotting_utils.py): the mean over measured jobs of JCT / JCT under Gavel's isolated "
+        "allocation (every active job 1/n of each GPU model) on the same arrivals, followed exactly rather than in "
+        "rounds (gpufleet.sim.isolated).",
         f"Workload: {w.citation} License: {w.license}",
     )
     label = "single-GPU" if trace == "continuous-single" else "multi-GPU"

@@ -262,11 +262,12 @@ class Planner:
             entitled = sum(t * n for t, n in zip(row, counts, strict=True)) / total
             gains.append({m: t / entitled for m, t in zip(models, row, strict=True)} if entitled > 0 else {})
         for c, key in enumerate(keys):
-            share_row = allocation.share[c]
+            # One share per class, read-only, shared by its jobs' plans.
+            share = {m: float(s) for m, s in zip(models, allocation.share[c], strict=True) if s > MIN_SHARE}
+            normalised = float(allocation.normalised[c])
             for i in classes[key]:
                 job, held = active[i]
                 received, weight = facts[i]
-                share = {m: float(s) for m, s in zip(models, share_row, strict=True) if s > MIN_SHARE}
                 unplaced = received.pop("", 0.0)
                 if unplaced and share:
                     shared = sum(share.values())
@@ -279,7 +280,7 @@ class Planner:
                     received,
                     max(0.0, now - job.submitted_at),
                     weight,
-                    float(allocation.normalised[c]),
+                    normalised,
                     gains[c],
                 )
         self._assign(result, dict(zip(models, counts, strict=True)), frozenset(j.id for j in stopping), now)
@@ -351,8 +352,11 @@ class Planner:
             for i, (key, amount) in enumerate(sorted(wanted.items()))
         }
         left: list[str] = []
+        unassigned = sum(free.values())  # GPUs not yet planned: once none are left, no later job fits
         for within_budget in (True, False):
             for _, _, job_id in order if within_budget else [(0, 0, j) for j in left]:
+                if unassigned <= 0:
+                    break
                 plan = result.jobs[job_id]
                 gpus = max(1, round(plan.job.gpu_milli_total / MILLI_PER_GPU))
                 for model in sorted(plan.share, key=lambda m: (-plan.lag_s(m), m)):
@@ -360,6 +364,7 @@ class Planner:
                     if free.get(model, 0) < gpus or (within_budget and budget.get(key, 0) < gpus):
                         continue
                     free[model] -= gpus
+                    unassigned -= gpus
                     budget[key] = budget.get(key, 0) - gpus
                     result.rank[job_id] = len(result.assigned)
                     result.assigned[job_id] = model
