@@ -374,18 +374,31 @@ class Planner:
                         left.append(job_id)
 
 
+def _gpu_models(cluster: ClusterView) -> tuple[tuple[str, ...], ...]:
+    """Each node's GPUs' models (`model_key`), by node row and GPU index: node capacity only, so computed once per
+    inventory (the plan asks for them for every active job, every cycle)."""
+
+    def compute() -> tuple[tuple[str, ...], ...]:
+        table = cluster.nodes
+        keys = [model_key(name) for name in table.models]
+        return tuple(
+            tuple(keys[int(m)] for m in table.gpu_model[row][table.gpu_exists[row]]) for row in range(len(table.names))
+        )
+
+    return cluster.memo(("rounds.gpu_models",), compute)
+
+
 def _node_model(cluster: ClusterView, row: int) -> str | None:
-    table = cluster.nodes
-    ids = table.gpu_model[row][table.gpu_exists[row]]
-    return model_key(table.models[int(ids[0])]) if len(ids) else None
+    gpus = _gpu_models(cluster)[row]
+    return gpus[0] if gpus else None
 
 
 def _job_model(cluster: ClusterView, holding: Holding) -> str | None:
     """The GPU model a running job holds (its first GPU's; jobs are planned on one model)."""
-    table = cluster.nodes
+    index = cluster.nodes.index
     for worker in holding.workers:
-        row = table.index.get(worker.node)
+        row = index.get(worker.node)
         if row is None or not worker.gpus:
             continue
-        return model_key(table.models[int(table.gpu_model[row, worker.gpus[0].index])])
+        return _gpu_models(cluster)[row][worker.gpus[0].index]
     return None
