@@ -322,7 +322,10 @@ def sim(
     ] = "1",
     rates: Annotated[
         str,
-        typer.Option(help="--reproduce gavel|gavel-multi: arrival rates (jobs/hour); default: every published one."),
+        typer.Option(
+            help="--reproduce gavel|gavel-multi: arrival rates (jobs/hour); default: every published one "
+            "(--progress shows each rate, its place in the sweep and the time left)."
+        ),
     ] = "",
     show_progress: Annotated[
         bool | None,
