@@ -17,6 +17,7 @@ from gpufleet.policies.catalog import (
     ORDER,
     PROFILE_BUILDERS,
     PROFILES,
+    ROUND_S,
     SCORE,
     SELECT,
     PolicyData,
@@ -24,6 +25,7 @@ from gpufleet.policies.catalog import (
     profile,
 )
 from gpufleet.policies.order.throughput_fair import ThroughputFairShare
+from gpufleet.policies.rounds.plugins import RoundOrder
 from gpufleet.policies.score.fgd import FgdScore
 from gpufleet.policies.score.throughput import ThroughputScore
 from gpufleet.policies.select.fgd import FgdSelect
@@ -40,7 +42,14 @@ NEW = {
     "fgd-fair": f"order=fair_share, {STANDARD}, score=fgd*1+topology*1, select=fgd, preempt=priority",
     "sjf": f"order=sjf, {STANDARD}, score=bin_pack*1+topology*1, select=pack, preempt=none",
     "srtf": f"order=srtf, {STANDARD}, score=bin_pack*1+topology*1, select=pack, preempt=none",
-    "gavel": f"order=throughput_fair, {STANDARD}, score=throughput*2+bin_pack*1+topology*1, select=pack, preempt=none",
+    "gavel": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits, "
+    "score=throughput*2+bin_pack*1+topology*1, select=pack, preempt=rounds, learner=rounds",
+    "gavel-mmf": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits, "
+    "score=bin_pack*1+topology*1, select=pack, preempt=rounds, learner=rounds",
+    "max-min": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits, "
+    "score=bin_pack*1+topology*1, select=pack, preempt=rounds, learner=rounds",
+    "gavel-greedy": f"order=throughput_fair, {STANDARD}, score=throughput*2+bin_pack*1+topology*1, select=pack, "
+    "preempt=none",
     "tiresias": f"order=las, {STANDARD}, score=topology*2+bin_pack*1, select=pack, preempt=las",
 }
 TABLE = ThroughputTable((ThroughputEntry("a", "A100", 1, 2.0), ThroughputEntry("a", "T4", 1, 1.0)))
@@ -76,12 +85,18 @@ def test_policy_data_reaches_the_plugins_that_need_it() -> None:
     assert score.target is workload
     assert select.target is workload
     assert select.memo is score.memo  # the select plugin reuses the GPU the score found
+    greedy = profile("gavel-greedy", PolicyData(throughput=TABLE))
+    assert isinstance(greedy.order, ThroughputFairShare)
+    assert greedy.order.table is TABLE
+    assert isinstance(greedy.scores[0][0], ThroughputScore)
+    assert greedy.scores[0][0].table is TABLE
+    assert profile("gavel-greedy").scores[0][0].table is None  # type: ignore[attr-defined]
     gavel = profile("gavel", PolicyData(throughput=TABLE))
-    assert isinstance(gavel.order, ThroughputFairShare)
-    assert gavel.order.table is TABLE
-    assert isinstance(gavel.scores[0][0], ThroughputScore)
-    assert gavel.scores[0][0].table is TABLE
-    assert profile("gavel").scores[0][0].table is None  # type: ignore[attr-defined]
+    assert isinstance(gavel.order, RoundOrder)
+    assert gavel.order.planner.table is TABLE
+    assert gavel.round_s == ROUND_S
+    assert gavel.job_specific
+    assert profile("max-min", PolicyData(throughput=TABLE)).order.planner.table is None  # type: ignore[attr-defined]
 
 
 def test_each_call_builds_fresh_plugins() -> None:

@@ -124,7 +124,7 @@ def test_jobs_that_gain_little_are_placed_by_packing_and_those_that_gain_much_by
     hog = Job(id="hog", queue="q", request=WorkerRequest(gpus=3))
     running = (RunningJob(hog, (WorkerPlacement("a-k80", tuple(GpuShare(g) for g in range(3))),)),)
     snapshot = ClusterSnapshot((NODES[0], NODES[2]), running)
-    gavel = profile("gavel", PolicyData(throughput=TABLE))
+    gavel = profile("gavel-greedy", PolicyData(throughput=TABLE))
     for job_type, node in (("lstm", "a-k80"), ("resnet", "c-v100")):
         result = run_cycle(snapshot, [job("j", job_type)], gavel)
         assert result.placements[0].workers[0].node == node, job_type
@@ -186,7 +186,7 @@ def test_the_queue_with_the_least_normalised_rate_per_weight_goes_next() -> None
         Job(id="b1", queue="b", request=WorkerRequest(gpus=1), job_type="lstm", submit_seq=1),
         Job(id="b2", queue="b", request=WorkerRequest(gpus=1), job_type="lstm", submit_seq=2),
     ]
-    result = run_cycle(snapshot, pending, profile("gavel", PolicyData(throughput=TABLE)))
+    result = run_cycle(snapshot, pending, profile("gavel-greedy", PolicyData(throughput=TABLE)))
     # b (0.8) before a (1.6); b1 takes a V100 (lstm gains a little there): b is at 0.8 + 1.2 = 2.0, so a1.
     assert [(p.job, p.workers[0].node) for p in result.placements] == [
         ("b1", "v100"),
@@ -215,5 +215,5 @@ def test_within_a_queue_least_attained_service_goes_first() -> None:
         job("wide-served", "resnet", WorkerRequest(gpus=4), attained_gpu_seconds=800.0, submit_seq=1),
         job("new", "lstm", submit_seq=2),
     ]
-    placed = run_cycle(ClusterSnapshot(TWO_MODELS), pending, profile("gavel", PolicyData(throughput=TABLE)))
+    placed = run_cycle(ClusterSnapshot(TWO_MODELS), pending, profile("gavel-greedy", PolicyData(throughput=TABLE)))
     assert [p.job for p in placed.placements] == ["new", "wide-served", "old-and-served"]

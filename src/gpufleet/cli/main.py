@@ -39,6 +39,10 @@ app.command("top")(top_command)
 app.command("exporter")(exporter_command)
 app.add_typer(report_app, name="report")
 quota_app.command("idle-policy")(idle_policy_command)
+throughput_app = typer.Typer(
+    help="Measured throughputs the round allocator (gavel profiles) reads.", no_args_is_help=True
+)
+app.add_typer(throughput_app, name="throughput")
 
 
 def print_result(result: dict[str, object], as_json: bool) -> None:
@@ -79,6 +83,58 @@ def bench_scheduler(
         fail(error)
         return
     print_result(result, as_json)
+
+
+@bench_app.command("allocator")
+def bench_allocator(
+    jobs: int = typer.Option(1000, min=1, help="Active jobs (running and pending)."),
+    gpus_per_model: int = typer.Option(128, min=8, help="GPUs of each of the 3 models (nodes of 8)."),
+    seed: int = typer.Option(0, help="Seed of the fleet, the jobs and the synthetic throughput table."),
+    repeat: int = typer.Option(5, min=1, help="Runs of each measurement; the best is printed."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """One round of the round allocator (gavel): the LP, the plan, and a whole cycle at a round's start."""
+    from gpufleet.bench import allocator
+
+    print_result(allocator.run(jobs, gpus_per_model - gpus_per_model % 8, seed, repeat), as_json)
+
+
+@throughput_app.command("import")
+def throughput_import(
+    file: Annotated[
+        Path, typer.Argument(help="A throughput CSV: Gavel's layout, or job_type,gpu_model,gpus,throughput.")
+    ],
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(envvar="GPUFLEET_DATA_DIR", help="The control plane's data dir [default: user data dir]."),
+    ] = None,
+    db: Annotated[
+        str | None, typer.Option(help="The control plane's database URL [default: SQLite in the data dir].")
+    ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(help="The GPU model job durations are given on (default: the file's, V100 for Gavel's)."),
+    ] = None,
+) -> None:
+    """Check a measured throughput table and store it for the control plane (read by `gpufleet up` at start)."""
+    from gpufleet.cli.throughput import read_table, store_table
+    from gpufleet.cli.up import default_data_dir
+
+    try:
+        table = read_table(file, reference)
+        from gpufleet.adapters.storage.sql import default_sqlite_url
+
+        url = db or default_sqlite_url((data_dir or default_data_dir()).expanduser())
+        if db is None:
+            (data_dir or default_data_dir()).expanduser().mkdir(parents=True, exist_ok=True)
+        store_table(url, table)
+    except GpufleetError as error:
+        fail(error)
+        return
+    typer.echo(
+        f"stored {len(table.entries)} throughputs ({len(table.job_types)} job types on {', '.join(table.models)}); "
+        "`gpufleet up` reads them at start: restart the control plane to use them"
+    )
 
 
 @bench_app.command("loop")

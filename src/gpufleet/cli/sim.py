@@ -320,7 +320,13 @@ def sim(
         str,
         typer.Option(help="--reproduce fgd: seeds, as a count from 42 (3), a range (47-51) or a list (42,45)."),
     ] = "1",
-    rates: Annotated[str, typer.Option(help="--reproduce gavel: arrival rates (jobs/hour).")] = "0.4,2.0,3.2",
+    rates: Annotated[
+        str,
+        typer.Option(
+            help="--reproduce gavel|gavel-multi: arrival rates (jobs/hour); default: every published one "
+            "(--progress shows each rate, its place in the sweep and the time left)."
+        ),
+    ] = "",
     show_progress: Annotated[
         bool | None,
         typer.Option("--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
@@ -584,7 +590,7 @@ def _reproduce(
             f"--set {', '.join(unknown)} does not apply to --reproduce {name}", f"{takes}; drop the others"
         )
     kwargs |= {key: str(value) if key in ("pods", "window") else value for key, value in options.items()}
-    if name == "gavel":
+    if name in ("gavel", "gavel-multi") and rates.strip():
         try:
             kwargs["rates"] = tuple(float(r) for r in rates.split(",") if r.strip())
         except ValueError:

@@ -46,6 +46,7 @@ from gpufleet.scheduling.plugin_api import Profile, SortKey, Wake
 from gpufleet.scheduling.state import InventoryCache
 
 S = JobState
+ROUND_BURST = 1 << 30  # with rounds, every job of an active group is decided
 log = logging.getLogger(__name__)
 
 
@@ -112,7 +113,7 @@ class Reconciler:
         self.profile = profile
         self.events = events
         self.settings = settings or ReconcilerSettings()
-        self.pending = PendingIndex(profile.strict_fifo)
+        self.pending = self._pending_index()
         self.learning = Learning(profile.learner)
         self.inventory = InventoryCache()  # the node inventory's table and memo, kept across rebuilds
         self.nominated: set[JobId] = set()
@@ -120,6 +121,7 @@ class Reconciler:
         self._request_cursor = 0
         self._cluster_version = -1
         self._last_retry_all = clock.now()
+        self._next_round = self._round_after(clock.now())
         self._deadlines: list[tuple[float, JobId, int]] = []  # (max runtime end, job, attempt), a heap
         self._known: dict[JobId, JobRecord] = {}  # every active job's record as last read or written
         # What the backend reported and the store has not taken yet: the backend reports each observation
@@ -153,7 +155,7 @@ class Reconciler:
         return report
 
     def _resync(self) -> None:
-        self.pending = PendingIndex(self.profile.strict_fifo)
+        self.pending = self._pending_index()
         self.nominated.clear()
         self._rebuild()
         self._dirty = False
@@ -172,12 +174,17 @@ class Reconciler:
         if self.profile.preempt is not None and now >= self._last_retry_all + self.settings.retry_all_s:
             self.pending.wake_all()
             self._last_retry_all = now
+        if self._next_round is not None and now >= self._next_round:
+            # A round begins: every pending job is decided again against the round's plan.
+            self.pending.wake_all()
+            self._next_round = self._round_after(now)
         for _ in range(self.settings.max_cycles_per_step):
             jobs = self.pending.to_decide(self.nominated)
             if not jobs:
                 break
             started = time.perf_counter()
             work = self.base.fork(now)
+            work.queued = tuple(self.pending.jobs.values())
             result = decide(work, jobs, self.profile, sorted(self.nominated))
             report.core_seconds += time.perf_counter() - started
             report.cycles += 1
@@ -209,10 +216,26 @@ class Reconciler:
         return report
 
     def next_retry_at(self) -> float | None:
-        """When parked jobs will be retried regardless of events (None: only events wake them)."""
+        """When parked jobs will be retried regardless of events (None: only events wake them): the next
+        round boundary for a profile that allocates in rounds while jobs wait, else the periodic retry."""
+        if self._next_round is not None and len(self.pending):
+            return self._next_round
         if self.profile.preempt is None or not self.pending.parked:
             return None
         return self._last_retry_all + self.settings.retry_all_s
+
+    def _pending_index(self) -> PendingIndex:
+        # A profile that allocates in rounds plans over every waiting job: decide them all, not a burst.
+        if self.profile.round_s is not None:
+            return PendingIndex(self.profile.strict_fifo, burst=ROUND_BURST)
+        return PendingIndex(self.profile.strict_fifo)
+
+    def _round_after(self, now: float) -> float | None:
+        """The first round boundary after `now` (None: the profile does not allocate in rounds)."""
+        length = self.profile.round_s
+        if length is None:
+            return None
+        return (math.floor(now / length) + 1) * length
 
     # --- snapshot ---------------------------------------------------------------------------------
 

@@ -126,3 +126,31 @@ def job_scale(job: Job) -> tuple[int, bool]:
     """(GPU count, consolidated) a job's throughput is read at: all its GPUs (`gpus` per worker x workers),
     consolidated when it has one worker (Gavel's scale factor and placement)."""
     return job.request.gpus * job.workers, job.workers == 1
+
+
+def table_to_json(table: ThroughputTable) -> str:
+    """The table as JSON (what the control plane stores: `gpufleet throughput import`)."""
+    import json
+
+    return json.dumps(
+        {
+            "source": table.source,
+            "reference": table.reference,
+            "entries": [[e.job_type, e.model, e.gpus, e.throughput, e.consolidated] for e in table.entries],
+        },
+        separators=(",", ":"),
+    )
+
+
+def table_from_json(text: str) -> ThroughputTable:
+    """A table stored by `table_to_json`; WorkloadError if it is not one."""
+    import json
+
+    try:
+        data = json.loads(text)
+        entries = tuple(ThroughputEntry(str(t), str(m), int(g), float(s), bool(c)) for t, m, g, s, c in data["entries"])
+        return ThroughputTable(entries, source=str(data.get("source", "")), reference=data.get("reference"))
+    except (ValueError, KeyError, TypeError) as error:
+        raise WorkloadError(
+            f"the stored throughput table is unreadable ({error})", "import it again: gpufleet throughput import FILE"
+        ) from None

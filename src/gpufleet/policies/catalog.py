@@ -31,9 +31,19 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
     sjf            shortest job first with known durations (`expected_duration`), bin_pack + topology
     srtf           shortest remaining time first (duration minus attained service), bin_pack + topology;
                    ordering only: no plugin preempts a running job for a shorter one
-    gavel          max-min fairness on normalised throughput (`throughput_fair`), heterogeneity-aware
-                   placement (`throughput`, weight 2) + bin_pack + topology, for a throughput table
-                   (`PolicyData.throughput`; without one the throughput parts are neutral)
+    gavel          the round allocator (`policies/rounds`): each round (360 s) an LP gives every active job
+                   max-min fair shares of each GPU model over throughput-normalised allocations, weighted by
+                   service received inside a queue (bands 0.5, 2 and 10 h: weights 64, 16, 4, 1) and queue
+                   weight; a running job keeps its GPUs unless another lags by more than 360 s; keeps every
+                   GPU busy; jobs that lag their share run next round, others are preempted with the
+                   checkpoint signal at the round's end; for a throughput table (`PolicyData.throughput`;
+                   without one every model counts the same)
+    gavel-mmf      Gavel's own `max_min_fairness_perf`: the round allocator with equal weights and one LP
+    max-min        Gavel's heterogeneity-agnostic `max_min_fairness`: the round allocator with every GPU model
+                   counted the same (preemptive time-sharing)
+    gavel-greedy   the event-driven approximation that `gavel` was before: max-min on normalised throughput
+                   by a greedy order (`throughput_fair`), heterogeneity-aware placement (`throughput`, weight
+                   2) + bin_pack + topology; no rounds, no preemption
     tiresias       least attained service (2D-LAS bands) with consolidation first (topology weight 2, then
                    bin_pack), and LAS preemption: a job may stop jobs of its queue in a higher band (`las`)
     qssf           quasi-shortest service first (Helios): least predicted GPU-seconds first, run times learned
@@ -58,6 +68,7 @@ Two ways to give them their data:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -79,6 +90,8 @@ from gpufleet.policies.order.srtf import ShortestRemainingTime
 from gpufleet.policies.order.throughput_fair import ThroughputFairShare
 from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.policies.preempt.priority import PriorityPreemption
+from gpufleet.policies.rounds.plan import Planner, WeightBands
+from gpufleet.policies.rounds.plugins import RoundAdmit, RoundOrder, RoundPreempt, ServiceLearner
 from gpufleet.policies.score.best_fit import BestFit
 from gpufleet.policies.score.bin_pack import BinPack
 from gpufleet.policies.score.fgd import FgdScore
@@ -248,9 +261,62 @@ def _fgd_fair(data: PolicyData) -> Profile:
     )
 
 
-def _gavel(data: PolicyData) -> Profile:
+# The round allocator's settings (see `gpufleet.policies.rounds` and docs/results/gavel.md for the measurements).
+ROUND_S = 360.0  # Gavel's round; see ROUND_S_MEASURED in gpufleet.sim.tuned
+ROUND_MIN_RUN_S = 0.0  # a job started in a round keeps its GPUs to the round's end; no further minimum
+# `gavel`'s weights by hours of service received: less service, more weight (tuned; see gpufleet.sim.tuned).
+GAVEL_BANDS = WeightBands(thresholds_h=(0.5, 2.0, 10.0), weights=(64.0, 16.0, 4.0, 1.0))
+# `gavel`: a running job keeps its GPUs unless another job lags its share by more than this much service (the
+# restart a stop costs, and the churn it saves; tuned, see gpufleet.sim.tuned).
+GAVEL_KEEP_S = 360.0
+
+
+def round_profile(
+    name: str,
+    data: PolicyData,
+    *,
+    agnostic: bool = False,
+    bands: WeightBands | None = None,
+    efficient: bool = True,
+    fill: bool = True,
+    round_s: float = ROUND_S,
+    min_run_s: float = ROUND_MIN_RUN_S,
+    restart_s: float = 0.0,
+) -> Profile:
+    """A round allocator profile: max-min fair shares of GPU models by LP each round, realised by preemption
+    at round ends; placement inside the planned model packs, with topology for multi-GPU jobs; GPUs filled
+    mid-round (`fill`) go to the models a job runs fastest on."""
+    planner = Planner(
+        data.throughput,
+        round_s=round_s,
+        agnostic=agnostic,
+        bands=bands,
+        efficient=efficient,
+        fill=fill,
+        restart_s=restart_s,
+    )
+    scores: tuple[tuple[str | ScorePlugin, float], ...] = (("bin_pack", 1.0), ("topology", 1.0))
+    if fill and not agnostic:
+        scores = ((ThroughputScore(data.throughput), 2.0), *scores)
+    profile = build_profile(
+        name,
+        RoundOrder(planner),
+        scores,
+        preempt=RoundPreempt(planner, min_run_s=min_run_s),
+        learner=ServiceLearner(),
+    )
+    return dataclasses.replace(
+        profile,
+        admit=(*profile.admit, RoundAdmit(planner)),
+        round_s=round_s,
+        job_specific=True,
+        preemption_searches_per_queue=1 << 30,
+    )
+
+
+def _gavel_greedy(data: PolicyData) -> Profile:
     return build_profile(
-        "gavel",
+        "gavel-greedy",
         ThroughputFairShare(data.throughput),
         ((ThroughputScore(data.throughput), 2.0), ("bin_pack", 1.0), ("topology", 1.0)),
     )
@@ -280,7 +346,13 @@ PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
     "fgd-fair": _fgd_fair,
     "sjf": lambda _: build_profile("sjf", "sjf", (("bin_pack", 1.0), ("topology", 1.0))),
     "srtf": lambda _: build_profile("srtf", "srtf", (("bin_pack", 1.0), ("topology", 1.0))),
-    "gavel": _gavel,
+    # Round allocators: Gavel's max-min fairness over normalised throughput (LP each round). `gavel` is ours
+    # (service-weighted bands, every GPU kept busy); `gavel-mmf` Gavel's max_min_fairness_perf as published
+    # (equal weights, one LP); `max-min` Gavel's heterogeneity-agnostic max_min_fairness (every GPU the same).
+    "gavel": lambda data: round_profile("gavel", data, bands=GAVEL_BANDS, restart_s=GAVEL_KEEP_S),
+    "gavel-mmf": lambda data: round_profile("gavel-mmf", data, efficient=False, fill=False),
+    "max-min": lambda data: round_profile("max-min", data, agnostic=True, efficient=False, fill=False),
+    "gavel-greedy": _gavel_greedy,
     "tiresias": lambda _: build_profile("tiresias", "las", (("topology", 2.0), ("bin_pack", 1.0)), preempt="las"),
     # Quasi-shortest service first with run times learned online from finished jobs (no oracle durations).
     "qssf": lambda _: build_profile("qssf", "qssf", (("bin_pack", 1.0), ("topology", 1.0)), learner="qssf"),

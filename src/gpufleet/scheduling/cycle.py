@@ -180,13 +180,15 @@ class _Cycle:
         """
         state = self.state
         request_class = self.job_class(job_class).request_class
-        status = self.failed_requests.get(request_class)
+        job_specific = self.profile.job_specific
+        status = None if job_specific else self.failed_requests.get(request_class)
         view: JobView | None = None
         if status is None:
             view, status = self._try(job)
             if status is None:
                 return True
-            self.failed_requests[request_class] = status
+            if not job_specific:
+                self.failed_requests[request_class] = status
         outstanding = [v for v in state.evicting_for.get(job.id, ()) if v in state.holdings]
         if outstanding and status.code in (Code.UNSCHEDULABLE, Code.WAIT):
             self._hold_room(job, outstanding)
@@ -201,7 +203,7 @@ class _Cycle:
             status, settled = self._preempt(job, view, status, job_class)
         else:
             settled = True
-        if settled:
+        if settled and not job_specific:
             self.known_outcomes[job_class] = status
         self.waiting[job.id] = status
         return False
@@ -229,7 +231,8 @@ class _Cycle:
         Cached by the job's class: what blocked it is the request class's one cached failure, so a
         cached answer carries this job's reasons."""
         assert self.profile.preempt is not None
-        cached = self.victimless.get(job_class)
+        job_specific = self.profile.job_specific
+        cached = None if job_specific else self.victimless.get(job_class)
         if cached is not None:
             return cached, True
         if self.searches[job.queue] >= self.profile.preemption_searches_per_queue:
@@ -245,7 +248,8 @@ class _Cycle:
             view = _admit(self.profile, job, self.state)[0]
         choice = self.profile.preempt.preempt(view, self.state.view, blocked_by, self.what_if)
         if not choice.victims:
-            self.victimless[job_class] = choice.status
+            if not job_specific:
+                self.victimless[job_class] = choice.status
             return choice.status, True
         for victim, reason in choice.victims:
             self.state.evicting.add(victim)
@@ -369,6 +373,7 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
     The state is consumed: it holds the cycle's decisions afterwards.
     """
     with _collector_paused():
+        state.pending = tuple(pending)
         cycle = _Cycle(state, profile)
         claims, by_queue = _intake(cycle, pending, set(nominated))
         queues = _ordered(cycle, by_queue)  # keyed before anything is decided: keys see the cycle's input

@@ -148,6 +148,9 @@ class RunEstimate:
     submitted_at: float
     seconds: float
     uncredited: float = 0.0
+    # GPU-seconds the job received in its earlier runs, by node name (for policies that share GPU models
+    # over time, e.g. the round allocator; empty for learners that do not record it).
+    service: tuple[tuple[str, float], ...] = ()
 
 
 class Quotas(Protocol):
@@ -269,6 +272,18 @@ class ClusterView:
     def estimates(self) -> Mapping[JobId, RunEstimate]:
         """What the profile's learner predicted for pending jobs (see `Learner`); empty without one."""
         return self._estimates
+
+    @property
+    def pending(self) -> Sequence[Job]:
+        """The jobs this cycle decides (empty outside a cycle, e.g. when the loop keys a new job)."""
+        return self._state.pending
+
+    @property
+    def queued(self) -> Sequence[Job]:
+        """Every job waiting (the control loop's whole queue, of which it decides some: `pending`); the jobs
+        decided when the cycle runs on its own."""
+        queued = self._state.queued
+        return queued if queued is not None else self._state.pending
 
     @property
     def evicting(self) -> AbstractSet[JobId]:
@@ -475,6 +490,12 @@ class Profile:
     `preemption_searches_per_queue`: how many of a queue's jobs may search for victims in one cycle
     (Kueue considers only each queue's head); the others wait for a later cycle.
     `learner`: learns run times from finished jobs for the order (QSSF); fed by the control loop.
+    `round_s`: the profile allocates in rounds of this length (the round allocator): the control loop decides
+    every pending job at each round boundary (multiples of `round_s` on its clock), not only those an event
+    woke. None: event-driven only.
+    `job_specific`: its admission or preemption depends on the job itself, not only on its queue, request and
+    priority (a round plan names jobs): the cycle then decides every job in full instead of reusing the
+    outcome of an earlier job of the same class.
     """
 
     name: str
@@ -488,6 +509,8 @@ class Profile:
     elastic_grow: bool = True
     preemption_searches_per_queue: int = 4
     learner: Learner | None = None
+    round_s: float | None = None
+    job_specific: bool = False
 
     @property
     def local_scores(self) -> bool:

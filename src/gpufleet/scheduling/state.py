@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import copy
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -127,6 +127,8 @@ class CycleState:
         self.now = snapshot.now
         self.seed = snapshot.seed
         self.estimates: Mapping[JobId, RunEstimate] = estimates if estimates is not None else {}
+        self.pending: Sequence[Job] = ()  # the jobs a cycle decides on this state (set by `decide`)
+        self.queued: Sequence[Job] | None = None  # every waiting job, when the caller knows more than `pending`
         self.table = inventory.table(snapshot.nodes)
         self._memo = inventory.memo
         self.ledger = QuotaLedger(snapshot.queues)

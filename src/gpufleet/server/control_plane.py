@@ -35,6 +35,7 @@ from gpufleet.control.target import RECENT_JOBS, learned_target
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.quotas import DEFAULT_QUEUE, QueueSpec
+from gpufleet.domain.throughput_table import table_from_json
 from gpufleet.policies.catalog import PolicyData, profile
 from gpufleet.ports.admin import JobQuery
 from gpufleet.ports.gpu_probe import GpuActivity, GpuProbe
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpufleet.up")
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+THROUGHPUT_SETTING = "throughput_table"  # stored by `gpufleet throughput import`
 
 
 def is_loopback(host: str) -> bool:
@@ -480,7 +484,11 @@ class ControlPlane:
             recent = [record.job for record in self.store.jobs(JobQuery(limit=RECENT_JOBS))]
             self.fgd_target = learned_target(recent)
             log.info("FGD target workload: %s", self.fgd_target.source)
-            policy = profile(settings.policy, PolicyData(target=self.fgd_target.target))
+            stored = self.store.get_setting(THROUGHPUT_SETTING)
+            throughput = table_from_json(stored) if stored else None
+            if throughput is not None:
+                log.info("throughput table: %d entries from %s", len(throughput.entries), throughput.source)
+            policy = profile(settings.policy, PolicyData(target=self.fgd_target.target, throughput=throughput))
             loop_settings = ReconcilerSettings(max_grace_s=settings.max_grace_s)
             self.reconciler = Reconciler(self.store, self.backend, self.clock, policy, settings=loop_settings)
             self.telemetry = _telemetry(

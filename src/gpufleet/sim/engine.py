@@ -65,9 +65,12 @@ class SimSettings:
     reconciler: ReconcilerSettings = field(default_factory=ReconcilerSettings)
     horizon_s: float | None = None  # stop at this simulated time (None: when nothing is left to happen)
     failures: FailureModel | None = None  # random node failures and repairs (None: nodes never fail)
+    # Stop once these jobs have all ended (Gavel's simulator stops when its measured jobs are done); None: run on.
+    until_done: frozenset[str] | None = None
 
 
 FAILURE_HORIZON_FACTOR = 20.0
+UNTIL_DONE_EVERY = 256  # steps between checks of `SimSettings.until_done`
 
 
 def failure_horizon(workload: Workload) -> float:
@@ -314,6 +317,7 @@ class Simulation:
         hold: float | None = None
         cut_short = False
         capacity_of: tuple[object, int] = (None, 0)
+        watched = set(self.settings.until_done) if self.settings.until_done else set()
         while self._heap:
             now = self._heap[0][0]
             if horizon is not None and now > horizon:
@@ -367,6 +371,10 @@ class Simulation:
                 self._push(self._retry_at, RETRY, None)
             if progress is not None:
                 progress(arrived, total)
+            if watched and steps % UNTIL_DONE_EVERY == 0:
+                watched = {j for j in watched if (r := self.store.get(j)) is None or not r.state.terminal}
+                if not watched:
+                    break
         end = self.clock.t
         for name, since in self._down_since.items():
             self.node_down_gpu_seconds += len(self.nodes[name].gpus) * max(0.0, end - since)

@@ -39,7 +39,10 @@ of the node table during the run). Same run, same numbers. Definitions (seconds 
   the system (pending + running, from the samples) during the job's life; a 1/N share is C/N GPUs of the C
   in the cluster (quotas and VC partitions are ignored); a job of g GPUs at reference speed takes
   `T_isolated = duration x max(1, g N / C)` (it cannot go faster than its own size; on less than g GPUs it is
-  slowed in proportion). rho > 1: the job did worse than on its fair share (`ftf_unfair_pct`).
+  slowed in proportion). With a throughput table (a heterogeneous cluster, as Gavel's), an equal share is an
+  equal time on every GPU of the cluster, so `duration` (given at the reference model's speed) is divided by
+  the job's mean relative speed over the cluster's GPUs (Gavel's isolated share). rho > 1: the job did worse
+  than on its fair share (`ftf_unfair_pct`).
 """
 
 from __future__ import annotations
@@ -53,8 +56,11 @@ import numpy as np
 import numpy.typing as npt
 
 from gpufleet.control.reconciler import Reconciler
+from gpufleet.domain.errors import WorkloadError
+from gpufleet.domain.jobs import Job
 from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.records import JobRecord
+from gpufleet.domain.throughput_table import job_scale
 from gpufleet.scheduling.fragmentation import TargetWorkload, cluster_fragmentation
 from gpufleet.scheduling.table import NodeTable
 from gpufleet.sim.engine import Sample, SimRun
@@ -595,6 +601,7 @@ def _finish_time_fairness(run: SimRun, timed: list[JobRecord], duration: Mapping
     contenders = np.maximum(1.0, np.where(span > 0, inside / np.where(span > 0, span, 1.0), at_submit))
     gpus = np.array([r.job.gpu_milli_total / 1000.0 for r in timed], dtype=np.float64)
     run_time = np.array([duration[r.id] or 0.0 for r in timed], dtype=np.float64)
+    run_time /= _equal_share_speeds(run.workload, [r.job for r in timed])
     isolated = run_time * np.maximum(1.0, gpus * contenders / capacity_gpus)
     return [float(x) for x in span / isolated]
 
@@ -709,3 +716,34 @@ def job_completion_times(run: SimRun, job_ids: Collection[str] | None = None) ->
         ],
         dtype=np.float64,
     )
+
+
+def _equal_share_speeds(workload: Workload, jobs: list[Job]) -> npt.NDArray[np.float64]:
+    """Each job's speed on an equal share of every GPU of the cluster, relative to the reference model (1.0
+    without a throughput table, or for a job type or GPU count it lacks)."""
+    table = workload.throughput
+    speeds = np.ones(len(jobs), dtype=np.float64)
+    if table is None or table.reference is None:
+        return speeds
+    models: dict[str, int] = {}
+    for node in workload.nodes:
+        for gpu in node.gpus:
+            models[gpu.model] = models.get(gpu.model, 0) + 1
+    total = sum(models.values())
+    cache: dict[tuple[str, int, bool], float] = {}
+    for i, job in enumerate(jobs):
+        gpus, consolidated = job_scale(job)
+        key = (job.job_type, gpus, consolidated)
+        if key not in cache:
+            try:
+                cache[key] = (
+                    sum(
+                        table.relative_speed(job.job_type, m, gpus, consolidated=consolidated) * n
+                        for m, n in models.items()
+                    )
+                    / total
+                )
+            except WorkloadError:
+                cache[key] = 1.0
+        speeds[i] = cache[key] if cache[key] > 0 else 1.0
+    return speeds

@@ -225,6 +225,61 @@ def plot_fgd_allocation(
     return _save(fig, path)
 
 
+def plot_rate_curve(comparison: Comparison, path: Path) -> Path | None:
+    """Average JCT against arrival rate: ours per policy (solid), the published policy it is compared with
+    (dashed, same colour), Gavel's agnostic baselines (grey, dotted). For comparisons by rate (Gavel)."""
+    columns = comparison.columns
+    if "rate_jobs_per_hour" not in columns or "avg_jct_hours" not in columns:
+        return None
+    rate_i, policy_i, jct_i = (columns.index(c) for c in ("rate_jobs_per_hour", "policy", "avg_jct_hours"))
+    ours: dict[str, list[tuple[float, float]]] = {}
+    for row in comparison.rows:
+        if row[jct_i] is not None:
+            ours.setdefault(str(row[policy_i]), []).append((float(row[rate_i]), float(row[jct_i])))
+    published: dict[str, Any] = comparison.series.get("published", {})
+    names: dict[str, str] = comparison.series.get("policy_names", {})
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    shown: set[str] = set()
+    for i, (policy, points) in enumerate(sorted(ours.items())):
+        colour = colours[i % len(colours)]
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], color=colour, marker="o", label=f"{policy} (ours)")
+        theirs = names.get(policy)
+        if theirs in published and theirs not in shown:
+            curve = published[theirs]
+            ax.plot(
+                curve["rate_jobs_per_hour"],
+                curve["avg_jct_hours"],
+                color=colour,
+                linestyle="--",
+                marker=".",
+                label=f"{theirs} (published)",
+            )
+            shown.add(theirs)
+    for theirs, curve in sorted(published.items()):
+        if theirs not in shown and theirs in ("max_min_fairness", "fifo"):  # the baselines, for scale
+            ax.plot(
+                curve["rate_jobs_per_hour"],
+                curve["avg_jct_hours"],
+                color="grey",
+                linestyle=":",
+                linewidth=0.8,
+                label=f"{theirs} (published)",
+            )
+    top = max((p[1] for points in ours.values() for p in points), default=50.0)
+    ax.set_ylim(0, min(max(top * 1.3, 50.0), 200.0))
+    ax.set_xlabel("arrival rate (jobs/hour)")
+    ax.set_ylabel("average JCT (hours)")
+    ax.set_title(comparison.title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    if comparison.experiments:
+        _footer(fig, comparison.experiments[0])
+    return _save(fig, path)
+
+
 def plot_queue_time(experiment: Experiment, path: Path) -> Path | None:
     if experiment.fgd_protocol:
         return None  # pods never leave: every placed pod started at once, there is no queueing to show
@@ -367,6 +422,8 @@ def _report_md(
         lines += ["", f"*Published figures: {comparison.source}*", ""]
         lines += [f"- {n}" for n in comparison.notes]
         lines += [""]
+        for label, path in images.get("_comparison", {}).items():
+            lines += [f"![{label}]({path.name})", ""]
     for experiment in experiments:
         lines += _experiment_md(
             experiment, images.get(experiment.workload.name, {}), "##" if comparison is None else "###"
@@ -434,6 +491,11 @@ def write_report(
         kept = {label: p for label, p in made.items() if p is not None}
         images[experiment.workload.name] = kept
         written += kept.values()
+    if plots and comparison is not None:
+        curve = plot_rate_curve(comparison, out / "jct_vs_rate.png")
+        if curve is not None:
+            images["_comparison"] = {"Average JCT against arrival rate, ours beside the published": curve}
+            written.append(curve)
     (out / "report.md").write_text(_report_md(experiments, comparison, images, plots), encoding="utf-8")
     written.append(out / "report.md")
     return written

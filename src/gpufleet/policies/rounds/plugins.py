@@ -1,0 +1,256 @@
+"""The round allocator's plugins: they realise a round's plan (`plan.RoundPlan`) in the ordinary cycle.
+
+- `RoundOrder` (order): at a round's start, jobs planned for the round first, in plan order, the others
+  after, by priority; mid-round, least service first.
+- `RoundAdmit` (admit): a planned job may use only the GPU model it is planned on. With `Planner.fill`, jobs
+  not planned (and, mid-round, any job) may take GPUs that are free, so the cluster stays busy, but never
+  preempt; without it (Gavel's own mechanism) jobs start only at a round's start, as planned.
+- `RoundPreempt` (preempt): a planned job that does not fit stops running jobs on its model that the plan
+  left out, lowest priority first, with the checkpoint signal and grace period of any preemption. GPUs change
+  hands only at round boundaries (in the steps within `Planner.boundary_s` of a round's start: the control
+  loop decides every waiting job then), and only jobs that started before the round began and have run
+  `min_run_s` may be stopped, so a job started in a round keeps its GPUs to the round's end.
+- `ServiceLearner` (learner): records on which nodes each job received its GPU time, which the plan turns into
+  time received per GPU model (the control loop feeds it; it reaches the cycle as data, `RunEstimate.service`).
+
+The plan is computed once per cycle by a `Planner` shared by the three plugins of a profile.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import ClassVar
+
+import numpy as np
+
+from gpufleet.domain.jobs import Job, JobId, RunningJob
+from gpufleet.domain.resources import MILLI_PER_GPU
+from gpufleet.domain.throughput_table import model_key
+from gpufleet.policies.rounds.plan import Planner, RoundPlan
+from gpufleet.scheduling.plugin_api import (
+    SUCCESS,
+    ClusterView,
+    Holding,
+    JobView,
+    RunEstimate,
+    SortKey,
+    Status,
+    VictimChoice,
+    WhatIf,
+    wait,
+)
+
+NAME = "rounds"
+
+
+def current_plan(planner: Planner, cluster: ClusterView) -> RoundPlan:
+    return cluster.per_cycle(("rounds.plan", planner), lambda: planner.plan(cluster))
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def waiting_reason(plan: RoundPlan, job: Job, now: float) -> str:
+    """Why a job waits for a round, in people's words (what `explain` shows)."""
+    entry = plan.jobs.get(job.id)
+    next_in = _minutes(max(0.0, plan.next_round - now))
+    if entry is None or not entry.share:
+        return f"waiting for a round: the allocation gives it no GPU share now; next round in {next_in}"
+    model = max(entry.share, key=entry.lag_s)
+    lag = entry.lag_s(model)
+    gpus = job.gpu_milli_total / MILLI_PER_GPU or 1.0
+    if lag > 0:
+        where = f"behind its fair share of {model} time by {lag * gpus / 3600:.1f} GPU-hours"
+    else:
+        where = f"ahead of its fair share ({entry.share[model]:.0%} of {model} time) while others lag more"
+    return f"waiting for a round: {where}; next round in {next_in}"
+
+
+def _next_round_in(planner: Planner, now: float) -> str:
+    return _minutes(planner.round_start(now) + planner.round_s - now)
+
+
+class RoundOrder:
+    name: ClassVar[str] = NAME
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+
+    def job_key(self, job: Job, cluster: ClusterView) -> SortKey:
+        if not cluster.queued or not self.planner.at_boundary(cluster.now):
+            # Outside a cycle (the loop keys a new job), or mid-round (free GPUs only): least service first.
+            return (1, job.attained_gpu_seconds / max(1.0, job.gpu_milli_total / MILLI_PER_GPU), job.submitted_at)
+        plan = current_plan(self.planner, cluster)
+        rank = plan.rank.get(job.id)
+        if rank is not None:
+            return (0, float(rank), job.submitted_at)
+        entry = plan.jobs.get(job.id)
+        return (1, -entry.deficit if entry is not None else 0.0, job.submitted_at)
+
+    def queue_key(self, queue: str, cluster: ClusterView) -> SortKey:
+        return ()
+
+
+class RoundAdmit:
+    name: ClassVar[str] = NAME
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+
+    def admit(self, view: JobView, cluster: ClusterView) -> Status:
+        if not cluster.queued:
+            return SUCCESS
+        job = view.job
+        planner = self.planner
+        if not planner.at_boundary(cluster.now):
+            if not planner.fill:
+                return wait(NAME, f"waiting for a round: next round in {_next_round_in(planner, cluster.now)}")
+            return self._if_free(job, cluster, None)
+        plan = current_plan(planner, cluster)
+        model = plan.assigned.get(job.id)
+        if model is None:
+            # Not planned this round: it may take GPUs nobody planned for, if there are any.
+            return (
+                self._if_free(job, cluster, plan)
+                if planner.fill
+                else wait(NAME, waiting_reason(plan, job, cluster.now))
+            )
+        view.model_lut &= self._only(cluster, model)
+        return SUCCESS
+
+    def _if_free(self, job: Job, cluster: ClusterView, plan: RoundPlan | None) -> Status:
+        nodes = cluster.nodes
+        free = cluster.current(("rounds.free_milli",), lambda: int(nodes.node_milli_free.sum()))
+        if free >= job.gpu_milli_total:
+            return SUCCESS
+        if plan is None:
+            return wait(
+                NAME, f"waiting for a round: no free GPUs; next round in {_next_round_in(self.planner, cluster.now)}"
+            )
+        return wait(NAME, waiting_reason(plan, job, cluster.now))
+
+    @staticmethod
+    def _only(cluster: ClusterView, model: str) -> np.ndarray:
+        """The model-id mask (+1 "no GPU" slot) of the GPU model `model` (compared by `model_key`)."""
+
+        def compute() -> np.ndarray:
+            models = cluster.nodes.models
+            keep = np.zeros(len(models) + 1, dtype=np.bool_)
+            for i, name in enumerate(models):
+                keep[i] = model_key(name) == model
+            return keep
+
+        return cluster.memo(("rounds.only", model), compute)
+
+
+class RoundPreempt:
+    name: ClassVar[str] = NAME
+
+    def __init__(self, planner: Planner, *, min_run_s: float = 0.0) -> None:
+        self.planner = planner
+        self.min_run_s = min_run_s
+
+    def _eligible(self, holding: Holding, cluster: ClusterView, plan: RoundPlan) -> str | None:
+        """The model a running job could be stopped on for a planned job (None: it keeps running)."""
+        running = holding.running
+        job_id = holding.job.id
+        if running is None or not holding.job.preemptible:
+            return None
+        if running.started_at >= plan.round_start or cluster.now - running.started_at < self.min_run_s:
+            return None  # its round is not over
+        entry = plan.jobs.get(job_id)
+        if entry is None or entry.running_on is None or plan.assigned.get(job_id) == entry.running_on:
+            return None  # the plan keeps it where it is
+        return entry.running_on
+
+    def _candidates(self, cluster: ClusterView, plan: RoundPlan) -> dict[str, list[tuple[float, int, JobId]]]:
+        """Per model, the running jobs the plan leaves out there, lowest priority first (once per cycle)."""
+
+        def compute() -> dict[str, list[tuple[float, int, JobId]]]:
+            by_model: dict[str, list[tuple[float, int, JobId]]] = defaultdict(list)
+            for job_id, holding in cluster.holdings.items():
+                model = self._eligible(holding, cluster, plan)
+                if model is not None:
+                    priority = plan.jobs[job_id].priority(model)
+                    by_model[model].append((priority, -holding.job.submit_seq, job_id))
+            for ranked in by_model.values():
+                ranked.sort()
+            return by_model
+
+        return cluster.per_cycle(("rounds.candidates", self), compute)
+
+    def preempt(self, view: JobView, cluster: ClusterView, blocked_by: Status, what_if: WhatIf) -> VictimChoice:
+        job = view.job
+        if not self.planner.at_boundary(cluster.now):
+            next_in = _next_round_in(self.planner, cluster.now)
+            reason = f"waiting for a round: GPUs change hands then; next round in {next_in}"
+            return VictimChoice((), _also(blocked_by, reason))
+        plan = current_plan(self.planner, cluster)
+        model = plan.assigned.get(job.id)
+        if model is None:
+            return VictimChoice((), _also(blocked_by, waiting_reason(plan, job, cluster.now)))
+        evicting, removed, holdings = cluster.evicting, cluster.removed, cluster.holdings
+        candidates = [
+            c
+            for c in self._candidates(cluster, plan).get(model, ())
+            if c[2] not in evicting and c[2] not in removed and holdings[c[2]].job.priority <= job.priority
+        ]
+        chosen: list[JobId] = []
+        fits = False
+        for _, _, job_id in candidates:
+            chosen.append(job_id)
+            with what_if.without(chosen):
+                if what_if.fits(job):
+                    fits = True
+                    break
+        if not fits:
+            reason = f"planned on {model} this round, but its GPUs are held by jobs whose round is not over"
+            return VictimChoice((), _also(blocked_by, reason))
+        # Reprieve: keep running every victim the job does not need.
+        for job_id in list(reversed(chosen[:-1])):
+            trial = [j for j in chosen if j != job_id]
+            with what_if.without(trial):
+                if what_if.fits(job):
+                    chosen = trial
+        victims = tuple(
+            (job_id, f"the round's plan gives its {model} GPUs to {job.id} (it has had more of its share)")
+            for job_id in chosen
+        )
+        return VictimChoice(victims, wait(NAME, f"waiting for {len(victims)} job(s) to stop at the round's end"))
+
+
+def _also(blocked_by: Status, reason: str) -> Status:
+    """What blocked the job (its code, plugin and wake hint), and the round's reason after it."""
+    return Status(blocked_by.code, (*blocked_by.reasons, reason), blocked_by.plugin, blocked_by.wake_on)
+
+
+class ServiceLearner:
+    """Records, per job, the GPU-seconds it received on each node; estimates carry them (`service`)."""
+
+    name: ClassVar[str] = NAME
+
+    def __init__(self) -> None:
+        self._runs: dict[JobId, RunningJob] = {}
+        self._service: dict[JobId, dict[str, float]] = defaultdict(dict)
+
+    def started(self, run: RunningJob) -> None:
+        self._runs[run.id] = run
+
+    def ended(self, job_id: JobId, now: float, *, finished: bool) -> None:
+        run = self._runs.pop(job_id, None)
+        if finished:
+            self._service.pop(job_id, None)
+            return
+        if run is None:
+            return
+        seconds = max(0.0, now - run.started_at)
+        record = self._service[job_id]
+        for worker in run.workers:
+            gpus = sum(share.milli for share in worker.gpus) / MILLI_PER_GPU
+            if gpus:
+                record[worker.node] = record.get(worker.node, 0.0) + gpus * seconds
+
+    def estimate(self, job: Job, now: float, earlier: RunEstimate | None) -> RunEstimate:
+        service = tuple(sorted(self._service.get(job.id, {}).items()))
+        return RunEstimate(job.submitted_at, 0.0, 0.0, service)

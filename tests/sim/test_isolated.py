@@ -1,0 +1,88 @@
+"""Gavel's isolated reference (`gpufleet.sim.isolated`) and its finish-time fairness (`reproduce.gavel_rho`):
+completion times worked out by hand on small clusters."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
+from gpufleet.domain import Job, QueueSpec, WorkerRequest
+from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable
+from gpufleet.sim.isolated import isolated_jcts
+from gpufleet.sim.reproduce import gavel_rho
+from gpufleet.sim.workload import TraceJob, Workload
+
+# "fast" runs twice as fast on A100 as on the reference V100; "slow" runs only on V100.
+TABLE = ThroughputTable(
+    (
+        ThroughputEntry("fast", "A100-80GB", 1, 2.0),
+        ThroughputEntry("fast", "V100-32GB", 1, 1.0),
+        ThroughputEntry("fast", "A100-80GB", 2, 4.0),
+        ThroughputEntry("fast", "V100-32GB", 2, 2.0),
+        ThroughputEntry("slow", "A100-80GB", 1, 0.0),
+        ThroughputEntry("slow", "V100-32GB", 1, 1.0),
+    ),
+    source="test",
+    reference="V100-32GB",
+)
+
+
+def workload(gpus: str, jobs: list[tuple[str, float, float, int]]) -> Workload:
+    """`gpus`: e.g. "1xA100-80GB,1xV100-32GB"; `jobs`: (type, arrival s, duration s at V100 speed, GPUs)."""
+    nodes = tuple(n for i, spec in enumerate(gpus.split(",")) for n in parse_emulate(spec, f"emu-{i}") if spec.strip())
+    trace = tuple(
+        TraceJob(
+            Job(
+                id=f"j{i}",
+                queue="q",
+                request=WorkerRequest(gpus=count),
+                submit_seq=i,
+                submitted_at=arrival,
+                job_type=job_type,
+            ),
+            duration,
+        )
+        for i, (job_type, arrival, duration, count) in enumerate(jobs)
+    )
+    return Workload(
+        name="isolated-test",
+        citation="synthetic",
+        license="-",
+        nodes=nodes,
+        queues=(QueueSpec("q"),),
+        jobs=trace,
+        throughput=TABLE,
+    )
+
+
+def test_a_job_alone_gets_an_equal_time_on_every_model() -> None:
+    # 1 A100 + 1 V100, one job: half its time on each, at 2x and 1x: 1.5x the reference speed.
+    jct = isolated_jcts(workload("1xA100-80GB,1xV100-32GB", [("fast", 10.0, 3000.0, 1)]))
+    assert jct == {"j0": pytest.approx(2000.0)}
+
+
+def test_jobs_share_the_cluster_one_nth_each() -> None:
+    # One V100, two jobs from t=0: each runs at 1/2 until the shorter is done (at 2 x 100 s), then alone.
+    jct = isolated_jcts(workload("1xV100-32GB", [("fast", 0.0, 100.0, 1), ("fast", 0.0, 300.0, 1)]))
+    assert jct == {"j0": pytest.approx(200.0), "j1": pytest.approx(400.0)}
+
+
+def test_a_later_arrival_slows_the_jobs_already_there() -> None:
+    # One V100: j0 alone for 50 s (50 done), then at 1/2 with j1: 50 left take 100 s more.
+    jct = isolated_jcts(workload("1xV100-32GB", [("fast", 0.0, 100.0, 1), ("fast", 50.0, 1000.0, 1)]))
+    assert jct["j0"] == pytest.approx(150.0)
+    assert jct["j1"] == pytest.approx(100.0 + 950.0)  # 100 s at 1/2 (50 done), then 950 s alone
+
+
+def test_share_is_over_the_jobs_gpus_and_models_it_cannot_use_are_left_out() -> None:
+    # 2 V100 + 2 A100; a 2-GPU job alone: 2/2 of each model's GPUs, capped at 1 in all: half its time on each
+    # (4/2 = 2x on A100, 1x on V100): 1.5x. The "slow" job cannot use the A100s: all its time on the V100s.
+    jct = isolated_jcts(workload("2xA100-80GB,2xV100-32GB", [("fast", 0.0, 3000.0, 2)]))
+    assert jct == {"j0": pytest.approx(2000.0)}
+    alone = isolated_jcts(workload("2xA100-80GB,2xV100-32GB", [("slow", 0.0, 3000.0, 1)]))
+    assert alone == {"j0": pytest.approx(3000.0)}
+
+
+def test_gavel_rho_is_the_mean_ratio_over_jobs_finished_in_both() -> None:
+    assert gavel_rho({"a": 100.0, "b": 300.0, "c": 50.0}, {"a": 200.0, "b": 100.0}) == pytest.approx((0.5 + 3.0) / 2)
+    assert gavel_rho({"a": 1.0}, {}) is None
