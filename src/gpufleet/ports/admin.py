@@ -5,12 +5,13 @@ one short transaction."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from gpufleet.domain.cluster import Node
+from gpufleet.domain.costs import Budget, BudgetLevel, Charge, Pool, Price, PriceTable
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.lifecycle import JobState
@@ -184,3 +185,38 @@ class AdminStore(StateStore, Protocol):
     def get_setting(self, key: str) -> str | None: ...
 
     def set_setting(self, key: str, value: str) -> None: ...
+
+    # --- cost control ---------------------------------------------------------------------------------------
+
+    def prices(self) -> PriceTable:
+        """The GPU prices an admin set."""
+        ...
+
+    def set_prices(self, prices: Iterable[Price], at: float) -> None:
+        """Set these prices (replacing the same model and pool), all or none."""
+        ...
+
+    def delete_price(self, model: str, pool: Pool) -> None:
+        """UnknownNameError if no price is set for them."""
+        ...
+
+    def charges(self, job_ids: Sequence[str]) -> dict[str, dict[float, tuple[Charge, ...]]]:
+        """Per job, per the start time of each attempt, the GPUs it held per model and pool, priced then."""
+        ...
+
+    def budgets(self) -> dict[str, tuple[Budget, BudgetLevel]]:
+        """Every queue's budget and the level it was last found at."""
+        ...
+
+    def set_budget(self, budget: Budget) -> None:
+        """Set a queue's budget; UnknownNameError for a queue that does not exist."""
+        ...
+
+    def delete_budget(self, queue: str) -> None:
+        """UnknownNameError if the queue has no budget."""
+        ...
+
+    def set_budget_level(self, queue: str, level: BudgetLevel, at: float) -> None:
+        """Record the level a queue's budget is at (a spent budget with the action `deprioritise` makes the
+        store's `queues()` mark the queue deprioritised)."""
+        ...

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpufleet.server.limits import MAX_PENDING_CAP, MAX_QUOTAS, MAX_WEIGHT
+from gpufleet.server.schemas_cost import BudgetOut
 
 
 class FieldErrorOut(BaseModel):
@@ -272,6 +273,7 @@ class QueueOut(BaseModel):
     max_grace: float | None = Field(None, description="seconds; null: the control plane's default")
     run_as: str | None = None
     usage: QueueUsageOut
+    budget: BudgetOut | None = None
 
 
 class QueuesOut(BaseModel):

@@ -36,6 +36,7 @@ from gpufleet.ports.admin import AdminStore, JobQuery, Role, SubmitKey, Token
 from gpufleet.server.audit import Auditor
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
+from gpufleet.server.chargeback import BudgetWatch
 from gpufleet.server.context import ApiContext
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of
 from gpufleet.server.http_errors import ConflictError, ForbiddenError, NotFoundError, UnavailableError
@@ -65,6 +66,7 @@ from gpufleet.server.schemas import (
     TokenOut,
 )
 from gpufleet.server.spec import JobSpec, format_duration
+from gpufleet.server.usage import UsageBook
 from gpufleet.server.views import (
     HOLDING,
     event_out,
@@ -78,6 +80,7 @@ from gpufleet.server.views import (
     token_out,
     workers_out,
 )
+from gpufleet.server.views_cost import budget_of
 
 EXPLAIN_AHEAD = 50  # ids of the jobs ahead that `explain` lists (it counts them all)
 MAX_LOG_CHUNK = 1 << 20  # bytes per logs call; clients follow with `offset`
@@ -148,6 +151,12 @@ class Service:
         self.audit = Auditor(ctx.store, ctx.clock)
         self.queue_specs = QueueCache(ctx.store)
         self.limits = RateLimits(team=ctx.team_rate, admin=ctx.admin_rate)
+        self.budgets = ctx.budgets if ctx.budgets is not None else BudgetWatch(ctx.store, ctx.clock, self.usage_book)
+
+    def usage_book(self) -> UsageBook | None:
+        """Measured GPU use per job (None where no telemetry runs)."""
+        found = self.ctx.extra.get("telemetry")
+        return found.book if isinstance(found, Telemetry) else None
 
     # ------------------------------------------------------------------------------------ helpers
 
@@ -222,6 +231,7 @@ class Service:
                 f"set `queue: {principal.token.queue}` or leave it out",
             )
         self._check_grace(queue, float(spec.grace_period))
+        self.budgets.blocking(queue)
         now = self.ctx.clock.now()
         return dataclasses.replace(spec.to_job(new_job_id(), queue, now), user=principal.token.name)
 
@@ -635,7 +645,8 @@ class Service:
     def queues(self, principal: Principal) -> list[QueueOut]:
         shown = [q for q in sorted(self.store.queues(), key=lambda q: q.name) if principal.may_see(q.name)]
         usage = self._usage([q.name for q in shown])
-        return [queue_out(spec, usage.get(spec.name, {})) for spec in shown]
+        budgets, statuses = self.store.budgets(), self.budgets.statuses()
+        return [queue_out(spec, usage.get(spec.name, {}), budget_of(budgets, statuses, spec.name)) for spec in shown]
 
     def set_queue(self, principal: Principal, name: str, body: QueueIn) -> QueueOut:
         self.audit.require_admin(principal, "changing a queue", "queue.set", name)
@@ -650,7 +661,8 @@ class Service:
         self.queue_specs.forget()
         self.audit.record(principal, "queue.set", name, body.model_dump(exclude_none=True))
         self.ctx.wake()
-        return queue_out(spec, self._usage([name]).get(name, {}))
+        budget = budget_of(self.store.budgets(), self.budgets.statuses(), name)
+        return queue_out(spec, self._usage([name]).get(name, {}), budget)
 
     def delete_queue(self, principal: Principal, name: str) -> None:
         self.audit.require_admin(principal, "deleting a queue", "queue.delete", name)

@@ -30,6 +30,7 @@ from gpufleet.server.schemas import (
     TokenOut,
     WorkerOut,
 )
+from gpufleet.server.schemas_cost import BudgetOut
 from gpufleet.server.spec import parse_duration, parse_size
 
 HOLDING = (JobState.ADMITTED, JobState.LAUNCHING, JobState.RUNNING, JobState.EVICTING)
@@ -237,8 +238,9 @@ def queue_usage(records: Sequence[JobRecord], nodes: Mapping[str, Node]) -> dict
     return usage
 
 
-def queue_out(spec: QueueSpec, use: Mapping[str, int]) -> QueueOut:
+def queue_out(spec: QueueSpec, use: Mapping[str, int], budget: BudgetOut | None = None) -> QueueOut:
     return QueueOut(
+        budget=budget,
         name=spec.name,
         quotas={
             key: QuotaOut(

@@ -357,6 +357,7 @@ def encode_node(node: Node) -> Json:
         "zone": node.zone,
         "cordoned": node.cordoned,
         "healthy": node.healthy,
+        "pool": node.pool,
     }
 
 
@@ -369,6 +370,7 @@ _NODE_READERS: dict[str, Callable[[Any], Any]] = {
     "zone": str,
     "cordoned": bool,
     "healthy": bool,
+    "pool": str,
 }
 
 

@@ -33,7 +33,9 @@ class ClusterTables(SqlBase):
     def queues(self) -> tuple[QueueSpec, ...]:
         with self._tx(write=False) as c:
             specs = c.execute(sa.select(t.queues.c.spec).order_by(t.queues.c.name)).scalars().all()
-        return tuple(decode_queue(s) for s in specs)
+            deprioritised = self._deprioritised_queues(c)
+        queues = (decode_queue(s) for s in specs)
+        return tuple(dataclasses.replace(q, deprioritised=True) if q.name in deprioritised else q for q in queues)
 
     def cluster_version(self) -> int:
         with self._tx(write=False) as c:
@@ -90,6 +92,7 @@ class ClusterTables(SqlBase):
                 )
             if problems:
                 raise SpecError(f"deletion of queue {name!r}", tuple(problems))
+            c.execute(sa.delete(t.budgets).where(t.budgets.c.queue == name))
             c.execute(sa.delete(t.queues).where(t.queues.c.name == name))
             self._bump_cluster_version(c)
 
