@@ -22,21 +22,21 @@ HOUR = 3600.0
 class Loop:
     """The real reconciler on the API's store, with a backend the test tells what the jobs do."""
 
-    def __init__(self, api: Api) -> None:
-        self.api = api
+    def __init__(self, api: Api | Any) -> None:
+        self.store, self.clock = api.store, api.ctx.clock
         self.backend = ScriptedBackend()
-        self.reconciler = Reconciler(api.store, self.backend, api.clock, profile("default"))
+        self.reconciler = Reconciler(self.store, self.backend, self.clock, profile("default"))
 
     def start(self, job_id: str) -> None:
         self.reconciler.step()
-        self.backend.started(job_id, self.api.clock.t)
+        self.backend.started(job_id, self.clock.t)
         self.reconciler.step()
-        record = self.api.store.get(job_id)
+        record = self.store.get(job_id)
         assert record is not None
         assert record.state is JobState.RUNNING, record
 
     def finish(self, job_id: str) -> None:
-        self.backend.exited(job_id, self.api.clock.t)
+        self.backend.exited(job_id, self.clock.t)
         self.reconciler.step()
 
 

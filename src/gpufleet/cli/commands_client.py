@@ -27,6 +27,7 @@ from gpufleet.cli.client import (
     resolve,
     write_config,
 )
+from gpufleet.cli.cost_text import budget_cell, cost_line
 from gpufleet.cli.safe_text import cell, markup, plain, text_block
 from gpufleet.domain.errors import GpufleetError
 
@@ -215,6 +216,7 @@ def show(
     """Everything about one job."""
     with _client(url, token) as client:
         job = client.get(f"/v1/jobs/{job_id}")
+        job["cost"] = client.get(f"/v1/jobs/{job_id}/cost")
     if as_json:
         _print_json(job)
         return
@@ -236,6 +238,7 @@ def show(
     for worker in job["placement"]:
         gpus = ", ".join(f"{g['index']} ({g['model']}, {g['fraction']:g})" for g in worker["gpus"]) or "no GPUs"
         lines.append(markup(f"worker {worker['rank']}: {worker['node']} GPUs {gpus}"))
+    lines.append(cost_line(job["cost"]))
     console = _console()
     for line in lines:
         console.print(line)
@@ -334,7 +337,8 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         _print_json(listed)
         return
     table = Table(box=None, header_style="bold")
-    for column in ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS", "LIMITS", "RUN AS"):
+    columns = ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS", "LIMITS", "RUN AS", "BUDGET")
+    for column in columns:
         table.add_column(column)
     for queue in listed:
         quotas = []
@@ -359,6 +363,7 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
             cell(" ".join(quotas) or "unlimited"),
             " ".join(limits) or "-",
             cell(queue.get("run_as") or "-"),
+            budget_cell(queue.get("budget")),
         )
     _console().print(table)
 
