@@ -492,6 +492,7 @@ class ControlPlane:
             self.budgets = BudgetWatch(
                 self.store, self.clock, book=lambda: self.telemetry.book, interval_s=settings.budget_check_s
             )
+            self.telemetry.budget_statuses = self.budgets.statuses
             self.context = ApiContext(
                 store=self.store,
                 clock=self.clock,

@@ -15,6 +15,8 @@ from gpufleet.adapters.metrics.exposition import (
 )
 from gpufleet.adapters.metrics.view import (
     WAIT_BUCKETS_S,
+    BudgetGauge,
+    CostCounter,
     JobGpuMemory,
     QueueMetrics,
     SampleSource,
@@ -33,6 +35,8 @@ __all__ = [
     "PROCESS_METRICS",
     "SCHEDULER_METRICS",
     "WAIT_BUCKETS_S",
+    "BudgetGauge",
+    "CostCounter",
     "JobGpuMemory",
     "QueueMetrics",
     "SampleSource",
