@@ -250,8 +250,14 @@ class QueueBuilder:
         self._weight = value
         return self
 
+    def deprioritised(self) -> QueueBuilder:
+        """As the store marks a queue whose budget is spent with the action `deprioritise`."""
+        self._deprioritised = True
+        return self
+
     def build(self) -> QueueSpec:
-        return QueueSpec(self._name, dict(self._quotas), self._cohort, self._weight)
+        spent = getattr(self, "_deprioritised", False)
+        return QueueSpec(self._name, dict(self._quotas), self._cohort, self._weight, deprioritised=spent)
 
 
 def queue(name: str) -> QueueBuilder:

@@ -300,7 +300,10 @@ def check_victims(
         )
         las = profile.preempt if profile is not None and isinstance(profile.preempt, LasPreemption) else None
         served = las is not None and _las_victim(victim, job, snapshot.now, las)
-        assert lower or reclaim or served, (
+        # A queue that spent its budget (action deprioritise) yields to every other queue, and takes from none.
+        spent = victim_spec is not None and victim_spec.deprioritised and victim.job.queue != job.queue
+        assert job_spec is None or not job_spec.deprioritised, f"{job.id} preempts though its budget is spent"
+        assert lower or reclaim or served or spent, (
             f"{p.victim} (priority {victim.job.priority}, queue {victim.job.queue}) preempted for "
             f"{job.id} (priority {job.priority}, queue {job.queue}): neither lower priority nor reclaim"
             + (" nor more attained service" if las is not None else "")

@@ -103,6 +103,7 @@ def queue_specs(draw: st.DrawFn, models: tuple[str, ...]) -> tuple[QueueSpec, ..
                 table,
                 cohort=draw(st.sampled_from((None, "c1", "c1", "c2"))),
                 weight=draw(st.sampled_from((0.5, 1.0, 2.0))),
+                deprioritised=draw(st.integers(0, 5)) == 0,  # a spent budget, action deprioritise
             )
         )
     return tuple(specs)
