@@ -3,6 +3,7 @@ each job's cost, the cost report, budgets at 80 % and 100 % with each action."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +224,16 @@ def test_budget_input_errors_are_clear(api: Api) -> None:
     assert_error(api.client.put("/v1/queues/nope/budget", json={"amount": 1}, headers=api.as_admin()), 404)
     assert_error(api.client.put("/v1/queues/team-a/budget", json={"amount": 1}, headers=api.h(api.team_a)), 403)
     assert_error(api.client.delete("/v1/queues/team-b/budget", headers=api.as_admin()), 404)
+
+
+def test_a_spot_node_bills_at_the_spot_price_and_the_nodes_list_says_its_pool(api: Api) -> None:
+    nodes = [dataclasses.replace(n, pool="spot") if n.name == "node-h" else n for n in api.store.nodes()]
+    api.store.set_nodes(nodes)
+    set_price(api, "H100", 5.0)
+    set_price(api, "H100", 2.0, pool="spot")
+    loop = Loop(api)
+    run_for(api, loop, 1.0, gpus=2, gpu_models=["H100"])
+    by_pool = api.client.get("/v1/reports/cost", params={"since": 0, "by": "pool"}, headers=api.as_admin()).json()
+    assert [(g["key"], g["usd"]) for g in by_pool["groups"]] == [("spot", pytest.approx(4.0))]
+    listed = {n["name"]: n["pool"] for n in api.client.get("/v1/nodes", headers=api.as_admin()).json()["nodes"]}
+    assert listed == {"node-a": "on-demand", "node-h": "spot"}

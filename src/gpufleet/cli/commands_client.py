@@ -476,6 +476,8 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) 
         table.add_column(column)
     for node in listed:
         flags = [f for f, on in (("cordoned", node["cordoned"]), ("unhealthy", not node["healthy"])) if on]
+        if node.get("pool", "on-demand") != "on-demand":
+            flags.insert(0, node["pool"])
         label = node["name"] + (" (emulated)" if node["emulated"] else "") + (f" ({', '.join(flags)})" if flags else "")
         for gpu in node["gpus"] or [None]:
             if gpu is None:

@@ -307,6 +307,7 @@ class NodeOut(BaseModel):
     healthy: bool
     rack: str
     zone: str
+    pool: str = "on-demand"  # which price its GPU-hours bill at: on-demand, spot or reserved
     cpu: float
     memory: int
     cpu_allocated: float

@@ -300,6 +300,7 @@ def node_out(node: Node, records: Sequence[JobRecord], emulated: bool) -> NodeOu
         healthy=node.healthy,
         rack=node.rack,
         zone=node.zone,
+        pool=node.pool,
         cpu=node.cpu_milli / 1000,
         memory=node.memory,
         cpu_allocated=cpu / 1000,
