@@ -153,6 +153,11 @@ class JobBuilder:
         self._checkpoint_interval = seconds
         return self
 
+    def spot(self, use: str) -> JobBuilder:
+        """never, allowed or preferred."""
+        self._spot = use
+        return self
+
     def job_type(self, value: str) -> JobBuilder:
         self._job_type = value
         return self
@@ -165,6 +170,8 @@ class JobBuilder:
             cpu_milli=self._cpu_milli,
             memory=self._memory,
             models=self._models,
+            spot=getattr(self, "_spot", "never"),
+            checkpoints=self._checkpoint_interval is not None,
         )
 
     def build(self) -> Job:

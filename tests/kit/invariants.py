@@ -310,6 +310,21 @@ def check_victims(
         )
 
 
+def check_spot(snapshot: ClusterSnapshot, pending: Sequence[Job], result: CycleResult) -> None:
+    """Spot nodes take only jobs that allow spot; a node an open breaker gates takes only what it admits."""
+    nodes = {n.name: n for n in snapshot.nodes}
+    jobs = _pending_by_id(pending)
+    for p in result.placements:
+        request = jobs[p.job].request
+        for worker in p.workers:
+            node = nodes[worker.node]
+            assert node.pool != "spot" or request.spot != "never", f"{p.job} (spot: never) placed on spot {node.name}"
+            assert node.admits != "none", f"{p.job} placed on {node.name}, whose spot breaker admits none"
+            assert node.admits != "checkpointing" or request.checkpoints, (
+                f"{p.job} does not checkpoint but was placed on {node.name}, whose breaker admits only those"
+            )
+
+
 def check_all(
     snapshot: ClusterSnapshot, pending: Sequence[Job], result: CycleResult, profile: Profile | None = None
 ) -> None:
@@ -320,3 +335,4 @@ def check_all(
     check_targets(snapshot, pending, result)
     check_quotas(snapshot, pending, result)
     check_victims(snapshot, pending, result, profile)
+    check_spot(snapshot, pending, result)

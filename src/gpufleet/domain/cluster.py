@@ -20,6 +20,7 @@ class Gpu:
 
 
 NODE_POOLS = ("on-demand", "spot", "reserved")  # the values of `costs.Pool`
+NODE_ADMITS = ("all", "checkpointing", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +36,14 @@ class Node:
     cordoned: bool = False
     healthy: bool = True
     pool: str = "on-demand"  # where its capacity comes from, which sets its price: on-demand, spot or reserved
+    # Which new placements it takes: `all`; `checkpointing` (workers that resume from checkpoints only) or
+    # `none`, while the circuit breaker of its spot pool is open. Set by the control plane, not the inventory.
+    admits: str = "all"
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []
+        if self.admits not in NODE_ADMITS:
+            problems.append(FieldProblem("admits", f"is {self.admits!r}", f"give one of: {', '.join(NODE_ADMITS)}"))
         if self.pool not in NODE_POOLS:
             problems.append(FieldProblem("pool", f"is {self.pool!r}", f"give one of: {', '.join(NODE_POOLS)}"))
         if not self.name:

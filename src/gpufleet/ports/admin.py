@@ -149,7 +149,9 @@ class AdminStore(StateStore, Protocol):
         """Replace the inventory (at start, from discovery), keeping each node's cordon flag."""
         ...
 
-    def set_node_flags(self, name: str, *, cordoned: bool | None = None, healthy: bool | None = None) -> Node:
+    def set_node_flags(
+        self, name: str, *, cordoned: bool | None = None, healthy: bool | None = None, admits: str | None = None
+    ) -> Node:
         """Cordon/uncordon or mark health; bumps the cluster version. UnknownNameError if absent."""
         ...
 

@@ -76,6 +76,7 @@ class RequestOut(BaseModel):
     gpu_models: list[str]
     cpu: float
     memory: int
+    spot: str = "never"
 
 
 class RunOut(BaseModel):

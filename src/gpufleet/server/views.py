@@ -80,6 +80,7 @@ def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
             gpu_models=sorted(request.models),
             cpu=request.cpu_milli / 1000,
             memory=request.memory,
+            spot=request.spot,
         ),
         run=None
         if run is None
