@@ -37,10 +37,12 @@ NEW = {
     "random": f"order=fifo, {STANDARD}, score=random*1+spot_preference*10, select=pack, preempt=none",
     "fgd": f"order=fifo, {STANDARD}, score=fgd*1+spot_preference*10, select=fgd, preempt=none",
     "fgd-bf": f"order=fifo, {STANDARD}, score=fgd*1+best_fit*0.02+spot_preference*10, select=fgd, preempt=none",
-    "fgd-fair": f"order=fair_share, {STANDARD}, score=fgd*1+topology*1+spot_preference*10, select=fgd, preempt=priority",
+    "fgd-fair": f"order=fair_share, {STANDARD}, score=fgd*1+topology*1+spot_preference*10, "
+    "select=fgd, preempt=priority",
     "sjf": f"order=sjf, {STANDARD}, score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=none",
     "srtf": f"order=srtf, {STANDARD}, score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=none",
-    "gavel": f"order=throughput_fair, {STANDARD}, score=throughput*2+bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=none",
+    "gavel": f"order=throughput_fair, {STANDARD}, score=throughput*2+bin_pack*1+topology*1+spot_preference*10, "
+    "select=pack, preempt=none",
     "tiresias": f"order=las, {STANDARD}, score=topology*2+bin_pack*1+spot_preference*10, select=pack, preempt=las",
 }
 TABLE = ThroughputTable((ThroughputEntry("a", "A100", 1, 2.0), ThroughputEntry("a", "T4", 1, 1.0)))
