@@ -232,7 +232,7 @@ def test_a_spot_node_bills_at_the_spot_price_and_the_nodes_list_says_its_pool(ap
     set_price(api, "H100", 5.0)
     set_price(api, "H100", 2.0, pool="spot")
     loop = Loop(api)
-    run_for(api, loop, 1.0, gpus=2, gpu_models=["H100"])
+    run_for(api, loop, 1.0, gpus=2, gpu_models=["H100"], spot="allowed")
     by_pool = api.client.get("/v1/reports/cost", params={"since": 0, "by": "pool"}, headers=api.as_admin()).json()
     assert [(g["key"], g["usd"]) for g in by_pool["groups"]] == [("spot", pytest.approx(4.0))]
     listed = {n["name"]: n["pool"] for n in api.client.get("/v1/nodes", headers=api.as_admin()).json()["nodes"]}

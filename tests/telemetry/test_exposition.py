@@ -12,6 +12,7 @@ from gpufleet.adapters.metrics import (
     CostCounter,
     QueueMetrics,
     SchedulerState,
+    SpotPoolGauge,
     make_registry,
     metrics_endpoint,
     render,
@@ -41,6 +42,7 @@ def _state() -> SchedulerState:
         last_cycle_seconds=0.03,
         costs=(CostCounter("research", "A100-80GB", "on-demand", 12.5), CostCounter("prod", "H100", "spot", 3.0)),
         budgets=(BudgetGauge("research", 0.85, 1),),
+        spot_pools=(SpotPoolGauge("us-east-1a", 2, 0.52, 3),),
     )
 
 
@@ -229,3 +231,6 @@ def test_cost_and_budget_metrics() -> None:
     assert cost == {("research", "A100-80GB", "on-demand"): 12.5, ("prod", "H100", "spot"): 3.0}
     assert [(s.labels["queue"], s.value) for s in series["gpufleet_budget_used_ratio"]] == [("research", 0.85)]
     assert [(s.labels["queue"], s.value) for s in series["gpufleet_budget_level"]] == [("research", 1.0)]
+    assert [(s.labels["pool"], s.value) for s in series["gpufleet_spot_breaker_state"]] == [("us-east-1a", 2.0)]
+    assert [s.value for s in series["gpufleet_spot_interruption_rate"]] == [0.52]
+    assert [s.value for s in series["gpufleet_spot_interruptions_total"]] == [3.0]

@@ -270,6 +270,10 @@ def explain(
         console.print(markup(f"quota {quota['resource']}: {used} used of {nominal} nominal ({quota['unit']})"))
     if why.get("idle"):
         console.print(f"[bold yellow]{markup(why['idle'])}[/]")
+    for words in why.get("spot_pools") or ():
+        console.print(f"[yellow]{markup(words)}[/]")
+    if why.get("budget"):
+        console.print(f"[yellow]budget: {markup(why['budget'])}[/]")
     for notice in why.get("notices", [])[-3:]:
         console.print(markup(f"  note ({notice['kind']}): {notice['message']}"))
     for event in why["events"][-5:]:
@@ -494,11 +498,21 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) 
             )
             label = ""
     _console().print(table)
+    spot = client_spot_pools(url, token)
+    for pool in spot:
+        typer.echo(plain(pool["description"]))
     if isolation:
         typer.echo(plain(f"jobs: {isolation['users']}"))
         typer.echo(plain(f"limits: {isolation['cgroups']}"))
         for note in isolation.get("notes") or ():
             typer.echo(plain(f"warning: {note}"))
+
+
+def client_spot_pools(url: str | None, token: str | None) -> list[dict[str, Any]]:
+    """The spot pools' breakers, as `nodes` shows them under its table (none where no spot node is known)."""
+    with _client(url, token) as client:
+        answer = client.get("/v1/spot-pools")
+    return list(answer["pools"])
 
 
 def _node_action(action: str, node: str, url: str | None, token: str | None, as_json: bool) -> None:

@@ -14,6 +14,7 @@ from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, AdminStore
 from gpufleet.server.chargeback import BudgetWatch
 from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
 from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
+from gpufleet.server.spot_watch import SpotWatch
 
 
 @dataclass
@@ -54,6 +55,8 @@ class ApiContext:
     check_run_as: Callable[[str], None] = lambda _user: None
     # Where queues stand against their budgets (None: the API makes its own, checked when a budget changes).
     budgets: BudgetWatch | None = None
+    # The spot pools' circuit breakers (None: no spot watch runs, e.g. an API without `up`).
+    spot: SpotWatch | None = None
 
     def is_emulated(self, node: str) -> bool:
         return self.emulated if self.emulated_node is None else self.emulated_node(node)

@@ -43,6 +43,7 @@ from gpufleet.server.chargeback import BudgetWatch
 from gpufleet.server.context import ApiContext
 from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
 from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
+from gpufleet.server.spot_watch import SpotWatch
 from gpufleet.server.store_guard import open_store
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class UpSettings:
     idle_window_s: float = 1800.0  # ... for this long is flagged reserved-but-idle
     usage_flush_s: float = 60.0  # how often measured GPU usage is added to the store
     budget_check_s: float = 60.0  # how often queues' spend is measured against their budgets
+    spot_check_s: float = 5.0  # how often spot pools' losses are counted and their breakers stepped
     min_step_s: float = 0.01  # under a burst of API calls, one step per this long decides them together
     root_path: str = ""  # the path prefix a reverse proxy serves us under, e.g. /gpufleet
     # How jobs are isolated (see adapters/local/isolation.py).
@@ -493,6 +495,8 @@ class ControlPlane:
                 self.store, self.clock, book=lambda: self.telemetry.book, interval_s=settings.budget_check_s
             )
             self.telemetry.budget_statuses = self.budgets.statuses
+            self.spot = SpotWatch(self.store, self.clock, interval_s=settings.spot_check_s, wake=self.loop.wake)
+            self.telemetry.spot_pools = self.spot.pools
             self.context = ApiContext(
                 store=self.store,
                 clock=self.clock,
@@ -512,6 +516,7 @@ class ControlPlane:
                 data_dir=settings.data_dir,
                 extra={"telemetry": self.telemetry},
                 budgets=self.budgets,
+                spot=self.spot,
                 isolation=self.isolation_report,
                 team_tokens_refused=refused,
                 check_run_as=self.isolation.check_run_as,
@@ -590,6 +595,7 @@ class ControlPlane:
         self.telemetry.start()
         self.log_janitor.start()
         self.budgets.start()
+        self.spot.start()
         if self.fleet is not None:
             self.fleet.start()
         try:
@@ -613,6 +619,7 @@ class ControlPlane:
         self.telemetry.stop()
         self.log_janitor.stop()
         self.budgets.stop()
+        self.spot.stop()
         try:
             if self.settings.stop_jobs_on_exit:
                 self._stop_jobs()

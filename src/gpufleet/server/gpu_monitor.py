@@ -47,6 +47,7 @@ from gpufleet.adapters.metrics import (
     JobGpuMemory,
     QueueMetrics,
     SchedulerState,
+    SpotPoolGauge,
     UnattributedMemory,
     WaitHistogram,
     make_registry,
@@ -59,6 +60,7 @@ from gpufleet.domain.cluster import Node
 from gpufleet.domain.costs import BudgetLevel, BudgetStatus
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.domain.jobs import Job, JobId
+from gpufleet.domain.spot import BreakerState
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import AdminStore, Notice
 from gpufleet.ports.gpu_probe import ActivityLevel, GpuActivity, GpuOwner, GpuProbe, GpuSample
@@ -68,6 +70,7 @@ from gpufleet.scheduling.table import NodeTable
 from gpufleet.server.cost_meter import CostMeter
 from gpufleet.server.idle import DEFAULT_THRESHOLD_PCT, DEFAULT_WINDOW_S, GpuKey, Holder, IdleDetector, IdleFlag
 from gpufleet.server.spec import EMULATED_ACTIVITY_ENV
+from gpufleet.server.spot_watch import STATE_CODES, PoolStatus
 from gpufleet.server.usage import UsageBook
 
 log = logging.getLogger("gpufleet.telemetry")
@@ -332,6 +335,7 @@ class Telemetry:
         self.cost = CostMeter(store)
         # Where queues stand against their budgets, for /metrics (the control plane sets it).
         self.budget_statuses: Callable[[], Mapping[str, BudgetStatus]] = dict
+        self.spot_pools: Callable[[], Sequence[PoolStatus]] = list  # the spot breakers, for /metrics
         self.state = TickState()
         # The fleet's totals per tick, as long as the ring keeps samples (an hour at 5 s): the dashboard's chart.
         self.history: deque[FleetPoint] = deque(maxlen=s.ring_length)
@@ -680,6 +684,10 @@ class Telemetry:
             budgets=tuple(
                 BudgetGauge(queue, s.fraction, BUDGET_LEVELS[s.level])
                 for queue, s in sorted(self.budget_statuses().items())
+            ),
+            spot_pools=tuple(
+                SpotPoolGauge(p.pool, STATE_CODES[BreakerState(p.state)], p.rate_per_node_hour, p.interruptions_total)
+                for p in self.spot_pools()
             ),
         )
 

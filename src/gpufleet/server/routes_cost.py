@@ -1,5 +1,6 @@
-"""`/v1/prices` (the price table), `/v1/budgets` and `/v1/queues/{name}/budget`, `/v1/jobs/{id}/cost`, and
-`/v1/reports/cost` (chargeback: allocated, used and reserved-idle cost per queue, user, model or pool).
+"""`/v1/prices` (the price table), `/v1/budgets` and `/v1/queues/{name}/budget`, `/v1/jobs/{id}/cost`,
+`/v1/reports/cost` (chargeback: allocated, used and reserved-idle cost per queue, user, model or pool), and
+`/v1/spot-pools` (the spot pools' circuit breakers).
 
 Prices are readable by every token (they are what a GPU-hour costs, not anyone's spend); a team token sees
 its own queue's budget, jobs and costs only; changing prices and budgets is for admins.
@@ -7,6 +8,7 @@ its own queue's budget, jobs and costs only; changing prices and budgets is for 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
@@ -27,8 +29,11 @@ from gpufleet.server.schemas_cost import (
     PriceIn,
     PriceOut,
     PricesOut,
+    SpotPoolOut,
+    SpotPoolsOut,
 )
 from gpufleet.server.service import Service
+from gpufleet.server.spot_watch import PoolStatus
 from gpufleet.server.views_cost import budget_of, budget_out, group_out, line_out, price_out
 
 router = APIRouter(tags=["cost"])
@@ -181,3 +186,29 @@ def report_cost(
         prices=[price_out(p) for p in svc.store.prices().prices],
         notes=notes,
     )
+
+
+def _spot_out(svc: Service, statuses: list[PoolStatus]) -> SpotPoolsOut:
+    watch = svc.ctx.spot
+    if watch is None:
+        return SpotPoolsOut(enabled=False, pools=[])
+    return SpotPoolsOut(
+        enabled=True,
+        threshold_per_node_hour=watch.breakers.settings.threshold,
+        pools=[SpotPoolOut(**dataclasses.asdict(p)) for p in statuses],
+    )
+
+
+@router.get("/spot-pools", tags=["nodes"])
+def spot_pools(who: Who, svc: Svc) -> SpotPoolsOut:
+    """Each spot pool's circuit breaker: state, since when and why, its interruption rate per node-hour."""
+    return _spot_out(svc, svc.ctx.spot.pools() if svc.ctx.spot is not None else [])
+
+
+@router.post("/spot-pools/check", tags=["nodes"])
+def check_spot_pools(who: Who, svc: Svc) -> SpotPoolsOut:
+    """Count spot losses and step the breakers now instead of at the next periodic check (admin)."""
+    svc.audit.require_admin(who, "checking spot pools", "spot.check", "all")
+    if svc.ctx.spot is None:
+        raise NotFoundError("no spot watch runs in this control plane", "it runs in a control plane started by `up`")
+    return _spot_out(svc, svc.ctx.spot.check())

@@ -174,6 +174,9 @@ class ExplainOut(BaseModel):
     # Set when the job holds GPUs it does not use (reserved but idle), or was flagged so before.
     idle: str | None = None
     notices: list[NoticeOut] = []
+    # Spot pools whose breaker is not closed, in words, when the job waits on spot capacity; its queue's budget.
+    spot_pools: list[str] = []
+    budget: str | None = None
 
 
 class CancelOut(BaseModel):

@@ -105,3 +105,22 @@ class CostReportOut(BaseModel):
     total: CostGroupOut
     prices: list[PriceOut]
     notes: list[str]
+
+
+class SpotPoolOut(BaseModel):
+    pool: str
+    state: Literal["closed", "open", "half-open"]
+    since: float
+    reason: str
+    interruptions_in_window: int
+    node_hours_in_window: float
+    rate_per_node_hour: float
+    interruptions_total: int
+    probe: str | None
+    description: str
+
+
+class SpotPoolsOut(BaseModel):
+    enabled: bool = Field(description="whether this control plane runs the spot breakers")
+    threshold_per_node_hour: float | None = None
+    pools: list[SpotPoolOut]

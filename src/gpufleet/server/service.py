@@ -346,7 +346,21 @@ class Service:
             events=events,
             idle=self._idle(job_id),
             notices=[NoticeOut(kind=n.kind, message=n.message, at=n.at) for n in self.store.notices(job_id)],
+            spot_pools=self._spot_words(record),
+            budget=self._budget_words(queue),
         )
+
+    def _spot_words(self, record: JobRecord) -> list[str]:
+        """Spot pools whose breaker is not closed, for a waiting job that may use spot capacity."""
+        if self.ctx.spot is None or record.job.request.spot == "never" or record.state is not JobState.PENDING:
+            return []
+        return [p.description for p in self.ctx.spot.pools() if p.state != "closed"]
+
+    def _budget_words(self, queue: str) -> str | None:
+        status = self.budgets.status(queue)
+        if status is None or status.level.value == "ok":
+            return None
+        return f"{status.summary()}; action {status.budget.action.value}; {status.reset_text()}"
 
     def _idle(self, job_id: JobId) -> str | None:
         """The reserved-but-idle flag in words, from the telemetry service when it runs."""

@@ -129,6 +129,9 @@ SCHEDULER_METRICS: tuple[tuple[str, str, str], ...] = (
     ),
     ("gpufleet_budget_used_ratio", "gauge", "Share of the queue's budget spent in its window (1 = all of it)."),
     ("gpufleet_budget_level", "gauge", "The queue against its budget: 0 ok, 1 notice (80 % spent), 2 exceeded."),
+    ("gpufleet_spot_breaker_state", "gauge", "A spot pool's circuit breaker: 0 closed, 1 half-open, 2 open."),
+    ("gpufleet_spot_interruption_rate", "gauge", "A spot pool's interruptions per node-hour over the window."),
+    ("gpufleet_spot_interruptions", "counter", "Spot nodes of the pool lost, since start."),
     ("gpufleet_telemetry_collect_errors", "counter", "Scrapes where reading samples or scheduler state failed."),
 )
 
@@ -306,6 +309,20 @@ class TelemetryCollector(Collector):
             ratio.add_metric([b.queue], b.ratio)
             level.add_metric([b.queue], float(b.level))
         yield from (cost, ratio, level)
+        breaker = GaugeMetricFamily(
+            "gpufleet_spot_breaker_state", help_of["gpufleet_spot_breaker_state"], labels=["pool"]
+        )
+        rate = GaugeMetricFamily(
+            "gpufleet_spot_interruption_rate", help_of["gpufleet_spot_interruption_rate"], labels=["pool"]
+        )
+        lost = CounterMetricFamily(
+            "gpufleet_spot_interruptions", help_of["gpufleet_spot_interruptions"], labels=["pool"]
+        )
+        for p in state.spot_pools:
+            breaker.add_metric([p.pool], float(p.state))
+            rate.add_metric([p.pool], p.rate_per_node_hour)
+            lost.add_metric([p.pool], float(p.interruptions))
+        yield from (breaker, rate, lost)
         for name, value in (
             ("gpufleet_fragmentation_ratio", state.fragmentation_ratio),
             ("gpufleet_fragmented_gpus", state.fragmented_gpus),

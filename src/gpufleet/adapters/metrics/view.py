@@ -115,6 +115,17 @@ class BudgetGauge:
 
 
 @dataclass(frozen=True, slots=True)
+class SpotPoolGauge:
+    """A spot pool's circuit breaker (0 closed, 1 half-open, 2 open), its interruption rate per node-hour over
+    the window, and its interruptions since the control plane started."""
+
+    pool: str
+    state: int
+    rate_per_node_hour: float
+    interruptions: int
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerState:
     """One consistent read of the scheduler for a scrape. `owners` labels each GPU's samples with its job
     and queue. `fragmentation_ratio` is FGD's share of the idle GPU capacity that is fragmented (0..1) and
@@ -136,6 +147,7 @@ class SchedulerState:
     unattributed: tuple[UnattributedMemory, ...] = ()
     costs: tuple[CostCounter, ...] = ()
     budgets: tuple[BudgetGauge, ...] = ()
+    spot_pools: tuple[SpotPoolGauge, ...] = ()
 
 
 class SchedulerView(Protocol):
