@@ -1,5 +1,5 @@
 """`gpufleet sim … --spot-pool ZONE[:FRACTION]`: what spot capacity saves and what its breaker buys back, on
-the chosen workload (see `gpufleet.sim.spot`), printed as a table or one JSON object."""
+the chosen workload (see `gpufleet.sim.spot_study`), printed as a table or one JSON object."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rich.table import Table
 from gpufleet.cli.safe_text import cell
 from gpufleet.domain.costs import Pool, Price, PriceTable, read_price_csv
 from gpufleet.domain.throughput_table import model_key
-from gpufleet.sim.spot import VARIANTS, SpotStudy, load_spot_trace, parse_spot_pool, run_spot_study
+from gpufleet.sim.spot_study import VARIANTS, SpotStudy, load_spot_trace, parse_spot_pool, run_spot_study
 from gpufleet.sim.workload import Workload, WorkloadError
 
 COSTS_ENV = "GPUFLEET_COSTS"
