@@ -11,7 +11,14 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
 from gpufleet.domain.costs import Pool, Price, PriceTable
-from gpufleet.sim.spot_study import SpotStudy, SpotTrace, load_spot_trace, parse_spot_pool, run_spot_study, spot_workload
+from gpufleet.sim.spot_study import (
+    SpotStudy,
+    SpotTrace,
+    load_spot_trace,
+    parse_spot_pool,
+    run_spot_study,
+    spot_workload,
+)
 from gpufleet.sim.workload import WorkloadError
 from gpufleet.sim.workloads.synthetic import generate_synthetic
 
