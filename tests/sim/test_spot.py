@@ -81,6 +81,8 @@ def test_spot_trace_statistics_and_bad_inputs() -> None:
         pytest.skip("the NSDI'24 spot statistics are not beside the repository")
     trace = load_spot_trace(COSTS / "spot-traces-nsdi24", "us-east-1a")
     assert (trace.instance, trace.interruptions_per_hour) == ("v100_1", 0.2317)
+    other = load_spot_trace(COSTS / "spot-traces-nsdi24", "us-east-1c")  # a V100 preemption trace, not intel_64
+    assert (other.instance, other.kind, other.interruptions_per_hour) == ("v100_1", "preemption", 0.2311)
     with pytest.raises(WorkloadError, match=r"give one of: .*us-east-1c"):
         load_spot_trace(COSTS / "spot-traces-nsdi24", "mars-1a")
     assert parse_spot_pool("us-east-1a") == ("us-east-1a", 0.5)

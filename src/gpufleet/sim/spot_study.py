@@ -62,7 +62,8 @@ class SpotTrace:
 
 
 def load_spot_trace(path: Path, zone: str) -> SpotTrace:
-    """The zone's 1-node trace statistics (the preemption trace where there is one)."""
+    """The zone's 1-node trace statistics: a GPU instance's trace where there is one, its preemption trace
+    over its availability trace."""
     file = path / SPOT_FILE if path.is_dir() else path
     try:
         rows = list(csv.DictReader(file.read_text(encoding="utf-8").splitlines()))
@@ -73,7 +74,14 @@ def load_spot_trace(path: Path, zone: str) -> SpotTrace:
             path=file,
         ) from None
     ones = [r for r in rows if r.get("nodes_target") == "1" and r.get("zone") == zone]
-    ones.sort(key=lambda r: (r.get("trace_kind") != "preemption", r.get("start_date", "")))
+    # GPU instances first (the V100 and K80 traces), then a preemption trace over an availability one.
+    ones.sort(
+        key=lambda r: (
+            not r.get("instance_tag", "").startswith(("v100", "k80")),
+            r.get("trace_kind") != "preemption",
+            r.get("start_date", ""),
+        )
+    )
     if not ones:
         zones = sorted({r.get("zone", "") for r in rows if r.get("nodes_target") == "1"})
         raise WorkloadError(f"no 1-node spot trace for zone {zone!r}", f"give one of: {', '.join(zones)}", path=file)
