@@ -118,3 +118,8 @@ def test_a_gpu_hour_budget_counts_gpu_hours_and_says_when_it_resets() -> None:
     assert status.reset_text() == "the budget resets 2026-06-01 00:00 UTC"
     with pytest.raises(SpecError, match="amount"):
         Budget("q", 0.0)
+
+
+def test_a_file_that_is_not_csv_is_refused_with_the_reason() -> None:
+    with pytest.raises(WorkloadError, match="not a CSV file"):
+        read_price_csv('model,pool,usd_per_gpu_hour\n"' + "x" * 200_000 + '",spot,1\n', source="p.csv")

@@ -123,12 +123,15 @@ def read_price_csv(text: str, *, source: str, region: str = DEFAULT_REGION, host
     per GPU, on-demand and, where given, spot; with `host_vm`, plus the per-GPU share of the A2/A3 host VM that
     bundles the model (its 8-GPU machine type, where the file has it for the region), which is what a GPU-hour
     of such a machine costs (A100: 2.934 + 5.916/8 = 3.673 $/h). WorkloadError with the line otherwise."""
-    reader = csv.DictReader(io.StringIO(text))
-    columns = tuple(c.strip() for c in (reader.fieldnames or ()))
-    if set(OWN_COLUMNS) <= set(columns):
-        return _own_prices(reader, source)
-    if set(GCP_COLUMNS) <= set(columns):
-        return _gcp_prices(list(reader), source, region, host_vm)
+    try:
+        reader = csv.DictReader(io.StringIO(text))
+        columns = tuple(c.strip() for c in (reader.fieldnames or ()))
+        if set(OWN_COLUMNS) <= set(columns):
+            return _own_prices(reader, source)
+        if set(GCP_COLUMNS) <= set(columns):
+            return _gcp_prices(list(reader), source, region, host_vm)
+    except csv.Error as error:
+        raise WorkloadError(f"not a CSV file: {error}", "give a comma-separated text file", path=source) from None
     raise WorkloadError(
         f"the columns {', '.join(columns) or '(none)'} are neither a price table nor a GCP price catalog",
         f"give the columns {','.join(OWN_COLUMNS)}, or a SkyPilot GCP vms.csv cut with {','.join(GCP_COLUMNS)}",
