@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpufleet.server.limits import MAX_PENDING_CAP, MAX_QUOTAS, MAX_WEIGHT
-from gpufleet.server.schemas_cost import BudgetOut
+from gpufleet.server.schemas_cost import BudgetOut, not_a_boolean
 
 
 class FieldErrorOut(BaseModel):
@@ -202,11 +202,7 @@ class LogsOut(BaseModel):
 # ------------------------------------------------------------------------------------------ queues
 
 
-def _not_a_boolean(value: object) -> object:
-    # JSON's true would otherwise be read as 1.
-    if isinstance(value, bool):
-        raise ValueError(f"is {str(value).lower()}; to fix: give a number")
-    return value
+_not_a_boolean = not_a_boolean  # JSON's true would otherwise be read as 1
 
 
 class QuotaIn(BaseModel):

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 PoolName = Literal["on-demand", "spot", "reserved"]
 
 
+def not_a_boolean(value: object) -> object:
+    """A JSON true or false is not a number here (pydantic would read it as 1 or 0)."""
+    if isinstance(value, bool):
+        raise ValueError(f"is {str(value).lower()}; to fix: give a number")
+    return value
+
+
 class PriceIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    usd_per_gpu_hour: float = Field(ge=0, le=1e6, description="USD per GPU-hour")
+    usd_per_gpu_hour: float = Field(ge=0, le=1e6, allow_inf_nan=False, description="USD per GPU-hour")
     pool: PoolName = "on-demand"
     source: str = Field("set by an admin", max_length=500)
+
+    _number = field_validator("usd_per_gpu_hour", mode="before")(not_a_boolean)
 
 
 class PriceOut(BaseModel):
@@ -37,10 +46,12 @@ class PriceImportIn(BaseModel):
 
 class BudgetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    amount: float = Field(gt=0, le=1e12)
+    amount: float = Field(gt=0, le=1e12, allow_inf_nan=False)
     unit: Literal["usd", "gpu-hours"] = "usd"
     period: Literal["month", "rolling-30d"] = "month"
     action: Literal["warn", "deprioritise", "block"] = "warn"
+
+    _number = field_validator("amount", mode="before")(not_a_boolean)
 
 
 class BudgetOut(BaseModel):
