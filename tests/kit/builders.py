@@ -153,6 +153,11 @@ class JobBuilder:
         self._checkpoint_interval = seconds
         return self
 
+    def spot(self, use: str) -> JobBuilder:
+        """never, allowed or preferred."""
+        self._spot = use
+        return self
+
     def job_type(self, value: str) -> JobBuilder:
         self._job_type = value
         return self
@@ -165,6 +170,8 @@ class JobBuilder:
             cpu_milli=self._cpu_milli,
             memory=self._memory,
             models=self._models,
+            spot=getattr(self, "_spot", "never"),
+            checkpoints=self._checkpoint_interval is not None,
         )
 
     def build(self) -> Job:
@@ -250,8 +257,14 @@ class QueueBuilder:
         self._weight = value
         return self
 
+    def deprioritised(self) -> QueueBuilder:
+        """As the store marks a queue whose budget is spent with the action `deprioritise`."""
+        self._deprioritised = True
+        return self
+
     def build(self) -> QueueSpec:
-        return QueueSpec(self._name, dict(self._quotas), self._cohort, self._weight)
+        spent = getattr(self, "_deprioritised", False)
+        return QueueSpec(self._name, dict(self._quotas), self._cohort, self._weight, deprioritised=spent)
 
 
 def queue(name: str) -> QueueBuilder:

@@ -300,11 +300,29 @@ def check_victims(
         )
         las = profile.preempt if profile is not None and isinstance(profile.preempt, LasPreemption) else None
         served = las is not None and _las_victim(victim, job, snapshot.now, las)
-        assert lower or reclaim or served, (
+        # A queue that spent its budget (action deprioritise) yields to every other queue, and takes from none.
+        spent = victim_spec is not None and victim_spec.deprioritised and victim.job.queue != job.queue
+        assert job_spec is None or not job_spec.deprioritised, f"{job.id} preempts though its budget is spent"
+        assert lower or reclaim or served or spent, (
             f"{p.victim} (priority {victim.job.priority}, queue {victim.job.queue}) preempted for "
             f"{job.id} (priority {job.priority}, queue {job.queue}): neither lower priority nor reclaim"
             + (" nor more attained service" if las is not None else "")
         )
+
+
+def check_spot(snapshot: ClusterSnapshot, pending: Sequence[Job], result: CycleResult) -> None:
+    """Spot nodes take only jobs that allow spot; a node an open breaker gates takes only what it admits."""
+    nodes = {n.name: n for n in snapshot.nodes}
+    jobs = _pending_by_id(pending)
+    for p in result.placements:
+        request = jobs[p.job].request
+        for worker in p.workers:
+            node = nodes[worker.node]
+            assert node.pool != "spot" or request.spot != "never", f"{p.job} (spot: never) placed on spot {node.name}"
+            assert node.admits != "none", f"{p.job} placed on {node.name}, whose spot breaker admits none"
+            assert node.admits != "checkpointing" or request.checkpoints, (
+                f"{p.job} does not checkpoint but was placed on {node.name}, whose breaker admits only those"
+            )
 
 
 def check_all(
@@ -317,3 +335,4 @@ def check_all(
     check_targets(snapshot, pending, result)
     check_quotas(snapshot, pending, result)
     check_victims(snapshot, pending, result, profile)
+    check_spot(snapshot, pending, result)

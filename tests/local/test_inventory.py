@@ -127,6 +127,7 @@ nodes:
       - {model: L4, count: 2}
       - {model: Gaudi2, count: 1, memory: 96GB}
     zone: z2
+    pool: spot
 """,
         )
     )
@@ -135,6 +136,7 @@ nodes:
     assert [g.nvlink_group for g in a.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert [(g.model, g.memory) for g in b.gpus] == [("L4", 24 * GiB)] * 2 + [("Gaudi2", 96 * GiB)]
     assert b.zone == "z2"
+    assert (a.pool, b.pool) == ("on-demand", "spot")
     assert b.gpus[2].uuid == "GPU-emulated-gpu-b-2"
 
 
@@ -158,6 +160,10 @@ def test_inventory_yaml_defaults_names_from_the_host(tmp_path: Path) -> None:
         ("nodes:\n  - gpus: [{model: T4, count: 0}]\n", "count 0"),
         ("nodes:\n  - {name: a, gpus: 1xT4}\n  - {name: a, gpus: 1xT4}\n", "a appear more than once"),
         ("nodes:\n  - gpus: 2xT4\n    nvlink_groups: 0\n", "nvlink_groups: is 0"),
+        (
+            "nodes:\n  - gpus: 2xT4\n    pool: preemptible\n",
+            "pool: is 'preemptible'; to fix: give one of: on-demand, spot",
+        ),
     ],
 )
 def test_bad_inventory_files_say_what_and_how_to_fix(tmp_path: Path, text: str, says: str) -> None:

@@ -66,6 +66,9 @@ def nodes(draw: st.DrawFn) -> tuple[Node, ...]:
                 rack=draw(st.sampled_from(("r0", "r1"))),
             )
         )
+        if draw(st.integers(0, 2)) == 0:  # a spot node, sometimes gated by its pool's open breaker
+            admits = draw(st.sampled_from(("all", "all", "checkpointing", "none")))
+            out[-1] = dataclasses.replace(out[-1], pool="spot", admits=admits)
     return tuple(out)
 
 
@@ -103,6 +106,7 @@ def queue_specs(draw: st.DrawFn, models: tuple[str, ...]) -> tuple[QueueSpec, ..
                 table,
                 cohort=draw(st.sampled_from((None, "c1", "c1", "c2"))),
                 weight=draw(st.sampled_from((0.5, 1.0, 2.0))),
+                deprioritised=draw(st.integers(0, 5)) == 0,  # a spent budget, action deprioritise
             )
         )
     return tuple(specs)
@@ -112,8 +116,10 @@ def queue_specs(draw: st.DrawFn, models: tuple[str, ...]) -> tuple[QueueSpec, ..
 def requests(draw: st.DrawFn, kind: str, models: tuple[str, ...]) -> WorkerRequest:
     cpu = draw(st.sampled_from((0, 0, 1_000, 4_000, 16_000)))
     memory = draw(st.sampled_from((0, 0, GiB, 16 * GiB)))
+    spot = draw(st.sampled_from(("never", "never", "allowed", "preferred")))
+    checkpoints = draw(st.booleans())
     if kind == "cpu":
-        return WorkerRequest(gpus=0, cpu_milli=max(cpu, 500), memory=memory)
+        return WorkerRequest(gpus=0, cpu_milli=max(cpu, 500), memory=memory, spot=spot, checkpoints=checkpoints)
     allowed: frozenset[str] = frozenset()
     if draw(st.integers(0, 3)) == 0:
         allowed = frozenset(draw(st.sets(st.sampled_from((*models, ABSENT_MODEL)), min_size=1, max_size=2)))
@@ -125,6 +131,8 @@ def requests(draw: st.DrawFn, kind: str, models: tuple[str, ...]) -> WorkerReque
             cpu_milli=cpu,
             memory=memory,
             models=allowed,
+            spot=spot,
+            checkpoints=checkpoints,
         )
     gpus = draw(st.integers(1, 8) if kind == "whole" else st.integers(1, 4))
     return WorkerRequest(
@@ -133,6 +141,8 @@ def requests(draw: st.DrawFn, kind: str, models: tuple[str, ...]) -> WorkerReque
         cpu_milli=cpu,
         memory=memory,
         models=allowed,
+        spot=spot,
+        checkpoints=checkpoints,
     )
 
 

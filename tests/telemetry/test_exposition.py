@@ -8,8 +8,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufleet.adapters.metrics import (
     GPU_METRICS,
     SCHEDULER_METRICS,
+    BudgetGauge,
+    CostCounter,
     QueueMetrics,
     SchedulerState,
+    SpotPoolGauge,
     make_registry,
     metrics_endpoint,
     render,
@@ -37,6 +40,9 @@ def _state() -> SchedulerState:
         cycles=10,
         cycle_seconds_sum=0.4,
         last_cycle_seconds=0.03,
+        costs=(CostCounter("research", "A100-80GB", "on-demand", 12.5), CostCounter("prod", "H100", "spot", 3.0)),
+        budgets=(BudgetGauge("research", 0.85, 1),),
+        spot_pools=(SpotPoolGauge("us-east-1a", 2, 0.52, 3),),
     )
 
 
@@ -215,3 +221,16 @@ def test_the_fast_writer_says_exactly_what_prometheus_client_says() -> None:
 
 def _without_nan(families: list) -> list:
     return [(n, t, d, [(a, b, -1.0 if math.isnan(v) else v) for a, b, v in ss]) for n, t, d, ss in families]
+
+
+def test_cost_and_budget_metrics() -> None:
+    series = _series(render(make_registry(None, _state)))
+    cost = {
+        (s.labels["queue"], s.labels["model"], s.labels["pool"]): s.value for s in series["gpufleet_cost_usd_total"]
+    }
+    assert cost == {("research", "A100-80GB", "on-demand"): 12.5, ("prod", "H100", "spot"): 3.0}
+    assert [(s.labels["queue"], s.value) for s in series["gpufleet_budget_used_ratio"]] == [("research", 0.85)]
+    assert [(s.labels["queue"], s.value) for s in series["gpufleet_budget_level"]] == [("research", 1.0)]
+    assert [(s.labels["pool"], s.value) for s in series["gpufleet_spot_breaker_state"]] == [("us-east-1a", 2.0)]
+    assert [s.value for s in series["gpufleet_spot_interruption_rate"]] == [0.52]
+    assert [s.value for s in series["gpufleet_spot_interruptions_total"]] == [3.0]

@@ -21,22 +21,22 @@ from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.scheduling.plugin_api import Registry
 
 EXPECTED = {
-    "default": "order=fair_qssf, admit=gang+quota, filter=node_health+gpu_model+fits, "
-    "score=fgd*1+model_scarcity*0.3+topology*1, select=fgd, preempt=las, learner=qssf",
-    "fair-binpack": "order=fair_share, admit=gang+quota, filter=node_health+gpu_model+fits, "
-    "score=bin_pack*1+topology*1, select=pack, preempt=priority",
-    "fifo": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=bin_pack*1, select=pack, "
-    "preempt=none",
-    "fifo-backfill": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=bin_pack*1, "
-    "select=pack, preempt=none",
-    "priority": "order=priority, admit=gang+quota, filter=node_health+gpu_model+fits, "
-    "score=bin_pack*1+topology*1, select=pack, preempt=priority",
-    "spread": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=spread*1, select=pack, "
-    "preempt=none",
-    "best-fit": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=best_fit*1, select=pack, "
-    "preempt=none",
-    "las": "order=las, admit=gang+quota, filter=node_health+gpu_model+fits, score=bin_pack*1+topology*1, "
-    "select=pack, preempt=none",
+    "default": "order=fair_qssf, admit=gang+quota, filter=node_health+gpu_model+fits+spot, "
+    "score=fgd*1+model_scarcity*0.3+topology*1+spot_preference*10, select=fgd, preempt=las, learner=qssf",
+    "fair-binpack": "order=fair_share, admit=gang+quota, filter=node_health+gpu_model+fits+spot, "
+    "score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=priority",
+    "fifo": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits+spot, "
+    "score=bin_pack*1+spot_preference*10, select=pack, preempt=none",
+    "fifo-backfill": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits+spot, "
+    "score=bin_pack*1+spot_preference*10, select=pack, preempt=none",
+    "priority": "order=priority, admit=gang+quota, filter=node_health+gpu_model+fits+spot, "
+    "score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=priority",
+    "spread": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits+spot, "
+    "score=spread*1+spot_preference*10, select=pack, preempt=none",
+    "best-fit": "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits+spot, "
+    "score=best_fit*1+spot_preference*10, select=pack, preempt=none",
+    "las": "order=las, admit=gang+quota, filter=node_health+gpu_model+fits+spot, "
+    "score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=none",
 }
 
 

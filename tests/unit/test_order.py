@@ -165,5 +165,6 @@ def test_fair_share_prefers_higher_priority_within_a_queue() -> None:
 def test_a_custom_profile_can_use_any_registered_order() -> None:
     custom = build_profile("custom", "priority", (("spread", 1.0),))
     assert custom.describe() == (
-        "order=priority, admit=gang+quota, filter=node_health+gpu_model+fits, score=spread*1, select=pack, preempt=none"
+        "order=priority, admit=gang+quota, filter=node_health+gpu_model+fits+spot, score=spread*1+spot_preference*10, "
+        "select=pack, preempt=none"
     )

@@ -545,7 +545,8 @@ def test_fgd_profile_places_with_the_given_target() -> None:
     job = half_job(share=100)
     by_target = profile("fgd", PolicyData(target=target((500, 1, "", 1.0))))
     assert by_target.describe() == (
-        "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits, score=fgd*1, select=fgd, preempt=none"
+        "order=fifo, admit=gang+quota, filter=node_health+gpu_model+fits+spot, score=fgd*1+spot_preference*10, "
+        "select=fgd, preempt=none"
     )
     worker = run_cycle(snapshot, [job], by_target).placements[0].workers[0]
     assert (worker.node, worker.gpu_indices) == ("a", (0,))

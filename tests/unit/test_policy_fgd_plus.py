@@ -155,7 +155,11 @@ def test_registered_by_name_and_as_a_profile() -> None:
     assert isinstance(plugin, ModelScarcity)
     assert plugin.target is GENERIC_TARGET
     prof = profile("fgd-plus", PolicyData(target=T4_BOUND))
-    assert [(type(s).__name__, w) for s, w in prof.scores] == [("FgdScore", 1.0), ("ModelScarcity", 0.3)]
+    assert [(type(s).__name__, w) for s, w in prof.scores] == [
+        ("FgdScore", 1.0),
+        ("ModelScarcity", 0.3),
+        ("SpotPreference", 10.0),
+    ]
     assert prof.scores[0][0].truncate  # type: ignore[attr-defined]  # the published FGD's whole points
     assert prof.scores[1][0].target is T4_BOUND  # type: ignore[attr-defined]
 

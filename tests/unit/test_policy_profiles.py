@@ -33,24 +33,25 @@ from gpufleet.scheduling.cycle import run_cycle
 from gpufleet.scheduling.fragmentation import TargetWorkload
 
 GIB = 1024**3
-STANDARD = "admit=gang+quota, filter=node_health+gpu_model+fits"
+STANDARD = "admit=gang+quota, filter=node_health+gpu_model+fits+spot"
 NEW = {
-    "first-fit": f"order=fifo, {STANDARD}, score=, select=pack, preempt=none",
-    "random": f"order=fifo, {STANDARD}, score=random*1, select=pack, preempt=none",
-    "fgd": f"order=fifo, {STANDARD}, score=fgd*1, select=fgd, preempt=none",
-    "fgd-bf": f"order=fifo, {STANDARD}, score=fgd*1+best_fit*0.02, select=fgd, preempt=none",
-    "fgd-fair": f"order=fair_share, {STANDARD}, score=fgd*1+topology*1, select=fgd, preempt=priority",
-    "sjf": f"order=sjf, {STANDARD}, score=bin_pack*1+topology*1, select=pack, preempt=none",
-    "srtf": f"order=srtf, {STANDARD}, score=bin_pack*1+topology*1, select=pack, preempt=none",
-    "gavel": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits, "
-    "score=throughput*2+bin_pack*1+topology*1, select=pack, preempt=rounds, learner=rounds",
-    "gavel-mmf": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits, "
-    "score=bin_pack*1+topology*1, select=pack, preempt=rounds, learner=rounds",
-    "max-min": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits, "
-    "score=bin_pack*1+topology*1, select=pack, preempt=rounds, learner=rounds",
-    "gavel-greedy": f"order=throughput_fair, {STANDARD}, score=throughput*2+bin_pack*1+topology*1, select=pack, "
-    "preempt=none",
-    "tiresias": f"order=las, {STANDARD}, score=topology*2+bin_pack*1, select=pack, preempt=las",
+    "first-fit": f"order=fifo, {STANDARD}, score=spot_preference*10, select=pack, preempt=none",
+    "random": f"order=fifo, {STANDARD}, score=random*1+spot_preference*10, select=pack, preempt=none",
+    "fgd": f"order=fifo, {STANDARD}, score=fgd*1+spot_preference*10, select=fgd, preempt=none",
+    "fgd-bf": f"order=fifo, {STANDARD}, score=fgd*1+best_fit*0.02+spot_preference*10, select=fgd, preempt=none",
+    "fgd-fair": f"order=fair_share, {STANDARD}, score=fgd*1+topology*1+spot_preference*10, "
+    "select=fgd, preempt=priority",
+    "sjf": f"order=sjf, {STANDARD}, score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=none",
+    "srtf": f"order=srtf, {STANDARD}, score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=none",
+    "gavel": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits+spot, "
+    "score=throughput*2+bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=rounds, learner=rounds",
+    "gavel-mmf": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits+spot, "
+    "score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=rounds, learner=rounds",
+    "max-min": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits+spot, "
+    "score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=rounds, learner=rounds",
+    "gavel-greedy": f"order=throughput_fair, {STANDARD}, score=throughput*2+bin_pack*1+topology*1+spot_preference*10, "
+    "select=pack, preempt=none",
+    "tiresias": f"order=las, {STANDARD}, score=topology*2+bin_pack*1+spot_preference*10, select=pack, preempt=las",
 }
 TABLE = ThroughputTable((ThroughputEntry("a", "A100", 1, 2.0), ThroughputEntry("a", "T4", 1, 1.0)))
 
@@ -114,7 +115,7 @@ def test_build_profile_takes_instances_or_names() -> None:
         select=FgdSelect(workload, memo=score.memo),
     )
     assert built.describe() == (
-        f"order=throughput_fair, {STANDARD}, score=fgd*1+bin_pack*0.5, select=fgd, preempt=none"
+        f"order=throughput_fair, {STANDARD}, score=fgd*1+bin_pack*0.5+spot_preference*10, select=fgd, preempt=none"
     )
     assert built.scores[0][0] is score
 

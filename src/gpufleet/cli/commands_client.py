@@ -29,6 +29,7 @@ from gpufleet.cli.client import (
     resolve,
     write_config,
 )
+from gpufleet.cli.cost_text import budget_cell, cost_line
 from gpufleet.cli.safe_text import cell, markup, plain, text_block
 from gpufleet.domain.errors import GpufleetError
 
@@ -224,6 +225,7 @@ def show(
     """Everything about one job, with what it reported of its progress (gpufleet.runtime.report)."""
     with _client(url, token) as client:
         job = client.get(f"/v1/jobs/{job_id}")
+        job["cost"] = client.get(f"/v1/jobs/{job_id}/cost")
         history = _progress_of(client, job_id)
     if png is not None:
         if history is None:
@@ -252,6 +254,7 @@ def show(
     for worker in job["placement"]:
         gpus = ", ".join(f"{g['index']} ({g['model']}, {g['fraction']:g})" for g in worker["gpus"]) or "no GPUs"
         lines.append(markup(f"worker {worker['rank']}: {worker['node']} GPUs {gpus}"))
+    lines.append(cost_line(job["cost"]))
     lines.extend(progress_view.summary_lines(history))
     if progress and history is not None:
         lines.extend(progress_view.detail_lines(history))
@@ -299,6 +302,10 @@ def explain(
         console.print(markup(f"quota {quota['resource']}: {used} used of {nominal} nominal ({quota['unit']})"))
     if why.get("idle"):
         console.print(f"[bold yellow]{markup(why['idle'])}[/]")
+    for words in why.get("spot_pools") or ():
+        console.print(f"[yellow]{markup(words)}[/]")
+    if why.get("budget"):
+        console.print(f"[yellow]budget: {markup(why['budget'])}[/]")
     for notice in why.get("notices", [])[-3:]:
         console.print(markup(f"  note ({notice['kind']}): {notice['message']}"))
     for event in why["events"][-5:]:
@@ -366,7 +373,8 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
         _print_json(listed)
         return
     table = Table(box=None, header_style="bold")
-    for column in ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS", "LIMITS", "RUN AS"):
+    columns = ("QUEUE", "COHORT", "WEIGHT", "RUNNING", "PENDING", "GPUS USED", "QUOTAS", "LIMITS", "RUN AS", "BUDGET")
+    for column in columns:
         table.add_column(column)
     for queue in listed:
         quotas = []
@@ -391,6 +399,7 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
             cell(" ".join(quotas) or "unlimited"),
             " ".join(limits) or "-",
             cell(queue.get("run_as") or "-"),
+            budget_cell(queue.get("budget")),
         )
     _console().print(table)
 
@@ -503,6 +512,8 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) 
         table.add_column(column)
     for node in listed:
         flags = [f for f, on in (("cordoned", node["cordoned"]), ("unhealthy", not node["healthy"])) if on]
+        if node.get("pool", "on-demand") != "on-demand":
+            flags.insert(0, node["pool"])
         label = node["name"] + (" (emulated)" if node["emulated"] else "") + (f" ({', '.join(flags)})" if flags else "")
         for gpu in node["gpus"] or [None]:
             if gpu is None:
@@ -519,11 +530,21 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) 
             )
             label = ""
     _console().print(table)
+    spot = client_spot_pools(url, token)
+    for pool in spot:
+        typer.echo(plain(pool["description"]))
     if isolation:
         typer.echo(plain(f"jobs: {isolation['users']}"))
         typer.echo(plain(f"limits: {isolation['cgroups']}"))
         for note in isolation.get("notes") or ():
             typer.echo(plain(f"warning: {note}"))
+
+
+def client_spot_pools(url: str | None, token: str | None) -> list[dict[str, Any]]:
+    """The spot pools' breakers, as `nodes` shows them under its table (none where no spot node is known)."""
+    with _client(url, token) as client:
+        answer = client.get("/v1/spot-pools")
+    return list(answer["pools"])
 
 
 def _node_action(action: str, node: str, url: str | None, token: str | None, as_json: bool) -> None:

@@ -12,6 +12,7 @@ import typer
 from gpufleet import __version__
 from gpufleet.cli.commands_admin import register_admin_commands
 from gpufleet.cli.commands_client import quota_app, register_client_commands
+from gpufleet.cli.commands_cost import register_cost_commands
 from gpufleet.cli.commands_report import idle_policy as idle_policy_command
 from gpufleet.cli.commands_report import report_app
 from gpufleet.cli.exporter import exporter as exporter_command
@@ -34,6 +35,7 @@ app.add_typer(bench_app, name="bench")
 app.command("sim")(sim_command)
 register_client_commands(app)
 register_admin_commands(app)
+register_cost_commands(app)
 app.command("up")(up_command)
 app.command("top")(top_command)
 app.command("exporter")(exporter_command)

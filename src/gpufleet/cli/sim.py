@@ -367,6 +367,21 @@ def sim(
         float | None,
         typer.Option(help="Jobs checkpoint every S seconds of run time (a node failure loses work since then)."),
     ] = None,
+    spot_pool: Annotated[
+        str | None,
+        typer.Option(
+            help="ZONE[:FRACTION]: turn FRACTION (default 0.5) of the nodes into spot nodes with the interruptions "
+            "of ZONE's NSDI'24 spot trace, and compare cost, JCT and lost GPU-hours with spot off, breaker off "
+            "and breaker on (first policy only; --prices for the prices)."
+        ),
+    ] = None,
+    spot_traces: Annotated[
+        Path | None,
+        typer.Option(help="The spot-traces-nsdi24 folder (default: beside the traces, or $GPUFLEET_COSTS)."),
+    ] = None,
+    spot_checkpointing: Annotated[
+        float, typer.Option(help="With --spot-pool: share of the jobs that checkpoint (every 30 min).")
+    ] = 0.5,
 ) -> None:
     """Simulate a workload under several policies and compare them (or reproduce a published experiment)."""
     try:
@@ -386,6 +401,11 @@ def sim(
             return
         loaded = load_named(workload, root, seed, parse_options(options or []))
         loaded = scale_load(loaded, 1.0 if load_scale is None else load_scale)
+        if spot_pool is not None:
+            from gpufleet.cli.sim_spot import spot_study
+
+            spot_study(loaded, spot_pool, root, spot_traces, prices, names[0], seed, spot_checkpointing, as_json)
+            return
         _simulate(loaded, names, table, what_if, oracle, output)
     except GpufleetError as error:
         fail(error)

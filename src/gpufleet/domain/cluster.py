@@ -19,6 +19,10 @@ class Gpu:
     nvlink_group: int = 0
 
 
+NODE_POOLS = ("on-demand", "spot", "reserved")  # the values of `costs.Pool`
+NODE_ADMITS = ("all", "checkpointing", "none")
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """A machine: its GPUs, CPU and memory capacity, topology labels and health."""
@@ -31,9 +35,17 @@ class Node:
     zone: str = ""
     cordoned: bool = False
     healthy: bool = True
+    pool: str = "on-demand"  # where its capacity comes from, which sets its price: on-demand, spot or reserved
+    # Which new placements it takes: `all`; `checkpointing` (workers that resume from checkpoints only) or
+    # `none`, while the circuit breaker of its spot pool is open. Set by the control plane, not the inventory.
+    admits: str = "all"
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []
+        if self.admits not in NODE_ADMITS:
+            problems.append(FieldProblem("admits", f"is {self.admits!r}", f"give one of: {', '.join(NODE_ADMITS)}"))
+        if self.pool not in NODE_POOLS:
+            problems.append(FieldProblem("pool", f"is {self.pool!r}", f"give one of: {', '.join(NODE_POOLS)}"))
         if not self.name:
             problems.append(FieldProblem("name", "is empty", "give every node a unique name"))
         if self.cpu_milli < 0 or self.memory < 0:

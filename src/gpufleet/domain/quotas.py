@@ -76,6 +76,9 @@ class QueueSpec:
     run_as: str | None = None
     max_pending: int | None = None
     max_grace_s: float | None = None
+    # Not set by an admin but from the queue's budget: spent, with the action `deprioritise`. Its jobs then run
+    # only on idle capacity: they do not borrow above nominal, do not preempt, and are the first victims.
+    deprioritised: bool = False
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []

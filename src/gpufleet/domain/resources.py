@@ -20,6 +20,9 @@ def parse_models(text: str) -> frozenset[str]:
     return frozenset(part.strip() for part in text.split("|") if part.strip())
 
 
+SPOT_USES = ("never", "allowed", "preferred")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerRequest:
     """What one worker of a job needs.
@@ -35,6 +38,11 @@ class WorkerRequest:
     cpu_milli: int = 0
     memory: int = 0
     models: frozenset[str] = field(default_factory=frozenset)
+    # Spot capacity (nodes of the `spot` pool): `never` (default), `allowed`, or `preferred` (placed there first).
+    spot: str = "never"
+    # Whether the job resumes from checkpoints (it declared a checkpoint interval): an open spot breaker still
+    # admits such workers.
+    checkpoints: bool = False
     # Requests key many per-cycle caches: hash once, not on every look-up.
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -45,9 +53,22 @@ class WorkerRequest:
         object.__setattr__(
             self,
             "_hash",
-            hash((self.gpus, self.gpu_milli, self.gpu_memory, self.cpu_milli, self.memory, self.models)),
+            hash(
+                (
+                    self.gpus,
+                    self.gpu_milli,
+                    self.gpu_memory,
+                    self.cpu_milli,
+                    self.memory,
+                    self.models,
+                    self.spot,
+                    self.checkpoints,
+                )
+            ),
         )
         problems: list[FieldProblem] = []
+        if self.spot not in SPOT_USES:
+            problems.append(FieldProblem("spot", f"is {self.spot!r}", f"give one of: {', '.join(SPOT_USES)}"))
         if self.gpus < 0:
             problems.append(FieldProblem("gpus", f"is {self.gpus}", "ask for 0 or more GPUs"))
         if not 1 <= self.gpu_milli <= MILLI_PER_GPU:
@@ -104,4 +125,6 @@ class WorkerRequest:
             parts.append(f"{self.cpu_milli / 1000:g} CPU")
         if self.memory:
             parts.append(f"{self.memory / GiB:g} GiB memory")
+        if self.spot != "never":
+            parts.append(f"spot {self.spot}")
         return ", ".join(parts) or "nothing"

@@ -80,6 +80,7 @@ from gpufleet.policies.admit.quota import QuotaAdmission
 from gpufleet.policies.filter.fits import Fits
 from gpufleet.policies.filter.gpu_model import GpuModel
 from gpufleet.policies.filter.health import NodeHealth
+from gpufleet.policies.filter.spot import SpotFilter
 from gpufleet.policies.order.fair_share import FairShare
 from gpufleet.policies.order.fifo import Fifo
 from gpufleet.policies.order.las import LeastAttainedService
@@ -97,6 +98,7 @@ from gpufleet.policies.score.bin_pack import BinPack
 from gpufleet.policies.score.fgd import FgdScore
 from gpufleet.policies.score.model_scarcity import ModelScarcity
 from gpufleet.policies.score.random import RandomScore
+from gpufleet.policies.score.spot_preference import SpotPreference
 from gpufleet.policies.score.spread import Spread
 from gpufleet.policies.score.throughput import ThroughputScore
 from gpufleet.policies.score.topology import Topology
@@ -138,9 +140,19 @@ for _cls in (
     ORDER.register(_cls.name, _cls)
 for _admit in (QuotaAdmission, GangAdmission):
     ADMIT.register(_admit.name, _admit)
-for _filter in (NodeHealth, GpuModel, Fits):
+for _filter in (NodeHealth, GpuModel, Fits, SpotFilter):
     FILTER.register(_filter.name, _filter)
-for _score in (BinPack, BestFit, Spread, Topology, FgdScore, RandomScore, ThroughputScore, ModelScarcity):
+for _score in (
+    BinPack,
+    BestFit,
+    Spread,
+    Topology,
+    FgdScore,
+    RandomScore,
+    ThroughputScore,
+    ModelScarcity,
+    SpotPreference,
+):
     SCORE.register(_score.name, _score)
 for _select in (PackGpus, FgdSelect):
     SELECT.register(_select.name, _select)
@@ -148,7 +160,10 @@ for _preempt in (PriorityPreemption, LasPreemption):
     PREEMPT.register(_preempt.name, _preempt)
 LEARNER.register(RunTimeLearner.name, RunTimeLearner)
 
-STANDARD_FILTERS = ("node_health", "gpu_model", "fits")
+STANDARD_FILTERS = ("node_health", "gpu_model", "fits", "spot")
+# Every profile ends its scores with the spot preference (0 everywhere for jobs that do not prefer spot), with a
+# weight above the others' together, so that `spot: preferred` places on spot capacity first.
+SPOT_PREFERRED_WEIGHT = 10.0
 STANDARD_ADMIT = ("gang", "quota")
 
 
@@ -169,7 +184,10 @@ def build_profile(
         order=ORDER.create(order) if isinstance(order, str) else order,
         admit=tuple(ADMIT.create(a) for a in STANDARD_ADMIT),
         filters=tuple(FILTER.create(f) for f in STANDARD_FILTERS),
-        scores=tuple((SCORE.create(s) if isinstance(s, str) else s, w) for s, w in scores),
+        scores=(
+            *((SCORE.create(s) if isinstance(s, str) else s, w) for s, w in scores),
+            (SpotPreference(), SPOT_PREFERRED_WEIGHT),
+        ),
         select=SELECT.create(select) if isinstance(select, str) else select,
         preempt=PREEMPT.create(preempt) if isinstance(preempt, str) else preempt,
         strict_fifo=strict_fifo,

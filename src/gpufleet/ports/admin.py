@@ -5,12 +5,13 @@ store; every method is one short transaction."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from gpufleet.domain.cluster import Node
+from gpufleet.domain.costs import Budget, BudgetLevel, Charge, Pool, Price, PriceTable
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.lifecycle import JobState
@@ -149,7 +150,9 @@ class AdminStore(StateStore, Protocol):
         """Replace the inventory (at start, from discovery), keeping each node's cordon flag."""
         ...
 
-    def set_node_flags(self, name: str, *, cordoned: bool | None = None, healthy: bool | None = None) -> Node:
+    def set_node_flags(
+        self, name: str, *, cordoned: bool | None = None, healthy: bool | None = None, admits: str | None = None
+    ) -> Node:
         """Cordon/uncordon or mark health; bumps the cluster version. UnknownNameError if absent."""
         ...
 
@@ -192,4 +195,39 @@ class AdminStore(StateStore, Protocol):
 
     def update_progress(self, job_id: str, now: float, update: Callable[[JobProgress], JobProgress]) -> JobProgress:
         """Apply `update` to the job's history in one transaction and return the result."""
+        ...
+
+    # --- cost control ---------------------------------------------------------------------------------------
+
+    def prices(self) -> PriceTable:
+        """The GPU prices an admin set."""
+        ...
+
+    def set_prices(self, prices: Iterable[Price], at: float) -> None:
+        """Set these prices (replacing the same model and pool), all or none."""
+        ...
+
+    def delete_price(self, model: str, pool: Pool) -> None:
+        """UnknownNameError if no price is set for them."""
+        ...
+
+    def charges(self, job_ids: Sequence[str]) -> dict[str, dict[float, tuple[Charge, ...]]]:
+        """Per job, per the start time of each attempt, the GPUs it held per model and pool, priced then."""
+        ...
+
+    def budgets(self) -> dict[str, tuple[Budget, BudgetLevel]]:
+        """Every queue's budget and the level it was last found at."""
+        ...
+
+    def set_budget(self, budget: Budget) -> None:
+        """Set a queue's budget; UnknownNameError for a queue that does not exist."""
+        ...
+
+    def delete_budget(self, queue: str) -> None:
+        """UnknownNameError if the queue has no budget."""
+        ...
+
+    def set_budget_level(self, queue: str, level: BudgetLevel, at: float) -> None:
+        """Record the level a queue's budget is at (a spent budget with the action `deprioritise` makes the
+        store's `queues()` mark the queue deprioritised)."""
         ...

@@ -28,6 +28,8 @@ class RequestClass(NamedTuple):
     cpu_milli: int
     memory: int
     models: frozenset[str]
+    spot: str
+    checkpoints: bool
     gang_size: int  # the workers it needs at least (`Job.gang_size`)
 
     @classmethod
@@ -43,6 +45,8 @@ class RequestClass(NamedTuple):
                 r.cpu_milli,
                 r.memory,
                 r.models,
+                r.spot,
+                r.checkpoints,
                 job.min_workers or job.workers,
             ),
         )
@@ -56,6 +60,8 @@ class JobClass(NamedTuple):
     cpu_milli: int
     memory: int
     models: frozenset[str]
+    spot: str
+    checkpoints: bool
     gang_size: int
     priority: int
 
@@ -63,9 +69,8 @@ class JobClass(NamedTuple):
     def of(cls, job: Job) -> JobClass:
         r = job.request  # one flat tuple, fields read inline: this runs for every pending job in every cycle
         gang = job.min_workers or job.workers
-        return _new(
-            cls, (job.queue, r.gpus, r.gpu_milli, r.gpu_memory, r.cpu_milli, r.memory, r.models, gang, job.priority)
-        )
+        fields = (job.queue, r.gpus, r.gpu_milli, r.gpu_memory, r.cpu_milli, r.memory, r.models, r.spot, r.checkpoints)
+        return _new(cls, (*fields, gang, job.priority))
 
     @property
     def request_class(self) -> RequestClass:

@@ -112,6 +112,8 @@ class QuotaLedger:
         quota = None if spec is None else spec.quotas.get(key)
         if spec is not None and quota is None and key.startswith(GPU_MODEL_PREFIX) and spec.model_quotas:
             quota = Quota(nominal=0, borrowing_limit=0)  # per-model quotas list what the queue may use
+        if spec is not None and spec.deprioritised and quota is not None and quota.nominal is not None:
+            quota = Quota(quota.nominal, 0, quota.lending_limit)  # a spent budget: no borrowing
         self._quota[(queue, key)] = quota
         return quota
 
@@ -182,7 +184,8 @@ class QuotaLedger:
             return QuotaVerdict(
                 False,
                 f"queue {queue} at its {label} quota ({format_amount(key, used)}/{format_amount(key, limit)}: "
-                f"asks {format_amount(key, amount)} more, may use {allowance})",
+                f"asks {format_amount(key, amount)} more, may use {allowance})"
+                + ("; its budget is spent, so it does not borrow" if spec.deprioritised else ""),
             )
         if spec.cohort is None:
             return FITS

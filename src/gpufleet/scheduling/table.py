@@ -14,7 +14,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from gpufleet.domain.cluster import Node, WorkerPlacement
+from gpufleet.domain.cluster import NODE_ADMITS, Node, WorkerPlacement
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import MILLI_PER_GPU
 
@@ -136,6 +136,10 @@ class NodeInfo:
         self.schedulable = _frozen(np.array([n.schedulable for n in ordered], dtype=np.bool_))
         self.rack = _frozen(np.array([rack_ids[n.rack] for n in ordered], dtype=np.int64))
         self.zone = _frozen(np.array([zone_ids[n.zone] for n in ordered], dtype=np.int64))
+        # Spot capacity, and what each node admits while its spot pool's circuit breaker is open (data from the
+        # control plane: `Node.admits`, 0 all, 1 workers that checkpoint, 2 none).
+        self.spot = _frozen(np.array([n.pool == "spot" for n in ordered], dtype=np.bool_))
+        self.admits = _frozen(np.array([NODE_ADMITS.index(n.admits) for n in ordered], dtype=np.int64))
 
     def _nvlink_layout(self) -> None:
         width = self.width

@@ -11,8 +11,10 @@ from gpufleet.adapters.local.logs import read_log_file
 from gpufleet.domain.jobs import JobId
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, AdminStore
+from gpufleet.server.chargeback import BudgetWatch
 from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
 from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
+from gpufleet.server.spot_watch import SpotWatch
 
 
 @dataclass
@@ -51,6 +53,10 @@ class ApiContext:
     team_tokens_refused: str | None = None
     # Raises GpufleetError (with a fix) when a queue may not be mapped to this OS user.
     check_run_as: Callable[[str], None] = lambda _user: None
+    # Where queues stand against their budgets (None: the API makes its own, checked when a budget changes).
+    budgets: BudgetWatch | None = None
+    # The spot pools' circuit breakers (None: no spot watch runs, e.g. an API without `up`).
+    spot: SpotWatch | None = None
 
     def is_emulated(self, node: str) -> bool:
         return self.emulated if self.emulated_node is None else self.emulated_node(node)

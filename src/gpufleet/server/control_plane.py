@@ -40,10 +40,12 @@ from gpufleet.policies.catalog import PolicyData, profile
 from gpufleet.ports.admin import JobQuery
 from gpufleet.ports.gpu_probe import GpuActivity, GpuProbe
 from gpufleet.scheduling.fragmentation import TargetWorkload
+from gpufleet.server.chargeback import BudgetWatch
 from gpufleet.server.context import ApiContext
 from gpufleet.server.job_tokens import JobTokens
 from gpufleet.server.limits import DEFAULT_MAX_GRACE_S
 from gpufleet.server.ratelimit import ADMIN_RATE, TEAM_RATE, Rate
+from gpufleet.server.spot_watch import SpotWatch
 from gpufleet.server.store_guard import open_store
 
 if TYPE_CHECKING:
@@ -92,6 +94,8 @@ class UpSettings:
     idle_threshold_pct: float = 5.0  # a held GPU under this utilisation ...
     idle_window_s: float = 1800.0  # ... for this long is flagged reserved-but-idle
     usage_flush_s: float = 60.0  # how often measured GPU usage is added to the store
+    budget_check_s: float = 60.0  # how often queues' spend is measured against their budgets
+    spot_check_s: float = 5.0  # how often spot pools' losses are counted and their breakers stepped
     min_step_s: float = 0.01  # under a burst of API calls, one step per this long decides them together
     root_path: str = ""  # the path prefix a reverse proxy serves us under, e.g. /gpufleet
     # How jobs are isolated (see adapters/local/isolation.py).
@@ -510,6 +514,12 @@ class ControlPlane:
             if self.fleet is not None:
                 self.fleet.on_nodes = self._nodes_changed
                 self.fleet.wake = self.loop.wake
+            self.budgets = BudgetWatch(
+                self.store, self.clock, book=lambda: self.telemetry.book, interval_s=settings.budget_check_s
+            )
+            self.telemetry.budget_statuses = self.budgets.statuses
+            self.spot = SpotWatch(self.store, self.clock, interval_s=settings.spot_check_s, wake=self.loop.wake)
+            self.telemetry.spot_pools = self.spot.pools
             self.context = ApiContext(
                 store=self.store,
                 clock=self.clock,
@@ -528,6 +538,8 @@ class ControlPlane:
                 admin_rate=settings.admin_rate,
                 data_dir=settings.data_dir,
                 extra={"telemetry": self.telemetry},
+                budgets=self.budgets,
+                spot=self.spot,
                 isolation=self.isolation_report,
                 team_tokens_refused=refused,
                 check_run_as=self.isolation.check_run_as,
@@ -605,6 +617,8 @@ class ControlPlane:
         self.loop.start()
         self.telemetry.start()
         self.log_janitor.start()
+        self.budgets.start()
+        self.spot.start()
         if self.fleet is not None:
             self.fleet.start()
         try:
@@ -627,6 +641,8 @@ class ControlPlane:
             self.loop.join(timeout=10)
         self.telemetry.stop()
         self.log_janitor.stop()
+        self.budgets.stop()
+        self.spot.stop()
         try:
             if self.settings.stop_jobs_on_exit:
                 self._stop_jobs()

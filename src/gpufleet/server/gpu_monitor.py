@@ -42,9 +42,12 @@ from typing import Protocol
 
 from gpufleet.adapters.metrics import (
     WAIT_BUCKETS_S,
+    BudgetGauge,
+    CostCounter,
     JobGpuMemory,
     QueueMetrics,
     SchedulerState,
+    SpotPoolGauge,
     UnattributedMemory,
     WaitHistogram,
     make_registry,
@@ -54,16 +57,20 @@ from gpufleet.adapters.probes import EmulatedProbe, Sampler, SampleRing
 from gpufleet.adapters.storage.sql_engine import StoreUnavailableError
 from gpufleet.control.reconciler import Reconciler, StepReport
 from gpufleet.domain.cluster import Node
+from gpufleet.domain.costs import BudgetLevel, BudgetStatus
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.domain.jobs import Job, JobId
+from gpufleet.domain.spot import BreakerState
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import AdminStore, Notice
 from gpufleet.ports.gpu_probe import ActivityLevel, GpuActivity, GpuOwner, GpuProbe, GpuSample
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, cluster_fragmentation
 from gpufleet.scheduling.plugin_api import Holding
 from gpufleet.scheduling.table import NodeTable
+from gpufleet.server.cost_meter import CostMeter
 from gpufleet.server.idle import DEFAULT_THRESHOLD_PCT, DEFAULT_WINDOW_S, GpuKey, Holder, IdleDetector, IdleFlag
 from gpufleet.server.spec import EMULATED_ACTIVITY_ENV
+from gpufleet.server.spot_watch import STATE_CODES, PoolStatus
 from gpufleet.server.usage import UsageBook
 
 log = logging.getLogger("gpufleet.telemetry")
@@ -138,6 +145,8 @@ class TelemetrySettings:
         if problems:
             raise SpecError("telemetry settings", tuple(problems))
 
+
+BUDGET_LEVELS = {BudgetLevel.OK: 0, BudgetLevel.NOTICE: 1, BudgetLevel.EXCEEDED: 2}
 
 # --------------------------------------------------------------------------------------- loop side
 
@@ -323,6 +332,10 @@ class Telemetry:
         self.sampler = Sampler(self.probe, SampleRing(s.ring_length), interval_s=s.interval_s, clock=clock)
         self.detector = IdleDetector(s.idle_threshold_pct, s.idle_window_s, max_gap_s=3 * s.interval_s)
         self.book = UsageBook(store)
+        self.cost = CostMeter(store)
+        # Where queues stand against their budgets, for /metrics (the control plane sets it).
+        self.budget_statuses: Callable[[], Mapping[str, BudgetStatus]] = dict
+        self.spot_pools: Callable[[], Sequence[PoolStatus]] = list  # the spot breakers, for /metrics
         self.state = TickState()
         # The fleet's totals per tick, as long as the ring keeps samples (an hour at 5 s): the dashboard's chart.
         self.history: deque[FleetPoint] = deque(maxlen=s.ring_length)
@@ -390,6 +403,7 @@ class Telemetry:
             utils: dict[GpuKey, float | None] = {s.key: s.gpu_util for s in samples}
             result = self.detector.update(at, holders, utils)
             self.book.add(at, result.usage)
+            self.cost.add(at, view.holdings.values(), {n.name: n for n in self.nodes})
             for flag in result.flagged:
                 self._act(flag, at)
             self.state = TickState(
@@ -666,6 +680,15 @@ class Telemetry:
             processes_attributed=tick.processes_attributed,
             job_memory=tuple(m for key in sorted(tick.job_memory) for m in tick.job_memory[key]),
             unattributed=tuple(tick.unattributed[key] for key in sorted(tick.unattributed)),
+            costs=tuple(CostCounter(*key, usd) for key, usd in sorted(self.cost.totals().items())),
+            budgets=tuple(
+                BudgetGauge(queue, s.fraction, BUDGET_LEVELS[s.level])
+                for queue, s in sorted(self.budget_statuses().items())
+            ),
+            spot_pools=tuple(
+                SpotPoolGauge(p.pool, STATE_CODES[BreakerState(p.state)], p.rate_per_node_hour, p.interruptions_total)
+                for p in self.spot_pools()
+            ),
         )
 
     def job_memory(self, job: str) -> list[JobGpuMemory]:

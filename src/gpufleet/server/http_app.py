@@ -165,7 +165,7 @@ def isolation_out(ctx: ApiContext) -> IsolationOut | None:
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
-    from gpufleet.server import routes_admin, routes_jobs, routes_progress, routes_telemetry
+    from gpufleet.server import routes_admin, routes_cost, routes_jobs, routes_progress, routes_telemetry
     from gpufleet.server.job_tokens import JobTokens
     from gpufleet.server.progress_reports import ProgressService
     from gpufleet.server.web import mount_web
@@ -258,5 +258,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_admin.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_telemetry.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_progress.router, prefix="/v1", responses=ERRORS)
+    app.include_router(routes_cost.router, prefix="/v1", responses=ERRORS)
     mount_web(app)  # the dashboard at `/`, over the same service
     return app

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpufleet.server.limits import MAX_PENDING_CAP, MAX_QUOTAS, MAX_WEIGHT
+from gpufleet.server.schemas_cost import BudgetOut, not_a_boolean
 
 
 class FieldErrorOut(BaseModel):
@@ -75,6 +76,7 @@ class RequestOut(BaseModel):
     gpu_models: list[str]
     cpu: float
     memory: int
+    spot: str = "never"
 
 
 class RunOut(BaseModel):
@@ -172,6 +174,9 @@ class ExplainOut(BaseModel):
     # Set when the job holds GPUs it does not use (reserved but idle), or was flagged so before.
     idle: str | None = None
     notices: list[NoticeOut] = []
+    # Spot pools whose breaker is not closed, in words, when the job waits on spot capacity; its queue's budget.
+    spot_pools: list[str] = []
+    budget: str | None = None
 
 
 class CancelOut(BaseModel):
@@ -197,11 +202,7 @@ class LogsOut(BaseModel):
 # ------------------------------------------------------------------------------------------ queues
 
 
-def _not_a_boolean(value: object) -> object:
-    # JSON's true would otherwise be read as 1.
-    if isinstance(value, bool):
-        raise ValueError(f"is {str(value).lower()}; to fix: give a number")
-    return value
+_not_a_boolean = not_a_boolean  # JSON's true would otherwise be read as 1
 
 
 class QuotaIn(BaseModel):
@@ -272,6 +273,7 @@ class QueueOut(BaseModel):
     max_grace: float | None = Field(None, description="seconds; null: the control plane's default")
     run_as: str | None = None
     usage: QueueUsageOut
+    budget: BudgetOut | None = None
 
 
 class QueuesOut(BaseModel):
@@ -305,6 +307,7 @@ class NodeOut(BaseModel):
     healthy: bool
     rack: str
     zone: str
+    pool: str = "on-demand"  # which price its GPU-hours bill at: on-demand, spot or reserved
     cpu: float
     memory: int
     cpu_allocated: float

@@ -36,6 +36,7 @@ from gpufleet.ports.admin import AdminStore, JobQuery, Role, SubmitKey, Token
 from gpufleet.server.audit import Auditor
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
+from gpufleet.server.chargeback import BudgetWatch
 from gpufleet.server.context import ApiContext
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of
 from gpufleet.server.http_errors import ConflictError, ForbiddenError, NotFoundError, UnavailableError
@@ -65,6 +66,7 @@ from gpufleet.server.schemas import (
     TokenOut,
 )
 from gpufleet.server.spec import JobSpec, format_duration
+from gpufleet.server.usage import UsageBook
 from gpufleet.server.views import (
     HOLDING,
     event_out,
@@ -78,6 +80,7 @@ from gpufleet.server.views import (
     token_out,
     workers_out,
 )
+from gpufleet.server.views_cost import budget_of
 
 EXPLAIN_AHEAD = 50  # ids of the jobs ahead that `explain` lists (it counts them all)
 MAX_LOG_CHUNK = 1 << 20  # bytes per logs call; clients follow with `offset`
@@ -148,6 +151,12 @@ class Service:
         self.audit = Auditor(ctx.store, ctx.clock)
         self.queue_specs = QueueCache(ctx.store)
         self.limits = RateLimits(team=ctx.team_rate, admin=ctx.admin_rate)
+        self.budgets = ctx.budgets if ctx.budgets is not None else BudgetWatch(ctx.store, ctx.clock, self.usage_book)
+
+    def usage_book(self) -> UsageBook | None:
+        """Measured GPU use per job (None where no telemetry runs)."""
+        found = self.ctx.extra.get("telemetry")
+        return found.book if isinstance(found, Telemetry) else None
 
     # ------------------------------------------------------------------------------------ helpers
 
@@ -226,6 +235,7 @@ class Service:
                 f"set `queue: {principal.token.queue}` or leave it out",
             )
         self._check_grace(queue, float(spec.grace_period))
+        self.budgets.blocking(queue)
         now = self.ctx.clock.now()
         return dataclasses.replace(spec.to_job(new_job_id(), queue, now), user=principal.token.name)
 
@@ -340,7 +350,21 @@ class Service:
             events=events,
             idle=self._idle(job_id),
             notices=[NoticeOut(kind=n.kind, message=n.message, at=n.at) for n in self.store.notices(job_id)],
+            spot_pools=self._spot_words(record),
+            budget=self._budget_words(queue),
         )
+
+    def _spot_words(self, record: JobRecord) -> list[str]:
+        """Spot pools whose breaker is not closed, for a waiting job that may use spot capacity."""
+        if self.ctx.spot is None or record.job.request.spot == "never" or record.state is not JobState.PENDING:
+            return []
+        return [p.description for p in self.ctx.spot.pools() if p.state != "closed"]
+
+    def _budget_words(self, queue: str) -> str | None:
+        status = self.budgets.status(queue)
+        if status is None or status.level.value == "ok":
+            return None
+        return f"{status.summary()}; action {status.budget.action.value}; {status.reset_text()}"
 
     def _idle(self, job_id: JobId) -> str | None:
         """The reserved-but-idle flag in words, from the telemetry service when it runs."""
@@ -639,7 +663,8 @@ class Service:
     def queues(self, principal: Principal) -> list[QueueOut]:
         shown = [q for q in sorted(self.store.queues(), key=lambda q: q.name) if principal.may_see(q.name)]
         usage = self._usage([q.name for q in shown])
-        return [queue_out(spec, usage.get(spec.name, {})) for spec in shown]
+        budgets, statuses = self.store.budgets(), self.budgets.statuses()
+        return [queue_out(spec, usage.get(spec.name, {}), budget_of(budgets, statuses, spec.name)) for spec in shown]
 
     def set_queue(self, principal: Principal, name: str, body: QueueIn) -> QueueOut:
         self.audit.require_admin(principal, "changing a queue", "queue.set", name)
@@ -654,7 +679,8 @@ class Service:
         self.queue_specs.forget()
         self.audit.record(principal, "queue.set", name, body.model_dump(exclude_none=True))
         self.ctx.wake()
-        return queue_out(spec, self._usage([name]).get(name, {}))
+        budget = budget_of(self.store.budgets(), self.budgets.statuses(), name)
+        return queue_out(spec, self._usage([name]).get(name, {}), budget)
 
     def delete_queue(self, principal: Principal, name: str) -> None:
         self.audit.require_admin(principal, "deleting a queue", "queue.delete", name)

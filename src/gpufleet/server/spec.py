@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -225,6 +225,9 @@ class JobSpec(BaseModel):
     max_runtime: float | str | None = Field(None, description="Longest run of one attempt; then it fails.")
     retries: int = Field(0, ge=0, le=1000, description="Times a failed attempt is started again.")
     checkpoint_interval: float | str | None = Field(None, description="How often the job saves its work.")
+    spot: Literal["never", "allowed", "preferred"] = Field(
+        "never", description="Spot capacity (cheaper, may be taken back): never, allowed, or preferred."
+    )
     expected_duration: float | str | None = Field(None, description="A run-time estimate for ordering policies.")
 
     @field_validator("command")
@@ -418,6 +421,8 @@ class JobSpec(BaseModel):
                 cpu_milli=round(self.cpu * 1000),
                 memory=int(self.memory or 0),
                 models=frozenset(self.gpu_models or ()),
+                spot=self.spot,
+                checkpoints=self.checkpoint_interval is not None,
             )
         except SpecError as error:
             problems.extend(_rename(error.fields))

@@ -30,6 +30,7 @@ from gpufleet.server.schemas import (
     TokenOut,
     WorkerOut,
 )
+from gpufleet.server.schemas_cost import BudgetOut
 from gpufleet.server.spec import parse_duration, parse_size
 
 HOLDING = (JobState.ADMITTED, JobState.LAUNCHING, JobState.RUNNING, JobState.EVICTING)
@@ -79,6 +80,7 @@ def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
             gpu_models=sorted(request.models),
             cpu=request.cpu_milli / 1000,
             memory=request.memory,
+            spot=request.spot,
         ),
         run=None
         if run is None
@@ -237,8 +239,9 @@ def queue_usage(records: Sequence[JobRecord], nodes: Mapping[str, Node]) -> dict
     return usage
 
 
-def queue_out(spec: QueueSpec, use: Mapping[str, int]) -> QueueOut:
+def queue_out(spec: QueueSpec, use: Mapping[str, int], budget: BudgetOut | None = None) -> QueueOut:
     return QueueOut(
+        budget=budget,
         name=spec.name,
         quotas={
             key: QuotaOut(
@@ -298,6 +301,7 @@ def node_out(node: Node, records: Sequence[JobRecord], emulated: bool) -> NodeOu
         healthy=node.healthy,
         rack=node.rack,
         zone=node.zone,
+        pool=node.pool,
         cpu=node.cpu_milli / 1000,
         memory=node.memory,
         cpu_allocated=cpu / 1000,

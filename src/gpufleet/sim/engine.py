@@ -219,6 +219,8 @@ class Simulation:
         if model is None:
             return
         for name in sorted(nodes):
+            if model.pool is not None and self.nodes[name].pool != model.pool:
+                continue
             self._failure_clocks[name] = clock = model.clock(name)
             self._push_failure(clock, at)
 

@@ -132,6 +132,7 @@ class FailureModel:
     mtbf_hours: float
     repair_hours: float
     seed: int = 0
+    pool: str | None = None  # only nodes of this pool fail (spot interruptions: "spot"); None: every node
 
     def __post_init__(self) -> None:
         for name, value in (("mtbf_hours", self.mtbf_hours), ("repair_hours", self.repair_hours)):

@@ -27,6 +27,8 @@ class BackendSettings:
     stop_delay_s: float = 0.0
     checkpoint_on_signal: bool = True
     checkpoint_every_s: float | None = None  # periodic checkpoints, in seconds of an attempt's run time
+    # Jobs that declare a checkpoint interval checkpoint at it (others as `checkpoint_every_s` says).
+    per_job_checkpoints: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class _Run:
     speed: float
     penalty: float
     gpus: float
+    checkpoint_every_s: float | None = None
 
 
 @dataclass
@@ -93,7 +96,10 @@ class SimulatedBackend:
         penalty = self.settings.restart_penalty_s if launch.attempt > 1 else 0.0
         gpus = sum(s.milli for w in launch.workers for s in w.gpus) / 1000.0
         speed = max(self.speed(job, launch.workers), 1e-9)
-        self._running[job.id] = _Run(launch.attempt, now, speed, penalty, gpus)
+        every = self.settings.checkpoint_every_s
+        if self.settings.per_job_checkpoints and job.checkpoint_interval is not None:
+            every = job.checkpoint_interval
+        self._running[job.id] = _Run(launch.attempt, now, speed, penalty, gpus, every)
         self._nodes_of[job.id] = frozenset(w.node for w in launch.workers)
         self.stats.launches += 1
         self.stats.penalty_gpu_seconds += penalty * gpus
@@ -115,7 +121,7 @@ class SimulatedBackend:
 
     def _periodic_saved(self, run: _Run, now: float, progress: float) -> tuple[float, float | None]:
         """Work saved by periodic checkpoints up to `now`, and when the last one was (None: none yet)."""
-        every = self.settings.checkpoint_every_s
+        every = run.checkpoint_every_s
         if every is None or every <= 0:
             return 0.0, None
         checkpoints = int(max(0.0, now - run.started - run.penalty) // every)

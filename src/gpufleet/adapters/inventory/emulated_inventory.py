@@ -14,6 +14,7 @@ The inventory YAML:
         nvlink_groups: 2           # split the GPUs evenly into islands; default by model (see below)
         rack: r1
         zone: z1
+        pool: spot                 # on-demand (default), spot or reserved: which price its GPU-hours bill at
 
 GPU UUIDs are deterministic and plainly fake (`GPU-emulated-<node>-<i>`). Default NVLink islands: SXM
 models with NVSwitch (A100, H100, H200, B200, …) form one island per node per model, V100 islands of 4
@@ -22,12 +23,13 @@ models with NVSwitch (A100, H100, H200, B200, …) form one island per node per 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpufleet.domain.cluster import Gpu, Node
+from gpufleet.domain.cluster import NODE_POOLS, Gpu, Node
 from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
 from gpufleet.domain.resources import GiB
 
@@ -134,7 +136,7 @@ def load_inventory_yaml(path: str | os.PathLike[str]) -> tuple[Node, ...]:
 
 # --- parts --------------------------------------------------------------------------------------------
 
-_NODE_KEYS = frozenset({"name", "gpus", "cpu", "memory", "nvlink_groups", "rack", "zone"})
+_NODE_KEYS = frozenset({"name", "gpus", "cpu", "memory", "nvlink_groups", "rack", "zone", "pool"})
 
 
 def _yaml_node(entry: object, i: int, default_name: str, where: str) -> Node:
@@ -176,9 +178,12 @@ def _yaml_node(entry: object, i: int, default_name: str, where: str) -> Node:
     for key, value in labels.items():
         if not isinstance(value, str):
             problems.append(FieldProblem(key, f"is {value!r}", "give a text label"))
+    pool = entry.get("pool", "on-demand")
+    if pool not in NODE_POOLS:
+        problems.append(FieldProblem("pool", f"is {pool!r}", f"give one of: {', '.join(NODE_POOLS)}"))
     if problems:
         raise SpecError(what, tuple(problems))
-    return _node(
+    node = _node(
         name.strip(),
         gpus,
         cpu_milli=cpu_milli,
@@ -187,6 +192,7 @@ def _yaml_node(entry: object, i: int, default_name: str, where: str) -> Node:
         rack=str(labels["rack"]),
         zone=str(labels["zone"]),
     )
+    return node if pool == node.pool else dataclasses.replace(node, pool=str(pool))
 
 
 def _yaml_gpus(value: object) -> list[tuple[str, int]]:

@@ -122,6 +122,16 @@ SCHEDULER_METRICS: tuple[tuple[str, str, str], ...] = (
     ("gpufleet_fragmented_gpus", "gauge", "Idle GPU capacity that is fragmented (FGD), in GPUs."),
     ("gpufleet_scheduling_cycle_seconds", "summary", "Duration of scheduling cycles (s)."),
     ("gpufleet_scheduling_cycle_last_seconds", "gauge", "Duration of the last scheduling cycle (s)."),
+    (
+        "gpufleet_cost_usd",
+        "counter",
+        "USD of GPU time held per queue, GPU model and pool, at the prices set (see report cost); since start.",
+    ),
+    ("gpufleet_budget_used_ratio", "gauge", "Share of the queue's budget spent in its window (1 = all of it)."),
+    ("gpufleet_budget_level", "gauge", "The queue against its budget: 0 ok, 1 notice (80 % spent), 2 exceeded."),
+    ("gpufleet_spot_breaker_state", "gauge", "A spot pool's circuit breaker: 0 closed, 1 half-open, 2 open."),
+    ("gpufleet_spot_interruption_rate", "gauge", "A spot pool's interruptions per node-hour over the window."),
+    ("gpufleet_spot_interruptions", "counter", "Spot nodes of the pool lost, since start."),
     ("gpufleet_telemetry_collect_errors", "counter", "Scrapes where reading samples or scheduler state failed."),
 )
 
@@ -290,6 +300,29 @@ class TelemetryCollector(Collector):
             buckets.append(("+Inf", float(q.wait.count)))
             wait.add_metric([q.queue], buckets, q.wait.sum_s)
         yield from (idle, preemptions, wait)
+        cost = CounterMetricFamily("gpufleet_cost_usd", help_of["gpufleet_cost_usd"], labels=["queue", "model", "pool"])
+        for c in state.costs:
+            cost.add_metric([c.queue, c.model, c.pool], c.usd)
+        ratio = GaugeMetricFamily("gpufleet_budget_used_ratio", help_of["gpufleet_budget_used_ratio"], labels=["queue"])
+        level = GaugeMetricFamily("gpufleet_budget_level", help_of["gpufleet_budget_level"], labels=["queue"])
+        for b in state.budgets:
+            ratio.add_metric([b.queue], b.ratio)
+            level.add_metric([b.queue], float(b.level))
+        yield from (cost, ratio, level)
+        breaker = GaugeMetricFamily(
+            "gpufleet_spot_breaker_state", help_of["gpufleet_spot_breaker_state"], labels=["pool"]
+        )
+        rate = GaugeMetricFamily(
+            "gpufleet_spot_interruption_rate", help_of["gpufleet_spot_interruption_rate"], labels=["pool"]
+        )
+        lost = CounterMetricFamily(
+            "gpufleet_spot_interruptions", help_of["gpufleet_spot_interruptions"], labels=["pool"]
+        )
+        for p in state.spot_pools:
+            breaker.add_metric([p.pool], float(p.state))
+            rate.add_metric([p.pool], p.rate_per_node_hour)
+            lost.add_metric([p.pool], float(p.interruptions))
+        yield from (breaker, rate, lost)
         for name, value in (
             ("gpufleet_fragmentation_ratio", state.fragmentation_ratio),
             ("gpufleet_fragmented_gpus", state.fragmented_gpus),

@@ -96,6 +96,36 @@ class UnattributedMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class CostCounter:
+    """USD of GPU time a queue's jobs held on one GPU model in one pool, since the control plane started."""
+
+    queue: str
+    model: str
+    pool: str
+    usd: float
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetGauge:
+    """A queue's budget: the share spent in its window, and its level (0 ok, 1 notice, 2 exceeded)."""
+
+    queue: str
+    ratio: float
+    level: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpotPoolGauge:
+    """A spot pool's circuit breaker (0 closed, 1 half-open, 2 open), its interruption rate per node-hour over
+    the window, and its interruptions since the control plane started."""
+
+    pool: str
+    state: int
+    rate_per_node_hour: float
+    interruptions: int
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerState:
     """One consistent read of the scheduler for a scrape. `owners` labels each GPU's samples with its job
     and queue. `fragmentation_ratio` is FGD's share of the idle GPU capacity that is fragmented (0..1) and
@@ -115,6 +145,9 @@ class SchedulerState:
     processes_attributed: bool = False
     job_memory: tuple[JobGpuMemory, ...] = ()
     unattributed: tuple[UnattributedMemory, ...] = ()
+    costs: tuple[CostCounter, ...] = ()
+    budgets: tuple[BudgetGauge, ...] = ()
+    spot_pools: tuple[SpotPoolGauge, ...] = ()
 
 
 class SchedulerView(Protocol):

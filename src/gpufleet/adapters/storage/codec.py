@@ -57,6 +57,8 @@ def encode_request(request: WorkerRequest) -> Json:
         "cpu_milli": request.cpu_milli,
         "memory": request.memory,
         "models": sorted(request.models),
+        "spot": request.spot,
+        "checkpoints": request.checkpoints,
     }
 
 
@@ -67,6 +69,8 @@ _REQUEST_READERS: dict[str, Callable[[Any], Any]] = {
     "cpu_milli": int,
     "memory": int,
     "models": frozenset,
+    "spot": str,
+    "checkpoints": bool,
 }
 
 
@@ -357,6 +361,8 @@ def encode_node(node: Node) -> Json:
         "zone": node.zone,
         "cordoned": node.cordoned,
         "healthy": node.healthy,
+        "pool": node.pool,
+        "admits": node.admits,
     }
 
 
@@ -369,6 +375,8 @@ _NODE_READERS: dict[str, Callable[[Any], Any]] = {
     "zone": str,
     "cordoned": bool,
     "healthy": bool,
+    "pool": str,
+    "admits": str,
 }
 
 

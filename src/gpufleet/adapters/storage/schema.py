@@ -147,6 +147,44 @@ idempotency_keys = sa.Table(
     sqlite_with_rowid=False,
 )
 
+# Cost control. `prices`: USD per GPU-hour per GPU model (`model`: as `model_key` compares it; `shown_model`: as
+# the admin wrote it) and pool. `charges`: what each attempt of a job held per model and pool, priced when it
+# started (written with the job's move into `admitted`). `budgets`: a queue's cap and action, and the level it
+# was last found at (ok, notice, exceeded), which says whether its queue is deprioritised.
+prices = sa.Table(
+    "prices",
+    metadata,
+    sa.Column("model", sa.String(), primary_key=True),
+    sa.Column("pool", sa.String(16), primary_key=True),
+    sa.Column("shown_model", sa.String(), nullable=False),
+    sa.Column("usd_per_gpu_hour", sa.Float(), nullable=False),
+    sa.Column("source", sa.Text(), nullable=False),
+    sa.Column("updated_at", sa.Float(), nullable=False),
+)
+
+charges = sa.Table(
+    "charges",
+    metadata,
+    sa.Column("job_id", sa.String(), sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("started_at", sa.Float(), primary_key=True),  # when the attempt began holding (its transition)
+    sa.Column("model", sa.String(), primary_key=True),
+    sa.Column("pool", sa.String(16), primary_key=True),
+    sa.Column("gpus", sa.Float(), nullable=False),
+    sa.Column("usd_per_gpu_hour", sa.Float(), nullable=True),  # None: no price for this model and pool
+)
+
+budgets = sa.Table(
+    "budgets",
+    metadata,
+    sa.Column("queue", sa.String(), primary_key=True),
+    sa.Column("amount", sa.Float(), nullable=False),
+    sa.Column("unit", sa.String(16), nullable=False),
+    sa.Column("period", sa.String(16), nullable=False),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.Column("level", sa.String(16), nullable=False, server_default="ok"),
+    sa.Column("level_at", sa.Float(), nullable=True),
+)
+
 # Counters: `cluster_version` (bumped on any queue or node change), `submit_seq` and `request_seq` (the
 # last sequence number handed out to a job or a request).
 meta = sa.Table(

@@ -4,8 +4,8 @@
 Every method is one short transaction (engine settings in `sql_engine.py`, tables in `schema.py`, JSON in
 `codec.py`). Semantics follow `InMemoryStore`, plus the checks a shared store needs: a submit to an
 unknown queue is refused, a request for an unknown job too. The methods live in parts, one per group of
-tables (`sql_jobs.py`, `sql_cluster.py`, `sql_access.py`, `sql_progress.py`, on the shared `sql_base.py`);
-this module puts them together and opens the database.
+tables (`sql_jobs.py`, `sql_cluster.py`, `sql_access.py`, `sql_progress.py`, `sql_cost.py`, on the shared
+`sql_base.py`); this module puts them together and opens the database.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from gpufleet.adapters.storage.health import (
 from gpufleet.adapters.storage.sql_access import AccessTables
 from gpufleet.adapters.storage.sql_base import first_line
 from gpufleet.adapters.storage.sql_cluster import ClusterTables
+from gpufleet.adapters.storage.sql_cost import CostTables
 from gpufleet.adapters.storage.sql_engine import (
     StoreFullError,
     StoreUnavailableError,
@@ -51,7 +52,7 @@ def default_sqlite_url(data_dir: Path) -> str:
     return f"sqlite:///{(Path(data_dir).expanduser().absolute() / 'state.db').as_posix()}"
 
 
-class SqlStore(JobTables, ClusterTables, AccessTables, ProgressTables):
+class SqlStore(JobTables, ClusterTables, AccessTables, ProgressTables, CostTables):
     """`StateStore` and `AdminStore` on a SQL database. Thread-safe; open it once per process.
 
     `open` refuses a store that existed but cannot be trusted (StoreDamagedError, see `health.py`);

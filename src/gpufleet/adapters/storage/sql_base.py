@@ -9,7 +9,7 @@ runs in one short transaction exactly as the others do.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from gpufleet.adapters.storage import schema as t
 from gpufleet.adapters.storage.sql_engine import READ_ONLY, StoreFullError, StoreUnavailableError, is_disk_full
 from gpufleet.domain.errors import GpufleetError
-from gpufleet.domain.lifecycle import TERMINAL, JobState
+from gpufleet.domain.lifecycle import TERMINAL, JobState, Transition
+from gpufleet.domain.records import JobRecord
 
 ACTIVE_STATES = tuple(s.value for s in JobState if s not in TERMINAL)
 CHUNK = 500  # ids per IN (...) list, well under SQLite's limit on bound parameters
@@ -99,3 +100,14 @@ class SqlBase:
         insert = (sqlite.insert if self._sqlite else postgresql.insert)(table).values(**values)
         changes = {k: v for k, v in values.items() if k not in keys}
         connection.execute(insert.on_conflict_do_update(index_elements=keys, set_=changes))
+
+    # Hooks of the cost tables (`sql_cost.CostTables` fills them in), called inside other parts' transactions.
+
+    def _charge_started(
+        self, c: sa.Connection, records: Mapping[str, JobRecord], transitions: Sequence[Transition]
+    ) -> None:
+        """Price the attempts that begin holding resources in this write."""
+
+    def _deprioritised_queues(self, c: sa.Connection) -> frozenset[str]:
+        """Queues whose budget is spent and whose action is to deprioritise them."""
+        return frozenset()

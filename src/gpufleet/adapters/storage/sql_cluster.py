@@ -33,7 +33,9 @@ class ClusterTables(SqlBase):
     def queues(self) -> tuple[QueueSpec, ...]:
         with self._tx(write=False) as c:
             specs = c.execute(sa.select(t.queues.c.spec).order_by(t.queues.c.name)).scalars().all()
-        return tuple(decode_queue(s) for s in specs)
+            deprioritised = self._deprioritised_queues(c)
+        queues = (decode_queue(s) for s in specs)
+        return tuple(dataclasses.replace(q, deprioritised=True) if q.name in deprioritised else q for q in queues)
 
     def cluster_version(self) -> int:
         with self._tx(write=False) as c:
@@ -90,12 +92,13 @@ class ClusterTables(SqlBase):
                 )
             if problems:
                 raise SpecError(f"deletion of queue {name!r}", tuple(problems))
+            c.execute(sa.delete(t.budgets).where(t.budgets.c.queue == name))
             c.execute(sa.delete(t.queues).where(t.queues.c.name == name))
             self._bump_cluster_version(c)
 
     def set_nodes(self, nodes: Sequence[Node]) -> None:
-        """Replace the inventory, keeping the cordon flag of nodes already known by the same name; bumps the
-        cluster version if anything changed."""
+        """Replace the inventory, keeping the cordon flag and what they admit of nodes already known by the same
+        name; bumps the cluster version if anything changed."""
         twice = sorted(name for name, count in Counter(n.name for n in nodes).items() if count > 1)
         if twice:
             raise SpecError(
@@ -111,7 +114,12 @@ class ClusterTables(SqlBase):
             for node in nodes:
                 kept = node
                 if node.name in stored:
-                    kept = dataclasses.replace(node, cordoned=bool(stored[node.name].get("cordoned", False)))
+                    before = stored[node.name]
+                    kept = dataclasses.replace(
+                        node,
+                        cordoned=bool(before.get("cordoned", False)),
+                        admits=str(before.get("admits", "all")),
+                    )
                 wanted[node.name] = encode_node(kept)
             gone = [name for name in stored if name not in wanted]
             changed = [name for name, spec in wanted.items() if stored.get(name) != spec]
@@ -123,8 +131,11 @@ class ClusterTables(SqlBase):
                 self._upsert(c, t.nodes, {"name": name, "spec": wanted[name]})
             self._bump_cluster_version(c)
 
-    def set_node_flags(self, name: str, *, cordoned: bool | None = None, healthy: bool | None = None) -> Node:
-        """Cordon/uncordon a node or mark its health; bumps the cluster version if that changed it."""
+    def set_node_flags(
+        self, name: str, *, cordoned: bool | None = None, healthy: bool | None = None, admits: str | None = None
+    ) -> Node:
+        """Cordon/uncordon a node, mark its health, or set what it admits (a spot breaker); bumps the cluster
+        version if that changed it."""
         with self._tx(write=True) as c:
             data = c.execute(sa.select(t.nodes.c.spec).where(t.nodes.c.name == name).with_for_update()).scalar()
             if data is None:
@@ -137,6 +148,7 @@ class ClusterTables(SqlBase):
                 node,
                 cordoned=node.cordoned if cordoned is None else cordoned,
                 healthy=node.healthy if healthy is None else healthy,
+                admits=node.admits if admits is None else admits,
             )
             if changed != node:
                 c.execute(sa.update(t.nodes).where(t.nodes.c.name == name).values(spec=encode_node(changed)))

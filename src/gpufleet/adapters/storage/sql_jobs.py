@@ -241,6 +241,7 @@ class JobTables(SqlBase):
                     self._replace(c, [(stored[i], r) for i, r in latest.items()], self._encoded_parts)
                 if transitions:
                     c.execute(_INSERT_TRANSITIONS, [_transition_row(tr) for tr in transitions])
+                    self._charge_started(c, latest, transitions)
         except sa.exc.IntegrityError as error:
             # Only the transitions' foreign key can fail here: a transition of a job the store does not have.
             raise StaleWriteError(f"a transition names a job the store does not have: {first_line(error)}") from None

@@ -4,7 +4,9 @@ Who may be a victim (never a non-preemptible job, never one already stopping):
 - a job of lower priority in the same queue;
 - a job of another queue in the same cohort that borrows (uses more than its nominal quota), when the
   preemptor's queue stays within its own nominal quota: it is reclaiming what it lent;
-- a job of lower priority in a queue that is not protected by a nominal quota it stays within.
+- a job of lower priority in a queue that is not protected by a nominal quota it stays within;
+- any job of another queue that spent its budget with the action `deprioritise` (`QueueSpec.deprioritised`):
+  such jobs are the first victims, and such a queue's own jobs preempt nobody.
 
 How: first check on a what-if view that stopping every candidate would make the job fit; if not,
 nobody is evicted. For a single-worker job, find the node where the cheapest set of victims makes
@@ -50,6 +52,9 @@ def _eligible(
 ) -> str | None:
     """Why a job of (`queue`, `priority`) may be preempted for `job`, or None if it may not."""
     ledger = cluster.quotas
+    victim_queue = ledger.queues.get(queue)
+    if victim_queue is not None and victim_queue.deprioritised and queue != job.queue:
+        return f"queue {queue} spent its budget: its jobs run only on idle capacity"
     if queue == job.queue:
         if priority < job.priority:
             return f"lower priority ({priority} < {job.priority}) in queue {job.queue}"
@@ -66,11 +71,17 @@ def _eligible(
     return None
 
 
+# Added to the priority of a job whose queue spent its budget (action deprioritise): such jobs go first.
+DEPRIORITISED_RANK = -1e12
+
+
 def _cost(holding: Holding, cluster: ClusterView) -> tuple[float, ...]:
     running = holding.running
     assert running is not None
+    spec = cluster.quotas.queues.get(holding.job.queue)
+    first = DEPRIORITISED_RANK if spec is not None and spec.deprioritised else 0.0
     return (
-        float(holding.job.priority),
+        first + float(holding.job.priority),
         running.lost_work_seconds(cluster.now),
         -running.started_at,
     )
@@ -195,6 +206,11 @@ class PriorityPreemption:
             CPU: request.cpu_milli * job.gang_size,
             MEMORY: request.memory * job.gang_size,
         }
+        spec = cluster.quotas.queues.get(job.queue)
+        if spec is not None and spec.deprioritised:
+            return _refusal(
+                blocked_by, f"queue {job.queue} spent its budget: its jobs run only on idle capacity and preempt none"
+            )
         quota_ok = what_if.admits(job).ok
         candidates, reasons = self.candidates(job, cluster, demand, quota_ok)
         if not candidates:

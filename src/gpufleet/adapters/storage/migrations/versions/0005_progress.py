@@ -3,7 +3,7 @@ checkpoints).
 
 Revision ID: 0005
 Revises: 0004
-Create Date: 2027-02-01
+Create Date: 2026-12-02
 """
 
 from __future__ import annotations
