@@ -241,12 +241,16 @@ class PriorityPreemption:
             removed.append(job_id)
             if search.fits():
                 break
-        return self._reprieve(search, removed)
+        # With more than one taken, the job was seen not to fit without the last: it is needed, no need to ask
+        # again. (With one, nothing was asked with none taken.)
+        return self._reprieve(search, removed, last_needed=len(removed) > 1)
 
-    def _reprieve(self, search: _Search, removed: list[str]) -> list[str]:
-        """Given `removed` (taken out of the view, cheapest first), put back every victim not needed."""
+    def _reprieve(self, search: _Search, removed: list[str], last_needed: bool = False) -> list[str]:
+        """Given `removed` (taken out of the view, cheapest first), put back every victim not needed.
+        `last_needed`: the job was seen not to fit with all but the last of them taken out, the view the first
+        put-back makes (a fits test is a pure function of the view: asking again gives the same answer)."""
         kept = list(removed)
-        for job_id in reversed(removed):
+        for job_id in reversed(removed[:-1] if last_needed else removed):
             search.restore(job_id)
             if search.fits():
                 kept.remove(job_id)
