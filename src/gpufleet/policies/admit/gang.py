@@ -130,22 +130,27 @@ class GangAdmission:
     def _now(self, view: JobView, cluster: ClusterView) -> Status:
         """Whether the gang could fit in what is free now (a quick all-or-nothing check)."""
         job = view.job
-        table = cluster.nodes
-        # Per node counts do not depend on the gang's size: jobs of one request share them.
-        kept: _WorkersNow = cluster.per_cycle(
-            ("gang.workers_now", job.request, view.model_lut.tobytes()),
-            lambda: _WorkersNow(_workers_now(view, cluster, None), table.clock),
-        )
-        if kept.clock != table.clock:
-            changed: IntArray = (table.version > kept.clock).nonzero()[0]
-            if len(changed):
-                recounted = _workers_now(view, cluster, changed)
-                kept.total += int(np.add.reduce(recounted)) - int(np.add.reduce(kept.per_node[changed]))
-                kept.per_node[changed] = recounted
-            kept.clock = table.clock
-        now = kept.total
+        now = _count_now(view, cluster)
         if now < job.gang_size:
             return unschedulable(
                 NAME, f"gang of {job.gang_size} workers: only {now} fit in what is free now (all or nothing)"
             )
         return SUCCESS
+
+
+def _count_now(view: JobView, cluster: ClusterView) -> int:
+    """How many workers of the request fit in what is free now, over all nodes: kept for the cycle per request
+    (the per-node counts do not depend on the gang's size) and recounted on the nodes changed since."""
+    table = cluster.nodes
+    kept: _WorkersNow = cluster.per_cycle(
+        ("gang.workers_now", view.job.request, view.model_lut.tobytes()),
+        lambda: _WorkersNow(_workers_now(view, cluster, None), table.clock),
+    )
+    if kept.clock != table.clock:
+        changed: IntArray = (table.version > kept.clock).nonzero()[0]
+        if len(changed):
+            recounted = _workers_now(view, cluster, changed)
+            kept.total += int(np.add.reduce(recounted)) - int(np.add.reduce(kept.per_node[changed]))
+            kept.per_node[changed] = recounted
+        kept.clock = table.clock
+    return kept.total
