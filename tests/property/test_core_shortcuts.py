@@ -4,7 +4,9 @@ Shortcuts checked: jobs whose outcome is already known in the cycle settled with
 (`settle_known`), single-node victim searches skipped when they cannot beat the best set found
 (`_lower_bound`), fit tests of a victim search skipped where a per-node bound says no (`_Room`), a
 whole-GPU gang's what-if fit counted instead of placed (`known_gang_fit`), what-ifs over many running
-jobs applied as arrays (`SHIFT_ARRAYS_FROM`), node-local
+jobs applied as arrays (`SHIFT_ARRAYS_FROM`), the gang check's count of workers that fit now kept and
+recounted on changed nodes only (`_count_now`), the greedy reprieve not asking again about its last victim
+(`last_needed`), node-local
 scores kept per request class and recomputed for changed nodes only (`Profile.local_scores`), and the
 node table, capacity memo and running-job facts reused from an earlier cycle of the same inventory.
 """
@@ -19,13 +21,14 @@ from unittest.mock import patch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpufleet.policies.admit import gang as gang_module
 from gpufleet.policies.catalog import profile
 from gpufleet.policies.preempt import priority as priority_preemption
 from gpufleet.scheduling import cycle as cycle_module
 from gpufleet.scheduling import placer as placer_module
 from gpufleet.scheduling import state as state_module
 from gpufleet.scheduling.cycle import run_cycle
-from gpufleet.scheduling.plugin_api import JobView, Profile, Status
+from gpufleet.scheduling.plugin_api import ClusterView, JobView, Profile, Status
 from gpufleet.scheduling.state import CycleState, InventoryCache
 from tests.kit import without
 from tests.property.strategies import World, worlds
@@ -47,8 +50,25 @@ def _plain() -> Iterator[None]:
         patch.object(placer_module, "known_gang_fit", lambda *_: None),
         patch.object(state_module, "SHIFT_ARRAYS_FROM", 10**9),
         patch.object(Profile, "local_scores", property(lambda self: False)),
+        patch.object(gang_module, "_count_now", _fresh_count),
+        patch.object(priority_preemption.PriorityPreemption, "_reprieve", _reprieve_asking_all),
     ):
         yield
+
+
+def _fresh_count(view: JobView, cluster: ClusterView) -> int:
+    """The gang check's count of workers that fit now, recounted on every node every time."""
+    return int(gang_module._workers_now(view, cluster, None).sum())
+
+
+_reprieve = priority_preemption.PriorityPreemption._reprieve
+
+
+def _reprieve_asking_all(
+    self: priority_preemption.PriorityPreemption, search: priority_preemption._Search, removed: list[str], **_: bool
+) -> list[str]:
+    """The reprieve asking again whether the job fits without each victim, the last one taken included."""
+    return _reprieve(self, search, removed, last_needed=False)
 
 
 @given(worlds(max_pending=12), st.data())
@@ -116,3 +136,24 @@ def test_the_victim_search_bound_never_says_no_where_the_job_fits(world: World, 
         for job_id in taken:
             if job_id not in back:
                 search.restore(job_id)
+
+
+@given(worlds(max_pending=8), st.data())
+def test_the_kept_gang_count_is_a_fresh_count_as_the_view_changes(world: World, data: st.DataObject) -> None:
+    """The gang check's count of workers that fit now, kept across a victim search's moves on the what-if view
+    (and placements), is what counting every node afresh gives after each move."""
+    policy = profile(world.profile_name)
+    state = CycleState(world.snapshot)
+    what_if = cycle_module._WhatIf(policy, state)
+    running = sorted(r.id for r in world.snapshot.running)
+    for job in world.pending:
+        view = JobView(job, state.table.model_lut(job.request.models))
+        assert gang_module._count_now(view, state.view) == _fresh_count(view, state.view)
+        taken = data.draw(st.lists(st.sampled_from(running), unique=True) if running else st.just([]))
+        moves = [(what_if.remove, j) for j in taken] + [(what_if.restore, j) for j in reversed(taken)]
+        for move, job_id in moves:
+            move(job_id)
+            assert gang_module._count_now(view, state.view) == _fresh_count(view, state.view), (job, job_id)
+        outcome = placer_module.place_gang(policy, view, state, job.gang_size)
+        if not isinstance(outcome, Status):  # placed: its nodes changed for the next jobs' counts
+            assert gang_module._count_now(view, state.view) == _fresh_count(view, state.view), job

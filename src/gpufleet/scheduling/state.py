@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -148,6 +148,8 @@ class CycleState:
         # What running jobs hold, as arrays (built when first needed; see `running_arrays`).
         self._running_arrays: tuple[dict[JobId, int], WorkerArrays] | None = None
         self._usage_arrays: tuple[list[str], IntArray, list[str], IntArray] | None = None
+        self._last_pick: tuple[object, tuple[JobId, ...], BoolArray | None] | None = None
+        self._last_subset: tuple[BoolArray, WorkerArrays] | None = None
         self.capacity = {
             "gpu": int(self.table.gpu_milli_total.sum()),
             "cpu": int(self.table.cpu_total.sum()),
@@ -447,7 +449,7 @@ class CycleState:
     def arrays_of(self, job_ids: list[JobId]) -> WorkerArrays | None:
         """What these running jobs hold, as arrays; None if one of them is not a running job (or repeats)."""
         picked = self._pick(job_ids)
-        return None if picked is None else self.running_arrays()[1].subset(picked)
+        return None if picked is None else self._subset(picked)
 
     def held(self, job_ids: list[JobId]) -> WorkerArrays:
         """What these jobs hold, as arrays: running jobs' rows from `running_arrays`, others laid out afresh."""
@@ -457,19 +459,37 @@ class CycleState:
         return arrays
 
     def _pick(self, job_ids: list[JobId]) -> BoolArray | None:
-        """A mask over the running jobs' owner numbers; None if one is not a running job (or repeats)."""
-        position = self.running_arrays()[0]
-        picked = np.zeros(len(position), dtype=np.bool_)
-        rows: list[int] = []
-        for job_id in job_ids:
-            k = position.get(job_id)
-            if k is None:
-                return None
-            rows.append(k)
-        picked[rows] = True
-        if int(picked.sum()) != len(job_ids):
-            return None
+        """A mask over the running jobs' owner numbers; None if one is not a running job (or repeats).
+
+        A victim search asks for the same candidates up to three times in a row (what they hold, then a
+        what-if view without them, entered and left): the last answer is kept while the running jobs' arrays
+        are the same object (they are rebuilt, never changed, when running jobs change)."""
+        arrays = self.running_arrays()
+        key = tuple(job_ids)
+        last = self._last_pick
+        if last is not None and last[0] is arrays and last[1] == key:
+            return last[2]
+        position = arrays[0]
+        get = position.get
+        found = [get(job_id) for job_id in key]
+        picked: BoolArray | None = None
+        if None not in found:
+            mask = np.zeros(len(position), dtype=np.bool_)
+            mask[cast(list[int], found)] = True
+            if int(np.count_nonzero(mask)) == len(key):
+                mask.flags.writeable = False  # shared by every caller that asks for the same jobs
+                picked = mask
+        self._last_pick = (arrays, key, picked)
         return picked
+
+    def _subset(self, picked: BoolArray) -> WorkerArrays:
+        """The running jobs' rows of a mask `_pick` gave (the last one kept: a search asks again)."""
+        last = self._last_subset
+        if last is not None and last[0] is picked:
+            return last[1]
+        rows = self.running_arrays()[1].subset(picked)
+        self._last_subset = (picked, rows)
+        return rows
 
     def _running_usage(self) -> tuple[list[str], IntArray, list[str], IntArray]:
         """Quota usage of the running jobs by owner number: the usage keys, a [jobs, keys] matrix,
@@ -502,14 +522,21 @@ class CycleState:
         picked = self._pick(job_ids) if len(job_ids) >= SHIFT_ARRAYS_FROM else None
         if picked is not None:
             # Many running jobs (a what-if over every candidate victim): vectorised, table and ledger.
-            self.table.apply_flat(self.running_arrays()[1].subset(picked), sign)
+            self.table.apply_flat(self._subset(picked), sign)
             keys, usage, queues, queue_of = self._running_usage()
+            # Per queue, the picked jobs' usage summed in one pass (integer sums: the order does not matter).
+            picked_queue = queue_of[picked]
+            sums = np.zeros((len(queues), len(keys)), dtype=np.int64)
+            np.add.at(sums, picked_queue, usage[picked])
+            present = np.bincount(picked_queue, minlength=len(queues)).tolist()
+            queue_sums: list[list[int]] = sums.tolist()
             for q, queue in enumerate(queues):  # queue names are sorted
-                mine = picked & (queue_of == q)
-                if not mine.any():
+                if not present[q]:
                     continue
-                sums: list[int] = np.add.reduce(usage[mine], axis=0, dtype=np.int64).tolist()
-                self.ledger.add(queue, {key: amount for key, amount in zip(keys, sums, strict=True) if amount}, -sign)
+                sums_row = queue_sums[q]
+                self.ledger.add(
+                    queue, {key: amount for key, amount in zip(keys, sums_row, strict=True) if amount}, -sign
+                )
             return
         per_queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         workers: list[WorkerPlacement] = []

@@ -205,7 +205,8 @@ class JobTables(SqlBase):
             rows = c.execute(_SUBMITTED_AFTER, {"cursor": cursor}).all()
         if not rows:
             return [], cursor
-        return [decode_record(r.record) for r in rows], int(rows[-1].seq)
+        read = self._encoded_parts.read_record  # the loop writes these records next: their jobs' encodings kept
+        return [read(r.record) for r in rows], int(rows[-1].seq)
 
     def submission_cursor(self) -> int:
         with self._tx(write=False) as c:

@@ -36,14 +36,42 @@ def _capable_gpus(lut: BoolArray, gpu_memory: int, cluster: ClusterView) -> Bool
     )
 
 
-def _workers_per_node(view: JobView, cluster: ClusterView, gpus_per_node: IntArray) -> IntArray:
+class _WorkersNow:
+    """Per node, how many workers of a request fit in what is free now, and their total, as of the table's
+    `clock`: brought up to date by recounting only the nodes changed since (`version`), so the gang check asked
+    after each step of a victim search costs a comparison over the nodes, not a recount of every GPU."""
+
+    __slots__ = ("clock", "per_node", "total")
+
+    def __init__(self, per_node: IntArray, clock: int) -> None:
+        self.per_node = per_node
+        self.total = int(np.add.reduce(per_node))
+        self.clock = clock
+
+
+def _workers_now(view: JobView, cluster: ClusterView, rows: IntArray | None) -> IntArray:
+    """Per node (of `rows`, or all): workers of the request that fit in what is free now; 0 on nodes that take
+    no new work."""
     request = view.job.request
     table = cluster.nodes
-    per_node = gpus_per_node // request.gpus if request.gpus else np.full(len(table), 1 << 30)
+    at: IntArray | slice = slice(None) if rows is None else rows
+    if request.gpus:
+        lut = view.model_lut
+        capable = cluster.memo(
+            ("gang.capable_schedulable", lut.tobytes(), request.gpu_memory),
+            lambda: _capable_gpus(lut, request.gpu_memory, cluster) & table.schedulable[:, None],
+        )[at]
+        milli = table.gpu_milli_free[at]
+        free = capable & ((milli >= request.gpu_milli) if request.fractional else (milli == MILLI_PER_GPU))
+        per_node = rows_count(free) // request.gpus
+    else:
+        per_node = np.full(len(table.cpu_free[at]), 1 << 30, dtype=np.int64)
     if request.cpu_milli:
-        per_node = np.minimum(per_node, table.cpu_free // request.cpu_milli)
+        per_node = np.minimum(per_node, table.cpu_free[at] // request.cpu_milli)
     if request.memory:
-        per_node = np.minimum(per_node, table.mem_free // request.memory)
+        per_node = np.minimum(per_node, table.mem_free[at] // request.memory)
+    if not request.gpus:
+        per_node = np.where(table.schedulable[at], per_node, 0)
     return np.asarray(per_node, dtype=np.int64)
 
 
@@ -102,23 +130,27 @@ class GangAdmission:
     def _now(self, view: JobView, cluster: ClusterView) -> Status:
         """Whether the gang could fit in what is free now (a quick all-or-nothing check)."""
         job = view.job
-        request = job.request
-        table = cluster.nodes
-        if request.gpus:
-            lut = view.model_lut
-            capable = cluster.memo(
-                ("gang.capable_schedulable", lut.tobytes(), request.gpu_memory),
-                lambda: _capable_gpus(lut, request.gpu_memory, cluster) & table.schedulable[:, None],
-            )
-            if request.fractional:
-                free = capable & (table.gpu_milli_free >= request.gpu_milli)
-            else:
-                free = capable & (table.gpu_milli_free == MILLI_PER_GPU)
-            now = int(np.add.reduce(_workers_per_node(view, cluster, rows_count(free))))
-        else:
-            now = int(_workers_per_node(view, cluster, np.zeros(len(table), dtype=np.int64))[table.schedulable].sum())
+        now = _count_now(view, cluster)
         if now < job.gang_size:
             return unschedulable(
                 NAME, f"gang of {job.gang_size} workers: only {now} fit in what is free now (all or nothing)"
             )
         return SUCCESS
+
+
+def _count_now(view: JobView, cluster: ClusterView) -> int:
+    """How many workers of the request fit in what is free now, over all nodes: kept for the cycle per request
+    (the per-node counts do not depend on the gang's size) and recounted on the nodes changed since."""
+    table = cluster.nodes
+    kept: _WorkersNow = cluster.per_cycle(
+        ("gang.workers_now", view.job.request, view.model_lut.tobytes()),
+        lambda: _WorkersNow(_workers_now(view, cluster, None), table.clock),
+    )
+    if kept.clock != table.clock:
+        changed: IntArray = (table.version > kept.clock).nonzero()[0]
+        if len(changed):
+            recounted = _workers_now(view, cluster, changed)
+            kept.total += int(np.add.reduce(recounted)) - int(np.add.reduce(kept.per_node[changed]))
+            kept.per_node[changed] = recounted
+        kept.clock = table.clock
+    return kept.total

@@ -215,10 +215,11 @@ class PriorityPreemption:
         candidates, reasons = self.candidates(job, cluster, demand, quota_ok)
         if not candidates:
             return _refusal(blocked_by, "no job that may be preempted for it holds what it needs")
-        # A victim's cost depends on the victim and the time only, not on the view: every preemptible job's,
-        # and its rank in (cost, id) order, once per cycle.
-        costs, rank = self._ranking(cluster)
-        candidates.sort(key=lambda h: rank[h.job.id])
+        # A victim's cost depends on the victim and the time only, not on the view: each is computed once per
+        # cycle, when a search first meets it. (cost, id) is a total order: sorting the candidates by it gives
+        # their order among all preemptible jobs.
+        costs = self._costs(candidates, cluster)
+        candidates.sort(key=lambda h: (*costs[h.job.id], h.job.id))
         chosen: list[str] | None = None
         potential = _potential_workers(job, cluster, what_if, candidates)
         if int(np.minimum(potential, job.gang_size).sum()) < job.gang_size:
@@ -240,21 +241,14 @@ class PriorityPreemption:
         status = wait(NAME, f"preempting {len(chosen)} job(s) to make room: {', '.join(chosen)}")
         return VictimChoice(victims, status)
 
-    def _ranking(self, cluster: ClusterView) -> tuple[dict[str, tuple[float, ...]], dict[str, int]]:
-        """Every preemptible job's cost, and its place in (cost, job id) order: computed once per cycle."""
-
-        def compute() -> tuple[dict[str, tuple[float, ...]], dict[str, int]]:
-            holdings = cluster.holdings
-            costs: dict[str, tuple[float, ...]] = {}
-            for members in cluster.preemptible_groups.values():
-                for job_id in members:
-                    holding = holdings.get(job_id)
-                    if holding is not None:
-                        costs[job_id] = self.cost(holding, cluster)
-            ordered = sorted(costs, key=lambda job_id: (*costs[job_id], job_id))
-            return costs, {job_id: k for k, job_id in enumerate(ordered)}
-
-        return cluster.per_cycle(("preempt.ranking", self), compute)
+    def _costs(self, holdings: list[Holding], cluster: ClusterView) -> dict[str, tuple[float, ...]]:
+        """The cycle's victim costs by job id, with those of `holdings` added where not known yet."""
+        costs: dict[str, tuple[float, ...]] = cluster.per_cycle(("preempt.costs", self), dict)
+        for holding in holdings:
+            job_id = holding.job.id
+            if job_id not in costs:
+                costs[job_id] = self.cost(holding, cluster)
+        return costs
 
     def _greedy(self, search: _Search, ordered: list[str]) -> list[str]:
         removed: list[str] = []
@@ -263,12 +257,16 @@ class PriorityPreemption:
             removed.append(job_id)
             if search.fits():
                 break
-        return self._reprieve(search, removed)
+        # With more than one taken, the job was seen not to fit without the last: it is needed, no need to ask
+        # again. (With one, nothing was asked with none taken.)
+        return self._reprieve(search, removed, last_needed=len(removed) > 1)
 
-    def _reprieve(self, search: _Search, removed: list[str]) -> list[str]:
-        """Given `removed` (taken out of the view, cheapest first), put back every victim not needed."""
+    def _reprieve(self, search: _Search, removed: list[str], last_needed: bool = False) -> list[str]:
+        """Given `removed` (taken out of the view, cheapest first), put back every victim not needed.
+        `last_needed`: the job was seen not to fit with all but the last of them taken out, the view the first
+        put-back makes (a fits test is a pure function of the view: asking again gives the same answer)."""
         kept = list(removed)
-        for job_id in reversed(removed):
+        for job_id in reversed(removed[:-1] if last_needed else removed):
             search.restore(job_id)
             if search.fits():
                 kept.remove(job_id)
