@@ -40,6 +40,7 @@ from gpufleet.server.chargeback import BudgetWatch
 from gpufleet.server.context import ApiContext
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of
 from gpufleet.server.http_errors import ConflictError, ForbiddenError, NotFoundError, UnavailableError
+from gpufleet.server.log_files import index_logs
 from gpufleet.server.ratelimit import RateLimits
 from gpufleet.server.schemas import (
     CancelOut,
@@ -84,8 +85,6 @@ from gpufleet.server.views_cost import budget_of
 
 EXPLAIN_AHEAD = 50  # ids of the jobs ahead that `explain` lists (it counts them all)
 MAX_LOG_CHUNK = 1 << 20  # bytes per logs call; clients follow with `offset`
-_ATTEMPT_RE = re.compile(r"attempt[-_.]?(\d+)", re.IGNORECASE)
-_WORKER_RE = re.compile(r"(?:worker|rank)[-_.]?(\d+)", re.IGNORECASE)
 
 
 def new_job_id() -> JobId:
@@ -96,29 +95,6 @@ def new_job_id() -> JobId:
 class JobPage:
     jobs: list[JobOut]
     total: int  # jobs matching the filters, over all pages
-
-
-@dataclass(frozen=True)
-class LogFile:
-    attempt: int
-    worker: int
-    path: Path
-
-
-def index_logs(paths: Sequence[Path], workers: int) -> list[LogFile]:
-    """Give each log file its attempt and worker: from its name when it says (`attempt-2/worker-0.log`),
-    otherwise from its position (oldest attempt first, one file per worker)."""
-    parsed: list[LogFile] = []
-    for path in paths:
-        attempt = _ATTEMPT_RE.findall(str(path))
-        worker = _WORKER_RE.findall(path.name) or _WORKER_RE.findall(str(path))
-        if not attempt or not worker:
-            break
-        parsed.append(LogFile(int(attempt[-1]), int(worker[-1]), path))
-    else:
-        return parsed
-    per = max(1, workers)
-    return [LogFile(i // per + 1, i % per, path) for i, path in enumerate(paths)]
 
 
 class QueueCache:
