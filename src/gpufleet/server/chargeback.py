@@ -38,6 +38,7 @@ from gpufleet.domain.errors import LimitError
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import AdminStore, AuditEntry, JobQuery
+from gpufleet.server.periodic import Periodic
 from gpufleet.server.usage import PAGE, UsageBook, holding_intervals
 
 log = logging.getLogger("gpufleet.cost")
@@ -214,8 +215,7 @@ class BudgetWatch:
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._statuses: dict[str, BudgetStatus] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic("gpufleet-budgets", interval_s, self.check, "budget check")
 
     def statuses(self) -> dict[str, BudgetStatus]:
         with self._lock:
@@ -265,21 +265,10 @@ class BudgetWatch:
             )
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpufleet-budgets", daemon=True)
-        self._thread.start()
+        self._periodic.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.check()
-            except Exception:
-                log.exception("budget check failed; retrying in %.0f s", self.interval_s)
-            self._stop.wait(self.interval_s)
+        self._periodic.stop()
 
 
 def budget_amount_unit(budget: Budget) -> str:

@@ -18,6 +18,7 @@ from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.spot import BreakerSettings, BreakerState, SpotBreakers
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import AdminStore, AuditEntry, JobQuery
+from gpufleet.server.periodic import Periodic
 
 log = logging.getLogger("gpufleet.spot")
 
@@ -54,8 +55,7 @@ class SpotWatch:
         self.interval_s = interval_s
         self.wake = wake
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic("gpufleet-spot", interval_s, self.check, "spot check")
 
     def check(self) -> list[PoolStatus]:
         now = self.clock.now()
@@ -101,18 +101,7 @@ class SpotWatch:
             return out
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpufleet-spot", daemon=True)
-        self._thread.start()
+        self._periodic.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.check()
-            except Exception:
-                log.exception("spot check failed; retrying in %.0f s", self.interval_s)
-            self._stop.wait(self.interval_s)
+        self._periodic.stop()
