@@ -382,6 +382,14 @@ def sim(
     spot_checkpointing: Annotated[
         float, typer.Option(help="With --spot-pool: share of the jobs that checkpoint (every 30 min).")
     ] = 0.5,
+    budget: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="QUEUE=AMOUNT[:usd|gpu-hours][:warn|deprioritise|block][:month|rolling-30d] (repeatable): run the "
+            "workload with and without these queue budgets, acting as the live control plane does, and compare "
+            "cost, refused submissions and JCT (first policy only; --prices for the prices)."
+        ),
+    ] = None,
 ) -> None:
     """Simulate a workload under several policies and compare them (or reproduce a published experiment)."""
     try:
@@ -405,6 +413,11 @@ def sim(
             from gpufleet.cli.sim_spot import spot_study
 
             spot_study(loaded, spot_pool, root, spot_traces, prices, names[0], seed, spot_checkpointing, as_json)
+            return
+        if budget:
+            from gpufleet.cli.sim_budget import budget_study
+
+            budget_study(loaded, budget, root, prices, names[0], as_json)
             return
         _simulate(loaded, names, table, what_if, oracle, output)
     except GpufleetError as error:
