@@ -57,6 +57,11 @@ class SpotWatch:
         self._lock = threading.Lock()
         self._periodic = Periodic("gpufleet-spot", interval_s, self.check, "spot check")
 
+    def awaits_probe(self) -> bool:
+        """Whether some pool is half-open with no probe job yet (its nodes admit `probe`)."""
+        with self._lock:
+            return any(breaker.awaits_probe for breaker in self.breakers.pools.values())
+
     def check(self) -> list[PoolStatus]:
         now = self.clock.now()
         nodes = self.store.nodes()
