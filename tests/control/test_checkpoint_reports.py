@@ -94,7 +94,9 @@ def test_each_start_is_given_the_young_daly_interval_from_the_reported_cost() ->
     mtbf = 3600.0 / (8 * DEFAULT_GPU_FAILURES_PER_HOUR)  # the whole 8-GPU node fails with any GPU
     assert relaunch.checkpoint_interval_s == pytest.approx(math.sqrt(2 * 30.0 * mtbf))
     plan = store.get("a").checkpoint_plan
-    assert plan is not None and plan.cost_s == 30.0 and plan.mtbf_s == pytest.approx(mtbf)
+    assert plan is not None
+    assert plan.cost_s == 30.0
+    assert plan.mtbf_s == pytest.approx(mtbf)
     assert "Llama 3" in plan.mtbf_source
 
 
@@ -141,8 +143,12 @@ def test_a_lost_and_a_failed_attempt_lose_the_work_since_start_without_checkpoin
     backend.exited("b", 400.0, code=1)
     loop.step()
     lost, failed = store.get("a").attempt_loss, store.get("b").attempt_loss
-    assert lost is not None and lost.cause is LossCause.LOST and lost.lost_s == pytest.approx(500.0)
-    assert failed is not None and failed.cause is LossCause.FAILED and failed.lost_s == pytest.approx(400.0)
+    assert lost is not None
+    assert lost.cause is LossCause.LOST
+    assert lost.lost_s == pytest.approx(500.0)
+    assert failed is not None
+    assert failed.cause is LossCause.FAILED
+    assert failed.lost_s == pytest.approx(400.0)
 
 
 def test_a_checkpoint_of_a_job_that_ended_is_ignored() -> None:

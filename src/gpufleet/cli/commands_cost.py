@@ -291,9 +291,9 @@ def lost_work(
 ) -> None:
     """GPU-hours and USD lost to preemptions, node losses and failures: the work since each ended attempt's
     last checkpoint (or its start), priced like `report cost`."""
-    if by not in ("queue", "user"):
-        raise GpufleetError(f"--by {by!r} is not a grouping of lost work", "give queue or user")
     with _client(url, token) as client:
+        if by not in ("queue", "user"):
+            raise GpufleetError(f"--by {by!r} is not a grouping of lost work", "give queue or user")
         now = time.time()
         params: dict[str, Any] = {"since": max(0.0, parse_since(since, now)), "by": by}
         if until is not None:
