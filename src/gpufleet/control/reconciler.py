@@ -568,7 +568,10 @@ class Reconciler:
             if record is None or record.state is not S.PENDING:
                 continue
             admitted = changes.move(record, S.ADMITTED, "placed by the scheduler", now, workers=placement.workers)
-            plan = plan_checkpoints(record.checkpoint_cost_s, placement.workers, self._nodes, self.observed_pools())
+            plan = None
+            if record.checkpoint_cost_s is not None:  # only a job that reported a checkpoint has a C
+                pools = self.observed_pools()
+                plan = plan_checkpoints(record.checkpoint_cost_s, placement.workers, self._nodes, pools)
             launching = changes.move(
                 admitted,
                 S.LAUNCHING,
