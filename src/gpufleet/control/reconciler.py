@@ -174,12 +174,13 @@ class Reconciler:
             self.pending.wake_all()
         # Order plugins key new and requeued jobs against the base state: it must read this step's time.
         self.base.set_now(now)
-        requests, self._request_cursor = self.store.take_requests(self._request_cursor)
+        requests, cursor = self.store.take_requests(self._request_cursor)
         # Checkpoints first: a job that saved on its stop signal reported it before the stop is observed.
         self._checkpoints(requests)
         self._observe(now, report)
         self._intake(now)
         self._requests(now, report, requests)
+        self._request_cursor = cursor  # taken only once acted on: a failed step reads them again
         self._timeouts(now, report)
         if self.profile.preempt is not None and now >= self._last_retry_all + self.settings.retry_all_s:
             self.pending.wake_all()
