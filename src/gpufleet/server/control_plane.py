@@ -494,7 +494,15 @@ class ControlPlane:
                 log.info("throughput table: %d entries from %s", len(throughput.entries), throughput.source)
             policy = profile(settings.policy, PolicyData(target=self.fgd_target.target, throughput=throughput))
             loop_settings = ReconcilerSettings(max_grace_s=settings.max_grace_s)
-            self.reconciler = Reconciler(self.store, self.backend, self.clock, policy, settings=loop_settings)
+            self.reconciler = Reconciler(
+                self.store,
+                self.backend,
+                self.clock,
+                policy,
+                settings=loop_settings,
+                # The spot watch is made below (it wakes the loop), before the loop first runs.
+                observed_pools=lambda: self.spot.observed(),  # noqa: PLW0108
+            )
             self.telemetry = _telemetry(
                 settings,
                 self.store,
