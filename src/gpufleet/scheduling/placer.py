@@ -6,6 +6,7 @@ import numpy as np
 
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.scheduling.classes import filter_class
+from gpufleet.scheduling.comm_gate import gate
 from gpufleet.scheduling.plugin_api import FilterResult, GangContext, JobView, Profile
 from gpufleet.scheduling.state import CycleState, Evaluation
 from gpufleet.scheduling.status import Code, Status, unschedulable
@@ -175,7 +176,8 @@ def place_worker(profile: Profile, view: JobView, state: CycleState, gang: GangC
 
 
 def place_gang(profile: Profile, view: JobView, state: CycleState, size: int) -> tuple[WorkerPlacement, ...] | Status:
-    """Place `size` workers all-or-nothing; on failure the table is exactly as before."""
+    """Place `size` workers all-or-nothing; on failure the table is exactly as before. A job with a
+    `max_comm_overhead` is not placed where its predicted all-reduce share passes it (`comm_gate`)."""
     gang = GangContext()
     placed: list[WorkerPlacement] = []
     for k in range(size):
@@ -191,6 +193,12 @@ def place_gang(profile: Profile, view: JobView, state: CycleState, size: int) ->
                 PLUGIN,
             )
         placed.append(outcome)
+    comm = view.job.comm
+    if comm is not None and comm.max_overhead is not None:
+        refused = gate(comm, state.table, tuple(placed))
+        if refused is not None:
+            state.table.apply_many(placed, +1)
+            return refused
     return tuple(placed)
 
 
@@ -217,6 +225,8 @@ def known_gang_fit(profile: Profile, view: JobView, state: CycleState, size: int
     request = view.job.request
     if size < 2 or not request.gpus or request.fractional:
         return None
+    if view.job.comm is not None and view.job.comm.max_overhead is not None:
+        return None  # where the workers land decides whether the gang is taken
     evaluation = evaluate(profile, view, state)
     passing = evaluation.passed.nonzero()[0]
     if len(passing) and int(rows_count(evaluation.usable[passing]).max()) >= 2 * request.gpus:

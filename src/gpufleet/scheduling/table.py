@@ -140,6 +140,11 @@ class NodeInfo:
         # control plane: `Node.admits`, 0 all, 1 workers that checkpoint, 2 none).
         self.spot = _frozen(np.array([n.pool == "spot" for n in ordered], dtype=np.bool_))
         self.admits = _frozen(np.array([NODE_ADMITS.index(n.admits) for n in ordered], dtype=np.int64))
+        # Interconnect per GPU, GB/s per direction (`Node.links`): what the communication model reads.
+        links = [n.links() for n in ordered]
+        self.nvlink_gbps = _frozen(np.array([x.nvlink for x in links], dtype=np.float64))
+        self.pcie_gbps = _frozen(np.array([x.pcie for x in links], dtype=np.float64))
+        self.network_gbps = _frozen(np.array([x.network for x in links], dtype=np.float64))
 
     def _nvlink_layout(self) -> None:
         width = self.width
