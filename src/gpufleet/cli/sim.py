@@ -382,6 +382,14 @@ def sim(
     spot_checkpointing: Annotated[
         float, typer.Option(help="With --spot-pool: share of the jobs that checkpoint (every 30 min).")
     ] = 0.5,
+    comm_study: Annotated[
+        str | None,
+        typer.Option(
+            help="LIMIT or 'score': run the workload's multi-GPU jobs as data-parallel gangs of 1-GPU workers with "
+            "seeded models and step times, and compare placements and JCT with the communication model off and on "
+            "(max_comm_overhead LIMIT, e.g. 0.25; 'score': no limit, the score only). First policy only."
+        ),
+    ] = None,
 ) -> None:
     """Simulate a workload under several policies and compare them (or reproduce a published experiment)."""
     try:
@@ -405,6 +413,11 @@ def sim(
             from gpufleet.cli.sim_spot import spot_study
 
             spot_study(loaded, spot_pool, root, spot_traces, prices, names[0], seed, spot_checkpointing, as_json)
+            return
+        if comm_study is not None:
+            from gpufleet.cli.sim_comm import comm_study_command
+
+            comm_study_command(loaded, comm_study, names[0], seed, as_json)
             return
         _simulate(loaded, names, table, what_if, oracle, output)
     except GpufleetError as error:
