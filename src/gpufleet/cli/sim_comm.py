@@ -45,7 +45,16 @@ def print_comm_study(report: dict[str, Any]) -> None:
         f"{report['placements_changed']} of {report['placements_compared']} first placements changed"
     )
     out = Table(title=title, header_style="bold")
-    columns = ("VARIANT", "JCT MEAN H", "JCT P95 H", "GANG JCT MEAN H", "ACROSS NODES", "COMM MEAN %", "COMM MAX %")
+    columns = (
+        "VARIANT",
+        "JCT MEAN H",
+        "JCT P95 H",
+        "GANG JCT MEAN H",
+        "UNFINISHED",
+        "ACROSS NODES",
+        "COMM MEAN %",
+        "COMM MAX %",
+    )
     for column in columns:
         out.add_column(column, justify="left" if column == "VARIANT" else "right")
     for name in VARIANTS:
@@ -55,6 +64,7 @@ def print_comm_study(report: dict[str, Any]) -> None:
             str(row["jct_mean_h"]),
             str(row["jct_p95_h"]),
             str(row["gang_jct_mean_h"]),
+            str(row["jobs_unfinished"]),
             str(row["gangs_placed_across_nodes"]),
             str(row["gang_comm_overhead_mean_pct"]),
             str(row["gang_comm_overhead_max_pct"]),
@@ -63,6 +73,7 @@ def print_comm_study(report: dict[str, Any]) -> None:
     unfinished = report["variants"]["model on"]["jobs_unfinished"]
     if unfinished:
         console.print(f"{unfinished} job(s) never placed with the model on: no placement within their limit")
+    console.print(f"JCT over the {report['jobs_in_jct']} jobs both variants finished")
     console.print(f"workload: {report['workload_citation']}")
     for note in report["notes"]:
         console.print(f"- {note}")
