@@ -83,6 +83,8 @@ def test_with_the_model_on_no_gang_runs_above_its_limit() -> None:
     assert on["gang_comm_overhead_max_pct"] <= 25.0
     assert off["gang_comm_overhead_max_pct"] > 25.0  # this seed has spread gangs the blind scheduler accepts
     assert 0 <= report["placements_changed"] <= report["placements_compared"]
+    assert off["gangs_held_back_by_limit"] == 0  # the blind scheduler never hears of the limit
+    assert on["gangs_held_back_by_limit"] >= max(1, on["jobs_unfinished"])
 
 
 def test_the_cli_prints_the_study_as_json() -> None:

@@ -15,15 +15,17 @@ a job's limit wait). A decision "changed" when a job's first placement spans a d
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gpufleet.control.reconciler import Reconciler
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.comm import DTYPE_BYTES, CommNeeds
 from gpufleet.domain.jobs import Job
+from gpufleet.domain.lifecycle import JobState
 from gpufleet.policies.catalog import profile
 from gpufleet.scheduling.comm_gate import placement_estimate
 from gpufleet.sim.engine import SimRun, SimSettings, Simulation
@@ -32,6 +34,7 @@ from gpufleet.sim.metrics import compute_metrics
 from gpufleet.sim.workload import TraceJob, Workload
 
 VARIANTS = ("model off", "model on")
+GATE_WORDS = "above its max_comm_overhead"  # in the reason of a job the gate held back (`comm_gate.gate`)
 MODEL_PARAMS = (350e6, 1.3e9, 7e9, 13e9)
 STEP_RANGE_S = (0.25, 2.0)
 
@@ -78,6 +81,16 @@ def _first_launches(sim: Simulation) -> dict[str, tuple[WorkerPlacement, ...]]:
     return first
 
 
+def _held_back(sim: Simulation, held: set[str]) -> Callable[[float, Reconciler], None]:
+    """An observer noting the jobs that waited, at least once, because their placement passed their limit."""
+    store = sim.store
+
+    def observe(now: float, reconciler: Reconciler) -> None:
+        held.update(r.id for r in store.all() if r.state is JobState.PENDING and GATE_WORDS in r.waiting_reason)
+
+    return observe
+
+
 def _nodes(workers: Sequence[WorkerPlacement]) -> tuple[str, ...]:
     return tuple(sorted({w.node for w in workers}))
 
@@ -93,6 +106,8 @@ def run_comm_study(workload: Workload, study: CommStudy, policy: str = "default"
         settings = SimSettings(comm_hidden=variant == "model off")
         sim = Simulation(study_workload, profile(policy, policy_data(study_workload)), settings)
         first = placements[variant] = _first_launches(sim)
+        held: set[str] = set()
+        sim.observer = _held_back(sim, held)
         run = runs[variant] = sim.run()
         table = sim.reconciler.base.table
         shares = [placement_estimate(needs[j], table, w).overhead for j, w in first.items() if j in needs]
@@ -101,6 +116,7 @@ def run_comm_study(workload: Workload, study: CommStudy, policy: str = "default"
             "jobs_finished": metrics.jobs_finished,
             "jobs_unfinished": metrics.jobs_unfinished,
             "makespan_h": round((run.end_time - sim.start) / 3600.0, 3),
+            "gangs_held_back_by_limit": len(held),
             "gangs_placed_across_nodes": sum(1 for j, w in first.items() if j in needs and len(_nodes(w)) > 1),
             "gang_comm_overhead_mean_pct": round(100.0 * float(np.mean(shares)), 2) if shares else None,
             "gang_comm_overhead_max_pct": round(100.0 * float(np.max(shares)), 2) if shares else None,
@@ -136,6 +152,7 @@ def run_comm_study(workload: Workload, study: CommStudy, policy: str = "default"
             "jobs of 2+ GPUs run as gangs of 1-GPU workers declaring 350M-13B bf16 models and 0.25-2 s steps (seeded)",
             "both variants stretch a gang's run by its placement's predicted all-reduce (domain.comm); only 'model "
             "on' lets the scheduler see it",
+            "held back: jobs that waited at least once because the placement on offer passed their limit",
             "a placement changed: the job's first placement spans a different set of nodes (knock-on changes included:"
             " once one gang waits or lands elsewhere, later jobs find a different cluster)",
             "JCT over the jobs both variants finished; a job never placed within its limit is counted as unfinished",
