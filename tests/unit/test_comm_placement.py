@@ -105,3 +105,20 @@ def test_single_gpu_jobs_never_pay(limit: float | None) -> None:
     job = with_comm(make_job("one").gpus(1).build(), dataclasses.replace(SEVEN_B, max_overhead=limit))
     result = run(cluster().nodes(1, "A100-80GB").snapshot(), [job], DEFAULT)
     assert [p.job for p in result.placements] == ["one"]
+
+
+def test_when_the_profiles_pick_passes_the_limit_the_nodes_within_it_are_tried() -> None:
+    # Two GPUs all-reducing 14 GB: over PCIe (a T4 node, 32 GB/s) 0.44 s a step, 30 % of 1 s; over an A100's
+    # NVLink (300 GB/s) 4 %. `best-fit` has no topology score and takes the T4 node (first by name, both empty);
+    # the gate refuses it and the job is placed again on the nodes that can carry its ring within the limit.
+    best_fit = profile("best-fit")
+    snapshot = cluster().nodes(1, "T4", prefix="a-t4").nodes(1, "A100-80GB", prefix="b-a100").snapshot()
+    plain = make_job("two").gpus(2).build()
+    assert nodes_of(run(snapshot, [plain], best_fit), "two") == ["a-t4-00"]
+    assert nodes_of(run(snapshot, [with_comm(plain, SEVEN_B)], best_fit), "two") == ["a-t4-00"]  # no limit
+    declared = with_comm(plain, dataclasses.replace(SEVEN_B, max_overhead=0.2))
+    assert nodes_of(run(snapshot, [declared], best_fit), "two") == ["b-a100-00"]
+    spread = with_comm(make_job("g").gpus(1).workers(4).build(), dataclasses.replace(SEVEN_B, max_overhead=0.2))
+    assert nodes_of(run(snapshot, [spread], best_fit), "g") == ["b-a100-00"] * 4
+    # The topology score alone already prefers the NVLink node for a declaring job.
+    assert nodes_of(run(snapshot, [with_comm(plain, SEVEN_B)], DEFAULT), "two") == ["b-a100-00"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from gpufleet.domain.cluster import WorkerPlacement
-from gpufleet.domain.comm import CommNeeds, RingEstimate, estimate
+from gpufleet.domain.comm import GB, CommNeeds, RingEstimate, estimate, ring_factor
 from gpufleet.scheduling.status import Code, Status
-from gpufleet.scheduling.table import IntArray, NodeInfo, rows_count
+from gpufleet.scheduling.table import BoolArray, IntArray, NodeInfo, rows_count
 
 PLUGIN = "comm"
 
@@ -68,6 +68,26 @@ def best_case(needs: CommNeeds, table: NodeInfo, ranks: int) -> tuple[RingEstima
     if not options:
         return None
     return min(options, key=lambda option: option[0].overhead)
+
+
+def within_limit(
+    needs: CommNeeds, table: NodeInfo, usable: BoolArray, largest_group: IntArray, workers: int, per_worker: int
+) -> BoolArray:
+    """Nodes (vectorised) that could carry the gang's ring within its limit, given what is usable on them now: those
+    that hold the whole gang over a fast enough link, if any; else those whose links and ports (the GPUs of the gang
+    they can hold x their network port) reach the bus bandwidth the limit needs."""
+    limit = needs.max_overhead
+    assert limit is not None
+    ranks = workers * max(1, per_worker)
+    sync_budget = limit * needs.step_time_s / (1.0 - limit)
+    required = float(ring_factor(ranks)) * needs.grad_bytes / (sync_budget * GB)
+    hostable = np.minimum(rows_count(usable) // max(1, per_worker), workers) * max(1, per_worker)
+    inside = np.where(largest_group >= hostable, table.nvlink_gbps, table.pcie_gbps)
+    alone = (hostable >= ranks) & (inside >= required)
+    if alone.any():
+        return alone
+    result: BoolArray = (hostable > 0) & (inside >= required) & (hostable * table.network_gbps >= required)
+    return result
 
 
 def gate(needs: CommNeeds, table: NodeInfo, workers: tuple[WorkerPlacement, ...]) -> Status | None:
