@@ -236,6 +236,8 @@ def test_communication_needs_from_params_and_dtype_or_grad_bytes() -> None:
         ({"dtype": "fp16"}, "dtype", "give params with it"),
         ({"params": "seven", "step_time": 1}, "params", "e.g. 7B, 350M or 7e9"),
         ({"params": 0, "step_time": 1}, "params", "give the parameter count"),
+        ({"params": 10**400, "step_time": 1}, "params", "give the parameter count"),
+        ({"grad_bytes": "1GB", "step_time": 1, "max_comm_overhead": 10**400}, "max_comm_overhead", "in (0, 1)"),
         ({"grad_bytes": "1GB", "step_time": 1, "max_comm_overhead": 1.5}, "max_comm_overhead", "in (0, 1)"),
         ({"grad_bytes": "1GB", "step_time": 1, "max_comm_overhead": "120%"}, "max_comm_overhead", "in (0, 1)"),
         ({"grad_bytes": "1GB", "step_time": 0}, "step_time", "seconds > 0"),

@@ -540,10 +540,13 @@ def parse_count(value: object) -> float:
     """`"7B"`, `"350M"`, `"1.5k"`, `7e9` -> a count > 0 (parameters of a model)."""
     units = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
     number: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str) and (match := _SIZE_RE.match(value)) and match.group(2).lower() in units:
-        number = float(match.group(1)) * units[match.group(2).lower()]
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str) and (match := _SIZE_RE.match(value)) and match.group(2).lower() in units:
+            number = float(match.group(1)) * units[match.group(2).lower()]
+    except OverflowError:  # an integer too large for a float
+        number = None
     if number is None or not math.isfinite(number) or not 1 <= number <= MAX_PARAMS:
         raise _BadValueError(f"is {_short(value)}", "give the parameter count, e.g. 7B, 350M or 7e9")
     return number
@@ -552,14 +555,14 @@ def parse_count(value: object) -> float:
 def parse_share(value: object) -> float:
     """`0.2`, `"20%"` -> 0.2, a fraction in (0, 1)."""
     number: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            text = value.strip()
             number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-        except ValueError:
-            number = None
+    except (ValueError, OverflowError):
+        number = None
     if number is None or not math.isfinite(number) or not 0 < number < 1:
         raise _BadValueError(f"is {_short(value)}", "give a share of step time in (0, 1), e.g. 0.2 or 20%")
     return number
