@@ -395,9 +395,9 @@ class JobSpec(BaseModel):
     def _grad_bytes(cls, value: int | str | None) -> int | None:
         return None if value is None else parse_size(value, "gradient size", MAX_GRAD_BYTES)
 
-    @field_validator("params")
+    @field_validator("params", mode="before")
     @classmethod
-    def _params(cls, value: float | str | None) -> float | None:
+    def _params(cls, value: object) -> float | None:
         return None if value is None else parse_count(value)
 
     @field_validator("step_time")
@@ -405,9 +405,9 @@ class JobSpec(BaseModel):
     def _step_time(cls, value: float | str | None) -> float | None:
         return None if value is None else parse_duration(value, MAX_DURATION_S)
 
-    @field_validator("max_comm_overhead")
+    @field_validator("max_comm_overhead", mode="before")
     @classmethod
-    def _share(cls, value: float | str | None) -> float | None:
+    def _share(cls, value: object) -> float | None:
         return None if value is None else parse_share(value)
 
     @field_validator("name")
