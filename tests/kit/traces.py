@@ -49,6 +49,12 @@ def traces_root() -> Path:
     return require(traces_folder(), "the public traces folder")
 
 
+def published_constants() -> Path:
+    """The compiled interconnect, collective and failure constants (`../costs/published-constants`)."""
+    folder = traces_folder().parent / "costs" / "published-constants"
+    return require(folder / "published_constants.csv", "the published constants table")
+
+
 def price_tables() -> Path:
     """The GPU price tables that sit beside the traces (`../costs/gcp-gpu-prices-skypilot`)."""
     return require(traces_folder().parent / "costs" / "gcp-gpu-prices-skypilot", "the GCP GPU price table")

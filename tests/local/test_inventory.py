@@ -16,6 +16,7 @@ from gpufleet.adapters.inventory.emulated_inventory import (
     parse_emulate,
 )
 from gpufleet.domain import GiB
+from gpufleet.domain.comm import Links, default_links
 from gpufleet.domain.errors import GpufleetError, SpecError
 
 
@@ -176,3 +177,32 @@ def test_bad_inventory_files_say_what_and_how_to_fix(tmp_path: Path, text: str, 
 def test_a_missing_inventory_file(tmp_path: Path) -> None:
     with pytest.raises(GpufleetError, match=r"cannot read the inventory file .*; to fix: give the path"):
         load_inventory_yaml(tmp_path / "nope.yaml")
+
+
+def test_inventory_yaml_sets_a_nodes_interconnect_and_defaults_the_rest(tmp_path: Path) -> None:
+    measured, default = load_inventory_yaml(
+        write(
+            tmp_path,
+            """
+nodes:
+  - name: eth
+    gpus: 8xA100-80GB
+    nvlink_gbps: 230
+    network_gbps: 12.5
+  - name: ib
+    gpus: 8xH100
+""",
+        )
+    )
+    assert (measured.nvlink_gbps, measured.pcie_gbps, measured.network_gbps) == (230.0, None, 12.5)
+    assert measured.links() == Links(230.0, 32.0, 12.5)  # PCIe from the A100's default
+    assert default.links() == default_links("H100") == Links(450.0, 64.0, 50.0)
+
+
+@pytest.mark.parametrize("value", ["fast", 0, -25, True])
+def test_a_bad_bandwidth_is_refused_with_a_fix(tmp_path: Path, value: object) -> None:
+    with pytest.raises(SpecError) as caught:
+        load_inventory_yaml(write(tmp_path, f"nodes:\n  - gpus: 8xA100\n    network_gbps: {value}\n"))
+    (problem,) = caught.value.fields
+    assert problem.field == "network_gbps"
+    assert "GB/s per direction" in problem.fix

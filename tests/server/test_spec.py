@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpufleet.domain.comm import CommNeeds
 from gpufleet.domain.errors import SpecError, WorkloadError
 from gpufleet.domain.resources import GiB
 from gpufleet.server.spec import (
@@ -209,3 +210,41 @@ def test_an_emulated_activity_that_is_not_one_of_the_known_ones_is_refused() -> 
     assert ("EMULATED_GPU_ACTIVITY", "idle") in job.run.env
     found = problems({"command": ["true"], "env": {"EMULATED_GPU_ACTIVITY": "sleepy"}})
     assert "use one of idle, light, busy" in found["env"]
+
+
+def test_communication_needs_from_params_and_dtype_or_grad_bytes() -> None:
+    job = parse_spec(
+        {"command": "x", "gpus": 8, "workers": 2, "params": "7B", "dtype": "bf16", "step_time": "500ms",
+         "max_comm_overhead": "20%"}
+    ).to_job("j-1", "team-a")  # fmt: skip
+    assert job.comm is not None
+    assert (job.comm.grad_bytes, job.comm.step_time_s, job.comm.max_overhead) == (14_000_000_000, 0.5, 0.2)
+    fp32 = parse_spec({"command": "x", "params": 1e9, "step_time": 1}).to_job("j-1", "team-a")
+    assert fp32.comm is not None
+    assert (fp32.comm.grad_bytes, fp32.comm.max_overhead) == (4_000_000_000, None)
+    sized = parse_spec({"command": "x", "grad_bytes": "2GiB", "step_time": 2, "max_comm_overhead": 0.1})
+    assert sized.to_job("j-1", "team-a").comm == CommNeeds(2 * GiB, 2.0, 0.1)
+    assert parse_spec({"command": "x"}).to_job("j-1", "team-a").comm is None
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        ({"grad_bytes": "1GB"}, "step_time", "give grad_bytes (or params) and step_time together"),
+        ({"step_time": 1, "max_comm_overhead": 0.2}, "grad_bytes", "is missing (with step_time, max_comm_overhead)"),
+        ({"params": "7B", "grad_bytes": "1GB", "step_time": 1}, "params", "give one of grad_bytes and params"),
+        ({"dtype": "fp16"}, "dtype", "give params with it"),
+        ({"params": "seven", "step_time": 1}, "params", "e.g. 7B, 350M or 7e9"),
+        ({"params": 0, "step_time": 1}, "params", "give the parameter count"),
+        ({"params": 10**400, "step_time": 1}, "params", "give the parameter count"),
+        ({"grad_bytes": "1GB", "step_time": 1, "max_comm_overhead": 10**400}, "max_comm_overhead", "in (0, 1)"),
+        ({"grad_bytes": "1GB", "step_time": 1, "max_comm_overhead": 1.5}, "max_comm_overhead", "in (0, 1)"),
+        ({"grad_bytes": "1GB", "step_time": 1, "max_comm_overhead": "120%"}, "max_comm_overhead", "in (0, 1)"),
+        ({"grad_bytes": "1GB", "step_time": 0}, "step_time", "seconds > 0"),
+        ({"grad_bytes": "1GB", "step_time": 1, "max_comm_overhead": True}, "max_comm_overhead", "as a number"),
+    ],
+)
+def test_bad_communication_fields_are_named_with_a_fix(data: dict[str, object], field: str, words: str) -> None:
+    found = problems({"command": "x", **data})
+    assert field in found, found
+    assert words in found[field]

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gpufleet.adapters.storage import codec
 from gpufleet.domain import Gpu, GpuShare, Job, JobState, Node, QueueSpec, Quota, WorkerPlacement, WorkerRequest
+from gpufleet.domain.comm import CommNeeds
 from gpufleet.domain.jobs import SIGNALS, RunSpec
 from gpufleet.domain.quotas import CPU, GPU, MEMORY
 from gpufleet.domain.records import JobRecord, StopCause
@@ -62,6 +63,15 @@ def run_specs(draw: st.DrawFn) -> RunSpec:
     )
 
 
+comm_needs = st.builds(
+    CommNeeds,
+    st.integers(1, 2**50),
+    st.floats(min_value=1e-6, max_value=1e6),
+    st.none() | st.floats(min_value=0.0, max_value=1.0, exclude_min=True, exclude_max=True),
+)
+bandwidths = st.none() | st.floats(min_value=0.0, max_value=1e4, exclude_min=True)
+
+
 @st.composite
 def jobs(draw: st.DrawFn) -> Job:
     request = draw(requests())
@@ -82,6 +92,7 @@ def jobs(draw: st.DrawFn) -> Job:
         job_type=draw(texts),
         name=draw(texts),
         run=draw(st.none() | run_specs()),
+        comm=draw(st.none() | comm_needs),
     )
 
 
@@ -154,6 +165,9 @@ def node_specs(draw: st.DrawFn) -> Node:
         zone=draw(texts),
         cordoned=draw(st.booleans()),
         healthy=draw(st.booleans()),
+        nvlink_gbps=draw(bandwidths),
+        pcie_gbps=draw(bandwidths),
+        network_gbps=draw(bandwidths),
     )
 
 

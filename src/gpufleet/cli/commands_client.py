@@ -251,6 +251,18 @@ def show(
         lines.append("command: " + markup(" ".join(job["run"]["command"])))
     if job["exit_code"] is not None:
         lines.append(f"exit code: {job['exit_code']}")
+    comm = job.get("comm")
+    if comm:
+        limit = comm["max_comm_overhead"]
+        line = f"synchronises {_size(comm['grad_bytes'])} a step of {comm['step_time']:g} s" + (
+            f", at most {100 * limit:g} % in all-reduce" if limit is not None else ""
+        )
+        if comm["overhead"] is not None:
+            line += (
+                f"; here ~{100 * comm['overhead']:.0f} % ({1000 * comm['sync_s']:.0f} ms a step over "
+                f"{comm['link']} at {comm['bus_gbps']:g} GB/s)"
+            )
+        lines.append(line)
     for worker in job["placement"]:
         gpus = ", ".join(f"{g['index']} ({g['model']}, {g['fraction']:g})" for g in worker["gpus"]) or "no GPUs"
         lines.append(markup(f"worker {worker['rank']}: {worker['node']} GPUs {gpus}"))

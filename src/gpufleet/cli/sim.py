@@ -403,6 +403,14 @@ def sim(
         list[str] | None,
         typer.Option(help="With --checkpoint-sweep: C_S:MTBF_H, e.g. 60:3.09 (repeatable; replaces the defaults)."),
     ] = None,
+    comm_study: Annotated[
+        str | None,
+        typer.Option(
+            help="LIMIT or 'score': run the workload's multi-GPU jobs as data-parallel gangs of 1-GPU workers with "
+            "seeded models and step times, and compare placements and JCT with the communication model off and on "
+            "(max_comm_overhead LIMIT, e.g. 0.25; 'score': no limit, the score only). First policy only."
+        ),
+    ] = None,
 ) -> None:
     """Simulate a workload under several policies and compare them (or reproduce a published experiment)."""
     try:
@@ -436,6 +444,11 @@ def sim(
             from gpufleet.cli.sim_budget import budget_study
 
             budget_study(loaded, budget, root, prices, names[0], as_json)
+            return
+        if comm_study is not None:
+            from gpufleet.cli.sim_comm import comm_study_command
+
+            comm_study_command(loaded, comm_study, names[0], seed, as_json)
             return
         _simulate(loaded, names, table, what_if, oracle, output)
     except GpufleetError as error:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from gpufleet.domain.comm import Links, default_links
 from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.domain.resources import MILLI_PER_GPU
 
@@ -40,9 +42,17 @@ class Node:
     # `none`, while the circuit breaker of its spot pool is open; `probe` (one job, the pool's probe), while it
     # is half-open and has no probe yet. Set by the control plane, not the inventory.
     admits: str = "all"
+    # Interconnect per GPU in GB/s per direction (`comm.Links`); None: the GPU model's default.
+    nvlink_gbps: float | None = None
+    pcie_gbps: float | None = None
+    network_gbps: float | None = None
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []
+        for key in ("nvlink_gbps", "pcie_gbps", "network_gbps"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                problems.append(FieldProblem(key, f"is {value!r}", "give GB/s per direction > 0, or leave it unset"))
         if self.admits not in NODE_ADMITS:
             problems.append(FieldProblem("admits", f"is {self.admits!r}", f"give one of: {', '.join(NODE_ADMITS)}"))
         if self.pool not in NODE_POOLS:
@@ -70,6 +80,17 @@ class Node:
     @property
     def models(self) -> frozenset[str]:
         return frozenset(g.model for g in self.gpus)
+
+    def links(self) -> Links:
+        """Its interconnect: the values set on it, the rest its (first) GPU model's defaults."""
+        default = default_links(self.gpus[0].model if self.gpus else None)
+        if self.nvlink_gbps is None and self.pcie_gbps is None and self.network_gbps is None:
+            return default
+        return Links(
+            self.nvlink_gbps if self.nvlink_gbps is not None else default.nvlink,
+            self.pcie_gbps if self.pcie_gbps is not None else default.pcie,
+            self.network_gbps if self.network_gbps is not None else default.network,
+        )
 
 
 @dataclass(frozen=True, slots=True)

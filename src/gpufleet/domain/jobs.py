@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.domain.cluster import WorkerPlacement
+from gpufleet.domain.comm import CommNeeds
 from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.domain.resources import WorkerRequest
 
@@ -76,6 +77,7 @@ class Job:
     name: str = ""
     run: RunSpec | None = None
     user: str = ""  # who submitted it (the name of the API token used); the scheduler never reads it
+    comm: CommNeeds | None = None  # what a data-parallel gang synchronises each step (`domain.comm`)
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []

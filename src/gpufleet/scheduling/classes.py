@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from gpufleet.domain.comm import CommNeeds
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.resources import WorkerRequest
 
@@ -31,6 +32,7 @@ class RequestClass(NamedTuple):
     spot: str
     checkpoints: bool
     gang_size: int  # the workers it needs at least (`Job.gang_size`)
+    comm: CommNeeds | None  # what it synchronises: its placements may be refused for communication cost
 
     @classmethod
     def of(cls, job: Job) -> RequestClass:
@@ -48,6 +50,7 @@ class RequestClass(NamedTuple):
                 r.spot,
                 r.checkpoints,
                 job.min_workers or job.workers,
+                job.comm,
             ),
         )
 
@@ -63,6 +66,7 @@ class JobClass(NamedTuple):
     spot: str
     checkpoints: bool
     gang_size: int
+    comm: CommNeeds | None
     priority: int
 
     @classmethod
@@ -70,19 +74,20 @@ class JobClass(NamedTuple):
         r = job.request  # one flat tuple, fields read inline: this runs for every pending job in every cycle
         gang = job.min_workers or job.workers
         fields = (job.queue, r.gpus, r.gpu_milli, r.gpu_memory, r.cpu_milli, r.memory, r.models, r.spot, r.checkpoints)
-        return _new(cls, (*fields, gang, job.priority))
+        return _new(cls, (*fields, gang, job.comm, job.priority))
 
     @property
     def request_class(self) -> RequestClass:
         return _new(RequestClass, self[:-1])
 
 
-PlacementClass = tuple[WorkerRequest, int, bytes]  # request, gang size, allowed GPU models (`JobView.model_lut`)
+# request, gang size, allowed GPU models (`JobView.model_lut`), communication needs
+PlacementClass = tuple[WorkerRequest, int, bytes, CommNeeds | None]
 FilterClass = tuple[WorkerRequest, bytes]  # request, allowed GPU models
 
 
 def placement_class(job: Job, model_lut_bytes: bytes) -> PlacementClass:
-    return (job.request, job.gang_size, model_lut_bytes)
+    return (job.request, job.gang_size, model_lut_bytes, job.comm)
 
 
 def filter_class(job: Job, model_lut_bytes: bytes) -> FilterClass:

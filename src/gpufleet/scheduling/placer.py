@@ -6,6 +6,7 @@ import numpy as np
 
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.scheduling.classes import filter_class
+from gpufleet.scheduling.comm_gate import gate, within_limit
 from gpufleet.scheduling.plugin_api import FilterResult, GangContext, JobView, Profile
 from gpufleet.scheduling.state import CycleState, Evaluation
 from gpufleet.scheduling.status import Code, Status, unschedulable
@@ -159,9 +160,13 @@ def make_worker(view: JobView, state: CycleState, node: int, gpus: tuple[int, ..
     return WorkerPlacement(table.names[node], shares, request.cpu_milli, request.memory)
 
 
-def place_worker(profile: Profile, view: JobView, state: CycleState, gang: GangContext) -> WorkerPlacement | Status:
-    """Place one worker and apply it to the table, or say why no node fits."""
+def place_worker(
+    profile: Profile, view: JobView, state: CycleState, gang: GangContext, only: BoolArray | None = None
+) -> WorkerPlacement | Status:
+    """Place one worker and apply it to the table, or say why no node fits (`only`: on these nodes alone)."""
     evaluation = evaluate(profile, view, state)
+    if only is not None:  # a private evaluation: the class's cached one (and its kept scores) stay as they are
+        evaluation = Evaluation(evaluation.usable, evaluation.passed & only, evaluation.largest_group, evaluation.clock)
     if not evaluation.passed.any():
         _, _, results = run_filters(profile, view, state)
         return unschedulable(PLUGIN, explain_nodes(len(state.table), results))
@@ -175,11 +180,37 @@ def place_worker(profile: Profile, view: JobView, state: CycleState, gang: GangC
 
 
 def place_gang(profile: Profile, view: JobView, state: CycleState, size: int) -> tuple[WorkerPlacement, ...] | Status:
-    """Place `size` workers all-or-nothing; on failure the table is exactly as before."""
+    """Place `size` workers all-or-nothing; on failure the table is exactly as before.
+
+    A job with a `max_comm_overhead` is not placed where its predicted all-reduce share passes it (`comm_gate`):
+    when the profile's pick does, the gang is tried once more on the nodes that could carry its ring within the
+    limit (`comm_gate.within_limit`); if that fails too, the job waits with the first pick's estimate."""
+    placed = _place_workers(profile, view, state, size, None)
+    comm = view.job.comm
+    if isinstance(placed, Status) or comm is None or comm.max_overhead is None:
+        return placed
+    refused = gate(comm, state.table, placed)
+    if refused is None:
+        return placed
+    state.table.apply_many(placed, +1)
+    evaluation = evaluate(profile, view, state)
+    only = within_limit(comm, state.table, evaluation.usable, evaluation.largest_group, size, view.job.request.gpus)
+    if only.any():
+        again = _place_workers(profile, view, state, size, only)
+        if not isinstance(again, Status):
+            if gate(comm, state.table, again) is None:
+                return again
+            state.table.apply_many(again, +1)
+    return refused
+
+
+def _place_workers(
+    profile: Profile, view: JobView, state: CycleState, size: int, only: BoolArray | None
+) -> tuple[WorkerPlacement, ...] | Status:
     gang = GangContext()
     placed: list[WorkerPlacement] = []
     for k in range(size):
-        outcome = place_worker(profile, view, state, gang)
+        outcome = place_worker(profile, view, state, gang, only)
         if isinstance(outcome, Status):
             for worker in placed:
                 state.table.apply(worker, +1)
@@ -217,6 +248,8 @@ def known_gang_fit(profile: Profile, view: JobView, state: CycleState, size: int
     request = view.job.request
     if size < 2 or not request.gpus or request.fractional:
         return None
+    if view.job.comm is not None and view.job.comm.max_overhead is not None:
+        return None  # where the workers land decides whether the gang is taken
     evaluation = evaluate(profile, view, state)
     passing = evaluation.passed.nonzero()[0]
     if len(passing) and int(rows_count(evaluation.usable[passing]).max()) >= 2 * request.gpus:

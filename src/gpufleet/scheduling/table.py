@@ -146,6 +146,11 @@ class NodeInfo:
         self.probe_peers: dict[int, IntArray] = {
             i: np.array([j for j in gated if ordered[j].zone == ordered[i].zone], dtype=np.int64) for i in gated
         }
+        # Interconnect per GPU, GB/s per direction (`Node.links`): what the communication model reads.
+        links = [n.links() for n in ordered]
+        self.nvlink_gbps = _frozen(np.array([x.nvlink for x in links], dtype=np.float64))
+        self.pcie_gbps = _frozen(np.array([x.pcie for x in links], dtype=np.float64))
+        self.network_gbps = _frozen(np.array([x.network for x in links], dtype=np.float64))
 
     def _nvlink_layout(self) -> None:
         width = self.width

@@ -90,6 +90,20 @@ class RunOut(BaseModel):
     retries: int
 
 
+class CommOut(BaseModel):
+    """What a data-parallel job synchronises each step, and what its placement costs it (`domain.comm`)."""
+
+    grad_bytes: int
+    step_time: float = Field(description="One step's compute time without synchronisation, seconds.")
+    max_comm_overhead: float | None
+    # Of the placement it holds now (null when it holds none): the ring's slowest link, its bandwidth (GB/s per
+    # direction), the all-reduce time of one step and its share of the step.
+    link: str | None = None
+    bus_gbps: float | None = None
+    sync_s: float | None = None
+    overhead: float | None = None
+
+
 class JobOut(BaseModel):
     id: str
     name: str
@@ -124,6 +138,7 @@ class JobOut(BaseModel):
     checkpoint_plan: CheckpointPlanOut | None = Field(
         None, description="The interval its current or last attempt was given (GPUFLEET_CHECKPOINT_INTERVAL_S)."
     )
+    comm: CommOut | None = None
 
 
 class CheckpointPlanOut(BaseModel):
@@ -326,6 +341,10 @@ class NodeOut(BaseModel):
     cpu_allocated: float
     memory_allocated: int
     gpus: list[GpuOut]
+    # Interconnect per GPU, GB/s per direction: what the node's inventory sets, else its GPU model's default.
+    nvlink_gbps: float | None = None
+    pcie_gbps: float | None = None
+    network_gbps: float | None = None
 
 
 class NodesOut(BaseModel):

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from gpufleet.domain.comm import DTYPE_BYTES, CommNeeds
 from gpufleet.domain.errors import FieldProblem, SpecError, WorkloadError
 from gpufleet.domain.jobs import SIGNALS, Job, JobId, RunSpec
 from gpufleet.domain.resources import MILLI_PER_GPU, WorkerRequest, parse_models
@@ -35,7 +36,9 @@ from gpufleet.server.limits import (
     MAX_GPU_MODELS,
     MAX_GPUS_PER_WORKER,
     MAX_GRACE_S,
+    MAX_GRAD_BYTES,
     MAX_NAME,
+    MAX_PARAMS,
     MAX_PATH,
     MAX_WORKERS,
 )
@@ -229,6 +232,22 @@ class JobSpec(BaseModel):
         "never", description="Spot capacity (cheaper, may be taken back): never, allowed, or preferred."
     )
     expected_duration: float | str | None = Field(None, description="A run-time estimate for ordering policies.")
+    grad_bytes: int | str | None = Field(
+        None, description="Data-parallel jobs: gradient bytes all-reduced each step (14GB or bytes); or `params`."
+    )
+    params: float | str | None = Field(
+        None, description="Data-parallel jobs: parameters (7B, 350M or a number), with `dtype`, for grad_bytes."
+    )
+    dtype: Literal["fp32", "fp16", "bf16", "fp8"] | None = Field(
+        None, description="The gradients' type with `params`: fp32 (default), fp16, bf16 or fp8."
+    )
+    step_time: float | str | None = Field(
+        None, description="One step's compute time without gradient synchronisation: 350ms, 2s or seconds."
+    )
+    max_comm_overhead: float | str | None = Field(
+        None,
+        description="Largest share of each step in all-reduce a placement may cost (0.2 or 20%); else the job waits.",
+    )
 
     @field_validator("command")
     @classmethod
@@ -371,6 +390,26 @@ class JobSpec(BaseModel):
     def _estimate(cls, value: float | str | None) -> float | None:
         return None if value is None else parse_duration(value, MAX_EXPECTED_DURATION_S)
 
+    @field_validator("grad_bytes")
+    @classmethod
+    def _grad_bytes(cls, value: int | str | None) -> int | None:
+        return None if value is None else parse_size(value, "gradient size", MAX_GRAD_BYTES)
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _params(cls, value: object) -> float | None:
+        return None if value is None else parse_count(value)
+
+    @field_validator("step_time")
+    @classmethod
+    def _step_time(cls, value: float | str | None) -> float | None:
+        return None if value is None else parse_duration(value, MAX_DURATION_S)
+
+    @field_validator("max_comm_overhead", mode="before")
+    @classmethod
+    def _share(cls, value: object) -> float | None:
+        return None if value is None else parse_share(value)
+
     @field_validator("name")
     @classmethod
     def _label(cls, value: str) -> str:
@@ -398,7 +437,8 @@ class JobSpec(BaseModel):
 
     @field_validator(
         "gpus", "cpu", "workers", "min_workers", "priority", "retries", "memory", "gpu_memory", "grace_period",
-        "max_runtime", "checkpoint_interval", "expected_duration", mode="before",
+        "max_runtime", "checkpoint_interval", "expected_duration", "grad_bytes", "params", "step_time",
+        "max_comm_overhead", mode="before",
     )  # fmt: skip
     @classmethod
     def _not_a_boolean(cls, value: object, info: ValidationInfo) -> object:
@@ -442,6 +482,7 @@ class JobSpec(BaseModel):
         except SpecError as error:
             problems.extend(_rename(error.fields))
             run = None
+        comm = self._comm(problems)
         if not problems:
             try:
                 return Job(
@@ -457,10 +498,74 @@ class JobSpec(BaseModel):
                     checkpoint_interval=None if self.checkpoint_interval is None else float(self.checkpoint_interval),
                     name=self.name,
                     run=run,
+                    comm=comm,
                 )
             except SpecError as error:
                 problems.extend(_rename(error.fields))
         raise SpecError("job spec", tuple(problems))
+
+    def _comm(self, problems: list[FieldProblem]) -> CommNeeds | None:
+        """What the job synchronises each step, from `grad_bytes` (or `params` x `dtype`) and `step_time`; the
+        fields that do not go together are added to `problems`."""
+        size = self.grad_bytes
+        given = [f for f in ("grad_bytes", "params", "step_time", "max_comm_overhead") if getattr(self, f) is not None]
+        if self.dtype is not None and self.params is None:
+            problems.append(FieldProblem("dtype", "is set without params", "give params with it, or remove dtype"))
+        if size is not None and self.params is not None:
+            problems.append(FieldProblem("params", "is set with grad_bytes", "give one of grad_bytes and params"))
+            return None
+        if self.params is not None:
+            size = round(float(self.params) * DTYPE_BYTES[self.dtype or "fp32"])
+        if not given:
+            return None
+        if size is None or self.step_time is None:
+            missing = "step_time" if size is not None else "grad_bytes"
+            problems.append(
+                FieldProblem(
+                    missing,
+                    f"is missing (with {', '.join(given)})",
+                    "give grad_bytes (or params) and step_time together, or none of the communication fields",
+                )
+            )
+            return None
+        try:
+            limit = None if self.max_comm_overhead is None else float(self.max_comm_overhead)
+            return CommNeeds(int(size), float(self.step_time), limit)
+        except SpecError as error:
+            problems.extend(_rename(error.fields))
+            return None
+
+
+def parse_count(value: object) -> float:
+    """`"7B"`, `"350M"`, `"1.5k"`, `7e9` -> a count > 0 (parameters of a model)."""
+    units = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+    number: float | None = None
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str) and (match := _SIZE_RE.match(value)) and match.group(2).lower() in units:
+            number = float(match.group(1)) * units[match.group(2).lower()]
+    except OverflowError:  # an integer too large for a float
+        number = None
+    if number is None or not math.isfinite(number) or not 1 <= number <= MAX_PARAMS:
+        raise _BadValueError(f"is {_short(value)}", "give the parameter count, e.g. 7B, 350M or 7e9")
+    return number
+
+
+def parse_share(value: object) -> float:
+    """`0.2`, `"20%"` -> 0.2, a fraction in (0, 1)."""
+    number: float | None = None
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            text = value.strip()
+            number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except (ValueError, OverflowError):
+        number = None
+    if number is None or not math.isfinite(number) or not 0 < number < 1:
+        raise _BadValueError(f"is {_short(value)}", "give a share of step time in (0, 1), e.g. 0.2 or 20%")
+    return number
 
 
 # Domain field names that differ from the spec's.

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from gpufleet.domain.checkpoints import CheckpointPlan
 from gpufleet.domain.cluster import Node, WorkerPlacement
+from gpufleet.domain.comm import CommNeeds, estimate
 from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
 from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.quotas import CPU, GPU, GPU_MODEL_PREFIX, MEMORY, QueueSpec, Quota
@@ -17,6 +20,7 @@ from gpufleet.server.schemas import (
     AllocationOut,
     AuditEntryOut,
     CheckpointPlanOut,
+    CommOut,
     EventOut,
     GpuOut,
     GpuShareOut,
@@ -58,6 +62,31 @@ def workers_out(workers: Sequence[WorkerPlacement], nodes: Mapping[str, Node]) -
             WorkerOut(rank=rank, node=worker.node, gpus=shares, cpu=worker.cpu_milli / 1000, memory=worker.memory)
         )
     return out
+
+
+def comm_out(needs: CommNeeds | None, workers: Sequence[WorkerPlacement], nodes: Mapping[str, Node]) -> CommOut | None:
+    """A job's communication needs, with the estimate of the placement it holds (when its nodes are known)."""
+    if needs is None:
+        return None
+    out = CommOut(grad_bytes=needs.grad_bytes, step_time=needs.step_time_s, max_comm_overhead=needs.max_overhead)
+    per_node: dict[str, set[int]] = {}
+    for worker in workers:
+        per_node.setdefault(worker.node, set()).update(s.index for s in worker.gpus)
+    known = [(nodes[name], gpus) for name, gpus in per_node.items() if name in nodes]
+    if not known or len(known) < len(per_node):
+        return out
+    links = [node.links() for node, _ in known]
+    ring = estimate(
+        needs,
+        np.array([len(g) for _, g in known], dtype=np.int64),
+        np.array([len({node.gpus[i].nvlink_group for i in g if i < len(node.gpus)}) for node, g in known]),
+        np.array([x.nvlink for x in links]),
+        np.array([x.pcie for x in links]),
+        np.array([x.network for x in links]),
+    )
+    return out.model_copy(
+        update={"link": ring.link, "bus_gbps": ring.bus_gbps, "sync_s": ring.sync_s, "overhead": ring.overhead}
+    )
 
 
 def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
@@ -110,6 +139,7 @@ def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
         expected_duration=job.expected_duration,
         checkpoint_interval=job.checkpoint_interval,
         placement=workers_out(record.workers, nodes),
+        comm=comm_out(job.comm, record.workers, nodes),
         version=record.version,
         last_checkpoint_at=record.last_checkpoint_at,
         checkpoint_plan=_plan_out(record.checkpoint_plan),
@@ -298,6 +328,7 @@ def node_out(node: Node, records: Sequence[JobRecord], emulated: bool) -> NodeOu
                         memory=share.memory,
                     )
                 )
+    links = node.links()
     return NodeOut(
         name=node.name,
         emulated=emulated,
@@ -306,6 +337,9 @@ def node_out(node: Node, records: Sequence[JobRecord], emulated: bool) -> NodeOu
         rack=node.rack,
         zone=node.zone,
         pool=node.pool,
+        nvlink_gbps=links.nvlink,
+        pcie_gbps=links.pcie,
+        network_gbps=links.network,
         cpu=node.cpu_milli / 1000,
         memory=node.memory,
         cpu_allocated=cpu / 1000,

@@ -31,6 +31,7 @@ from gpufleet.domain.jobs import Job
 from gpufleet.domain.lifecycle import Transition
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.ports import Observation
+from gpufleet.scheduling.comm_gate import placement_estimate
 from gpufleet.scheduling.plugin_api import Profile
 from gpufleet.sim.events import (
     AddNodes,
@@ -67,6 +68,9 @@ class SimSettings:
     failures: FailureModel | None = None  # random node failures and repairs (None: nodes never fail)
     # Stop once these jobs have all ended (Gavel's simulator stops when its measured jobs are done); None: run on.
     until_done: frozenset[str] | None = None
+    # Jobs' communication needs (`Job.comm`) kept from the scheduler, which then places as if they had none; their
+    # runs are stretched by them all the same. A study's baseline: what the communication model changes.
+    comm_hidden: bool = False
 
 
 FAILURE_HORIZON_FACTOR = 20.0
@@ -175,6 +179,7 @@ class Simulation:
         self._essential = 0  # arrivals and observations in the heap: while any is left, the run goes on
         self._helpful = 0  # retry ticks and cluster events that may let a waiting job in
         work = {t.id: t.duration for t in workload.jobs}
+        self._comm = {t.id: t.job.comm for t in workload.jobs if t.job.comm is not None}
         self.backend = SimulatedBackend(
             self.clock, self._schedule_observation, work, self._speed, self.settings.backend
         )
@@ -205,6 +210,15 @@ class Simulation:
         self._push(at, OBSERVATION, observation)
 
     def _speed(self, job: Job, workers: tuple[WorkerPlacement, ...]) -> float:
+        """Relative speed on these workers: the GPU models' (throughput table), stretched for a job that declares
+        what it synchronises by its step's predicted all-reduce (`domain.comm`, the model placement uses)."""
+        speed = self._model_speed(job, workers)
+        comm = self._comm.get(job.id)
+        if comm is not None and workers:
+            speed *= comm.slowdown_of(placement_estimate(comm, self.reconciler.base.table, workers))
+        return speed
+
+    def _model_speed(self, job: Job, workers: tuple[WorkerPlacement, ...]) -> float:
         table = self.workload.throughput
         if table is None or not job.job_type or not workers:
             return 1.0
@@ -337,8 +351,11 @@ class Simulation:
                 events += 1
                 if kind == ARRIVAL:
                     assert isinstance(payload, TraceJob)
-                    if self.admission is None or self.admission(payload.job, now):
-                        self.store.submit(payload.job, now)
+                    job = payload.job
+                    if self.admission is None or self.admission(job, now):
+                        self.store.submit(
+                            replace(job, comm=None) if job.comm and self.settings.comm_hidden else job, now
+                        )
                     arrived += 1
                     next_arrival = next(arrivals, None)
                     if next_arrival is not None:

@@ -15,6 +15,9 @@ The inventory YAML:
         rack: r1
         zone: z1
         pool: spot                 # on-demand (default), spot or reserved: which price its GPU-hours bill at
+        nvlink_gbps: 300           # interconnect per GPU, GB/s per direction: NVLink inside an NVLink group,
+        pcie_gbps: 32              #   PCIe between the node's groups, and its network port to other nodes;
+        network_gbps: 25           #   default by GPU model (gpufleet.domain.comm.default_links)
 
 GPU UUIDs are deterministic and plainly fake (`GPU-emulated-<node>-<i>`). Default NVLink islands: SXM
 models with NVSwitch (A100, H100, H200, B200, …) form one island per node per model, V100 islands of 4
@@ -136,7 +139,8 @@ def load_inventory_yaml(path: str | os.PathLike[str]) -> tuple[Node, ...]:
 
 # --- parts --------------------------------------------------------------------------------------------
 
-_NODE_KEYS = frozenset({"name", "gpus", "cpu", "memory", "nvlink_groups", "rack", "zone", "pool"})
+_LINK_KEYS = ("nvlink_gbps", "pcie_gbps", "network_gbps")
+_NODE_KEYS = frozenset({"name", "gpus", "cpu", "memory", "nvlink_groups", "rack", "zone", "pool", *_LINK_KEYS})
 
 
 def _yaml_node(entry: object, i: int, default_name: str, where: str) -> Node:
@@ -181,6 +185,17 @@ def _yaml_node(entry: object, i: int, default_name: str, where: str) -> Node:
     pool = entry.get("pool", "on-demand")
     if pool not in NODE_POOLS:
         problems.append(FieldProblem("pool", f"is {pool!r}", f"give one of: {', '.join(NODE_POOLS)}"))
+    links: dict[str, float] = {}
+    for key in _LINK_KEYS:
+        value = entry.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
+            problems.append(
+                FieldProblem(key, f"is {value!r}", "give GB/s per direction per GPU > 0, e.g. 25 for InfiniBand HDR")
+            )
+        else:
+            links[key] = float(value)
     if problems:
         raise SpecError(what, tuple(problems))
     node = _node(
@@ -192,7 +207,15 @@ def _yaml_node(entry: object, i: int, default_name: str, where: str) -> Node:
         rack=str(labels["rack"]),
         zone=str(labels["zone"]),
     )
-    return node if pool == node.pool else dataclasses.replace(node, pool=str(pool))
+    if pool == node.pool and not links:
+        return node
+    return dataclasses.replace(
+        node,
+        pool=str(pool),
+        nvlink_gbps=links.get("nvlink_gbps"),
+        pcie_gbps=links.get("pcie_gbps"),
+        network_gbps=links.get("network_gbps"),
+    )
 
 
 def _yaml_gpus(value: object) -> list[tuple[str, int]]:

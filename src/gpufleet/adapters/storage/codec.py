@@ -17,6 +17,7 @@ from typing import Any
 
 from gpufleet.domain.checkpoints import AttemptLoss, CheckpointPlan
 from gpufleet.domain.cluster import Gpu, GpuShare, Node, WorkerPlacement
+from gpufleet.domain.comm import CommNeeds
 from gpufleet.domain.jobs import Job, RunSpec
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.quotas import QueueSpec, Quota
@@ -126,6 +127,7 @@ def encode_job(job: Job) -> Json:
         "name": job.name,
         "run": None if job.run is None else encode_run(job.run),
         "user": job.user,
+        "comm": None if job.comm is None else encode_comm(job.comm),
     }
 
 
@@ -146,7 +148,20 @@ _JOB_READERS: dict[str, Callable[[Any], Any]] = {
     "name": str,
     "run": lambda v: None if v is None else decode_run(v),
     "user": str,  # absent in records written before it existed: "" (unknown)
+    "comm": lambda v: None if v is None else decode_comm(v),  # absent before it existed: None
 }
+
+
+def encode_comm(comm: CommNeeds) -> Json:
+    return {
+        "grad_bytes": comm.grad_bytes,
+        "step_time_s": _float_out(comm.step_time_s),
+        "max_overhead": _opt_float_out(comm.max_overhead),
+    }
+
+
+def decode_comm(data: Mapping[str, Any]) -> CommNeeds:
+    return CommNeeds(int(data["grad_bytes"]), _float_in(data["step_time_s"]), _opt_float_in(data.get("max_overhead")))
 
 
 def decode_job(data: Mapping[str, Any]) -> Job:
@@ -403,6 +418,9 @@ def encode_node(node: Node) -> Json:
         "healthy": node.healthy,
         "pool": node.pool,
         "admits": node.admits,
+        "nvlink_gbps": _opt_float_out(node.nvlink_gbps),
+        "pcie_gbps": _opt_float_out(node.pcie_gbps),
+        "network_gbps": _opt_float_out(node.network_gbps),
     }
 
 
@@ -417,6 +435,10 @@ _NODE_READERS: dict[str, Callable[[Any], Any]] = {
     "healthy": bool,
     "pool": str,
     "admits": str,
+    # Absent in nodes stored before the interconnect existed: None (the GPU model's default).
+    "nvlink_gbps": _opt_float_in,
+    "pcie_gbps": _opt_float_in,
+    "network_gbps": _opt_float_in,
 }
 
 
@@ -426,6 +448,7 @@ def decode_node(data: Mapping[str, Any]) -> Node:
 
 __all__ = [
     "EncodedParts",
+    "decode_comm",
     "decode_gpu",
     "decode_job",
     "decode_node",
@@ -435,6 +458,7 @@ __all__ = [
     "decode_record",
     "decode_request",
     "decode_run",
+    "encode_comm",
     "encode_gpu",
     "encode_job",
     "encode_node",
