@@ -29,6 +29,12 @@ class JobRecord:
     `waiting_reason` say, for a waiting job, why, in the core's words. While it is EVICTING,
     `stop_cause` says why and `evicting_for` names the preemptor (empty for a cancel or timeout);
     `failures` counts failed attempts, against the run spec's `retries`.
+
+    An elastic job's size changes within one attempt (a resize, not a failure): `resizes` counts them,
+    `resized_at` is when its holdings last changed (GPU-time received is counted up to then), and while a
+    shrink is under way `resize_to` holds the workers it keeps: it holds all of `workers` until the backend
+    reports RESIZED (a grow holds its new workers from the decision on). `resizing`: a resize was asked of
+    the backend and RESIZED not yet observed.
     """
 
     job: Job
@@ -50,6 +56,10 @@ class JobRecord:
     stop_cause: StopCause | None = None
     failures: int = 0
     reason: str = ""  # the last transition's reason: why it is in its state
+    resizes: int = 0
+    resized_at: float | None = None
+    resize_to: tuple[WorkerPlacement, ...] = ()
+    resizing: bool = False
 
     @property
     def id(self) -> JobId:

@@ -31,7 +31,7 @@ from typing import Any
 from gpufleet.domain.errors import UnknownNameError
 from gpufleet.policies.catalog import PROFILES
 from gpufleet.sim.engine import SimRun, SimSettings
-from gpufleet.sim.experiment import Comparison, Progress, run_experiment, scale_load
+from gpufleet.sim.experiment import Comparison, Experiment, Progress, run_experiment, scale_load
 from gpufleet.sim.isolated import isolated_jcts
 from gpufleet.sim.metrics import PolicyMetrics
 from gpufleet.sim.prices import PriceTable
@@ -93,6 +93,8 @@ GAVEL_MEASURED = (4000, 5000)  # Gavel measures jobs with ids 4000..4999
 GAVEL_FILE = "gavel_published_continuous_results.csv"
 POLLUX_DEFAULT = ("fifo", "las", "tiresias", "default")
 POLLUX_FILE = "pollux_sim_published_avg_jct.csv"
+# The most GPUs an elastic Pollux job may grow to (tuned on workloads 1-4: see gpufleet.sim.tuned).
+POLLUX_MAX_GPUS = 16
 # The Pollux workloads give an application per job, chosen from the Philly job's GPU-time (< 1 GPU-h:
 # cifar10/ncf; < 10: deepspeech2/bert; < 100: yolov3; else imagenet), but no run time. Assumed GPU-hours per
 # job: the geometric middle of each band (0.1-1, 1-10, 10-100, 100-1000 GPU-h), spread over its GPUs.
@@ -639,6 +641,13 @@ def pollux_measured(workload: Workload, folder: Path, n: int) -> Workload:
     return replace(workload, jobs=jobs, assumptions=(*workload.assumptions, note))
 
 
+def pollux_elastic(workload: Workload, folder: Path, n: int) -> Workload:
+    """The Pollux workload as elastic jobs (`pollux_apps.elastic_workload`), for policies that resize; the
+    fixed-size one (`pollux_measured`) for the others."""
+    apps = pollux_apps.load_applications(folder, pollux_source.APPLICATIONS)
+    return pollux_apps.elastic_workload(workload, apps, pollux_source.pollux_file(folder, n), POLLUX_MAX_GPUS)
+
+
 def pollux_with_durations(workload: Workload) -> Workload:
     """The Pollux workload with the assumed run time per job: POLLUX_GPU_HOURS of its application / its GPUs."""
     jobs = tuple(
@@ -673,12 +682,7 @@ def reproduce_pollux(
         and row.text("result_dir").startswith("results-jobload/")
     }
     names = _policies(policies, POLLUX_DEFAULT)
-    experiments = tuple(
-        run_experiment(
-            pollux_measured(load_pollux(folder, workload=n), folder, n), names, prices=prices, progress=progress
-        )
-        for n in workloads
-    )
+    experiments = tuple(_pollux_experiment(folder, n, names, prices, progress) for n in workloads)
     rows = []
     for name in names:
         averages = [e.result(name).metrics.jct.avg for e in experiments]
@@ -730,6 +734,25 @@ def reproduce_pollux(
         f"{POLLUX_FILE} (petuum/adaptdl osdi21-artifact); {pollux_source.CITATION}",
         notes,
     )
+
+
+def _pollux_experiment(
+    folder: Path, n: int, names: Sequence[str], prices: PriceTable | None, progress: Progress | None
+) -> Experiment:
+    """One workload: profiles that resize run it as elastic jobs (with the application traces), the others at
+    the workload's fixed sizes."""
+    fixed = pollux_measured(load_pollux(folder, workload=n), folder, n)
+    measured = (folder / pollux_apps.APP_TRACES).is_dir()
+    elastic = pollux_elastic(fixed, folder, n) if measured and any(_resizes(name) for name in names) else None
+
+    def variant(name: str) -> Workload:
+        return elastic if elastic is not None and _resizes(name) else fixed
+
+    return run_experiment(fixed, names, prices=prices, progress=progress, workload_for=variant)
+
+
+def _resizes(name: str) -> bool:
+    return PROFILES[name]().resize is not None
 
 
 REPRODUCTIONS: Mapping[str, Callable[..., Comparison]] = {

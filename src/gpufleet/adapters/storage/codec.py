@@ -203,6 +203,10 @@ def encode_record(record: JobRecord, parts: EncodedParts | None = None) -> Json:
         "stop_cause": None if record.stop_cause is None else record.stop_cause.value,
         "failures": record.failures,
         "reason": record.reason,
+        "resizes": record.resizes,
+        "resized_at": _opt_float_out(record.resized_at),
+        "resize_to": encode_workers(record.resize_to),
+        "resizing": record.resizing,
     }
 
 
@@ -273,6 +277,10 @@ _RECORD_READERS: dict[str, Callable[[Any], Any]] = {
     "stop_cause": lambda v: None if v is None else StopCause(v),
     "failures": int,
     "reason": str,
+    "resizes": int,
+    "resized_at": _opt_float_in,
+    "resize_to": lambda ws: tuple(decode_placement(w) for w in ws),
+    "resizing": bool,
 }
 
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpufleet.sim.workload import WorkloadError
-from gpufleet.sim.workloads._common import split_gang
+from gpufleet.domain.jobs import Job
+from gpufleet.sim.workload import Workload, WorkloadError
+from gpufleet.sim.workloads._common import RequestCache, split_gang
 from gpufleet.sim.workloads._csv import CsvTable
 
 APP_TRACES = "app-traces"
@@ -90,13 +91,50 @@ class Application:
             return scale
         return (var + sqr) / (var / scale + sqr)
 
+    def step_time_any(self, gpus: int, batch: float, gpus_per_node: int = 4) -> float:
+        """`step_time` at any size: between sizes without a measured placement (5, 7, 10, ... GPUs), linear in
+        the GPU count between the nearest measured sizes at the same per-GPU batch (Pollux's simulator fitted
+        those from its performance model instead)."""
+        try:
+            return self.step_time(gpus, batch, gpus_per_node)
+        except WorkloadError:
+            pass
+        local = batch / gpus
+        lower = next((g for g in range(gpus - 1, 0, -1) if self._measured(g, gpus_per_node)), None)
+        upper = next((g for g in range(gpus + 1, 4 * gpus + 1) if self._measured(g, gpus_per_node)), None)
+        if lower is None or upper is None:
+            raise WorkloadError(
+                f"application {self.name!r} has no step time near {gpus} GPUs", "run it at a measured size"
+            )
+        low, high = self.step_time(lower, local * lower), self.step_time(upper, local * upper)
+        return low + (high - low) * (gpus - lower) / (upper - lower)
+
+    def _measured(self, gpus: int, gpus_per_node: int) -> bool:
+        workers, per_node = split_gang(gpus, gpus_per_node)
+        return (str(per_node) * workers if workers <= 4 else f"n{workers}r{gpus}") in self.steps
+
+    def progress_after(self, gpus: int, batch: float, progress: float, seconds: float) -> float:
+        """Progress (B0-steps) after computing `seconds` at a fixed size and batch from `progress`."""
+        step = self.step_time_any(gpus, batch)
+        left = seconds
+        for i, end in enumerate(self.epochs.ends):
+            if end <= progress:
+                continue
+            rate = self.gain(batch, end - 1e-9 if i else 0.0) / step  # B0-steps per second in this epoch
+            need = (end - progress) / rate
+            if need >= left:
+                return progress + left * rate
+            left -= need
+            progress = end
+        return self.total_progress
+
     def goodput(self, gpus: int, batch: float, progress: float) -> float:
         """B0-steps per second at this size, batch and point of training."""
         return self.gain(batch, progress) / self.step_time(gpus, batch)
 
     def seconds(self, gpus: int, batch: float, progress: float = 0.0) -> float:
         """Run time from `progress` to the end at a fixed size and batch."""
-        step = self.step_time(gpus, batch)
+        step = self.step_time_any(gpus, batch)
         total, start = 0.0, progress
         for i, end in enumerate(self.epochs.ends):
             if end <= start:
@@ -184,3 +222,80 @@ def measured_durations(
         except WorkloadError as error:
             raise row.error("num_replicas", error.message, error.fix) from None
     return out
+
+
+class PolluxWork:
+    """Pollux's applications as the simulated backend's `WorkModel`: a job's work is its application's
+    progress in B0-steps; at g GPUs it runs at its per-GPU batch (the workload's `batch_size / num_replicas`,
+    kept as it grows or shrinks, so the total batch is g times it) and advances by gain(batch) / step time
+    per second, epoch by epoch. It reports its throughput and its gradient statistics at its current batch
+    (the variance measured at B0 scaled by B0 / batch), as a training job computing them would."""
+
+    def __init__(self, apps: Mapping[str, Application], local_batch: Mapping[str, float]) -> None:
+        self.apps = apps
+        self.local_batch = local_batch
+
+    def covers(self, job: Job) -> bool:
+        return job.id in self.local_batch and job.job_type in self.apps
+
+    def total(self, job: Job) -> float:
+        return self.apps[job.job_type].total_progress
+
+    def _batch(self, job: Job, gpus: int) -> float:
+        return self.local_batch[job.id] * gpus
+
+    def seconds(self, job: Job, gpus: int, done: float) -> float:
+        return self.apps[job.job_type].seconds(gpus, self._batch(job, gpus), done)
+
+    def done_after(self, job: Job, gpus: int, done: float, seconds: float) -> float:
+        return self.apps[job.job_type].progress_after(gpus, self._batch(job, gpus), done, seconds)
+
+    def samples_per_s(self, job: Job, gpus: int) -> float:
+        batch = self._batch(job, gpus)
+        return batch / self.apps[job.job_type].step_time_any(gpus, batch)
+
+    def gradient(self, job: Job, gpus: int, done: float) -> tuple[float, float]:
+        app = self.apps[job.job_type]
+        i = app.epochs.index(done)
+        scale = max(1.0, self._batch(job, gpus) / app.base_batch)
+        return app.epochs.grad_sqr[i], app.epochs.grad_var[i] / scale
+
+
+def elastic_workload(
+    workload: Workload, apps: Mapping[str, Application], workload_file: Path, max_gpus: int
+) -> Workload:
+    """The Pollux workload with every job elastic, as Pollux runs them: workers of one GPU, from 1 up to
+    `max_gpus` (at most the cluster), each at its per-GPU batch (`batch_size / num_replicas`), its work and
+    rate from its application (`PolluxWork`). Durations stay the fixed-size run times (what metrics compare
+    with)."""
+    table = CsvTable(workload_file, "Pollux workload CSV", ("name", "num_replicas", "batch_size"))
+    local = {
+        row.text("name"): row.number("batch_size", positive=True) / row.integer("num_replicas", minimum=1)
+        for row in table
+    }
+    cluster = sum(len(node.gpus) for node in workload.nodes)
+    most = max(1, min(max_gpus, cluster))
+    single = RequestCache()
+    jobs = tuple(
+        replace(
+            tj,
+            job=replace(tj.job, request=single.get(gpus=1), workers=most, min_workers=1 if most > 1 else None),
+        )
+        for tj in workload.jobs
+    )
+    note = (
+        f"Elastic: each job runs 1..{most} one-GPU workers, resized by the policy; its rate at each size and point "
+        "of training from its application (per-GPU batch kept, statistical efficiency per epoch), 30 s per resize."
+    )
+    missing = sorted(tj.job.id for tj in workload.jobs if tj.job.id not in local)
+    if missing:
+        raise WorkloadError(
+            f"jobs {', '.join(missing[:3])} have no batch_size", "give every job one", path=workload_file
+        )
+    return replace(
+        workload,
+        name=f"{workload.name}-elastic",
+        jobs=jobs,
+        assumptions=(*workload.assumptions, note),
+        work=PolluxWork(apps, local),
+    )
