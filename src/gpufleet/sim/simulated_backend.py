@@ -46,8 +46,8 @@ class WorkModel(Protocol):
         """Work done after computing `seconds` at `gpus` GPUs from `done` (at most `total`)."""
         ...
 
-    def samples_per_s(self, job: Job, gpus: int) -> float:
-        """Samples the job processes per second at `gpus` GPUs."""
+    def samples_per_s(self, job: Job, gpus: int, done: float) -> float:
+        """Samples the job processes per second at `gpus` GPUs, at `done`."""
         ...
 
     def gradient(self, job: Job, gpus: int, done: float) -> tuple[float, float]:
@@ -206,9 +206,8 @@ class SimulatedBackend:
         saved = progress if self.settings.checkpoint_on_signal else self._periodic_saved(run, now, progress)[0]
         self.stats.done[job_id] = self.stats.done.get(job_id, 0.0) + saved
         if run.job is not None and self.model is not None:
-            self._samples[job_id] = run.samples_before + self._computed(run, now) * self.model.samples_per_s(
-                run.job, run.whole_gpus
-            )
+            rate = self.model.samples_per_s(run.job, run.whole_gpus, run.done_before)
+            self._samples[job_id] = run.samples_before + self._computed(run, now) * rate
         lost = progress - saved
         self.stats.lost_work_seconds += lost
         self.stats.lost_gpu_seconds += lost / run.speed * run.gpus
@@ -232,7 +231,7 @@ class SimulatedBackend:
         every = self.report_every_s
         begin = run.started + run.penalty
         at = begin if run.reported_at is None else run.reported_at + every
-        rate = model.samples_per_s(job, run.whole_gpus)
+        rate = model.samples_per_s(job, run.whole_gpus, run.done_before)
         total = model.total(job)
         while at <= now:
             computed = at - begin
