@@ -91,7 +91,7 @@ class Resizer:
         self, now: float, base: LoopState, running: Iterable[JobRecord], waiting: Sequence[tuple[Job, JobRecord]]
     ) -> Mapping[JobId, int]:
         """The plugin's new sizes (in workers) for the running elastic jobs whose size should change."""
-        jobs = tuple(self._elastic(r) for r in running if r.state is JobState.RUNNING and not r.resizing)
+        jobs = tuple(self._elastic(r, now) for r in running if r.state is JobState.RUNNING and not r.resizing)
         if not jobs:
             return {}
         table = base.table
@@ -108,7 +108,7 @@ class Resizer:
         steps = {j.id: j.step for j in jobs}
         return {job_id: gpus // steps[job_id] for job_id, gpus in self.plugin.resize(given).items()}
 
-    def _elastic(self, record: JobRecord) -> ElasticJob:
+    def _elastic(self, record: JobRecord, now: float) -> ElasticJob:
         job = record.job
         step = job.request.gpus
         current = len(record.workers)
@@ -151,9 +151,7 @@ class Resizer:
 def _headroom(base: LoopState, queue: str, most: int) -> int | None:
     """Whole GPUs the queue may still take within its quota (None: its quota does not limit GPUs)."""
     ledger = base.state.ledger
-    if queue not in ledger.queues:
-        return 0
-    quota = ledger.quota(queue, GPU)
+    quota = ledger.quota(queue, GPU) if queue in ledger.queues else None
     if quota is None or quota.nominal is None:
         return None
     low, high = 0, most

@@ -250,6 +250,9 @@ def _fgd_plus(data: PolicyData) -> Profile:
 # A job runs this long per start before it can be stopped for a job with less attained service (`default`).
 # Tuned, with the data it was tuned on in gpufleet.sim.tuned.
 DEFAULT_LAS_MIN_RUN_S = 900.0
+# `default`: the least time between two resizes of one elastic job (tuned on Pollux workloads 1-4; see
+# gpufleet.sim.tuned).
+DEFAULT_RESIZE_MIN_INTERVAL_S = 120.0
 
 
 def _default(data: PolicyData) -> Profile:
@@ -269,7 +272,7 @@ def _default(data: PolicyData) -> Profile:
         preempt=LasPreemption(min_run_s=DEFAULT_LAS_MIN_RUN_S),
         learner="qssf",
     )
-    return dataclasses.replace(profile, resize=GoodputResize())
+    return dataclasses.replace(profile, resize=GoodputResize(min_interval_s=DEFAULT_RESIZE_MIN_INTERVAL_S))
 
 
 def _fgd_fair(data: PolicyData) -> Profile:
