@@ -4,15 +4,18 @@ at a number of GPUs and a batch size, and how much a sample is worth at that bat
 - **Throughput.** `placements.csv` gives seconds per step per placement (digits: GPUs per node) and per-GPU
   batch; `scalability.csv` the same for larger allocations by (nodes, GPUs). A job of G GPUs on nodes of 4 is
   placed as our gangs are (`split_gang`: 6 -> two nodes of 3, "33"); its step time at per-GPU batch b is
-  interpolated linearly between measured batches, and beyond the largest measured one it accumulates
-  gradients (time grows in proportion).
-- **Statistical efficiency.** Per epoch, the gradient's squared norm and variance measured at the smallest
-  validated total batch B0. At total batch B (scale s = B / B0) one step is worth
-  `gain = (var + sqr) / (var / s + sqr)` steps at B0 (between 1 and s): large batches pay off early in
-  training, when the gradient is noisy, less later.
-- **Work.** A job ends after its application's epochs (the rows of the B0 file; bert 2, cifar10 100, ncf 10,
-  imagenet 90, deepspeech2 80, yolov3 50, as the published simulator did, with no target metric); the
-  `progress` column, in B0-steps, marks where each epoch ends.
+  interpolated linearly between measured batches (sizes with no measured placement: between the nearest
+  measured sizes).
+- **Statistical efficiency.** Per epoch, the gradient's squared norm and variance measured at each validated
+  total batch (in B0's units); at total batch B (scale s = B / B0) one step is worth
+  `gain = (var + sqr) / (var / s + sqr)` B0-steps (between 1 and s), with the statistics read at B itself,
+  interpolated between the validated batches around it, as the published simulator reads them: large batches
+  pay off early in training, when the gradient is noisy, less later.
+- **Gradient accumulation.** Beyond the largest per-GPU batch measured (yolov3: 8), a step is k passes of
+  local / k, the gradients synchronised on the last pass only.
+- **Work.** A job ends after its application's epochs (the epochs every validated batch ran; bert 2, cifar10
+  100, ncf 10, imagenet 90, deepspeech2 80, yolov3 50, as the published simulator did, with no target metric);
+  an epoch ends at the least `progress` (B0-steps) any validated batch needed for it.
 
 So `seconds(G, B)` is the run time of a whole job at a fixed size and batch (what Tiresias with TunedJobs
 runs), and `goodput(G, B, progress)` its rate of progress at a point of training (what an elastic policy
