@@ -40,6 +40,9 @@ class ScriptedBackend:
     def adopt(self, live: Sequence[Launch]) -> None:
         self.adopted = list(live)
 
+    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
+        raise AssertionError("the loop asked a backend without the resize capability to resize")
+
     def poll(self) -> Sequence[Observation]:
         out, self._inbox = self._inbox, []
         return out
@@ -58,3 +61,19 @@ class ScriptedBackend:
 
     def stopped(self, job_id: JobId, at: float) -> None:
         self.observe(job_id, ObservationKind.STOPPED, at)
+
+
+@dataclass
+class ResizingBackend(ScriptedBackend):
+    """A scripted backend that can resize: it records each resize; the test says when RESIZED is observed."""
+
+    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities(
+        multi_node=True, gpu_isolation=True, checkpoint_signal=True, resize=True
+    )
+    resizes: list[tuple[Launch, float, int]] = field(default_factory=list)
+
+    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
+        self.resizes.append((launch, grace_s, resize_count))
+
+    def resized(self, job_id: JobId, at: float) -> None:
+        self.observe(job_id, ObservationKind.RESIZED, at)

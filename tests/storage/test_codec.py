@@ -125,6 +125,10 @@ records = st.builds(
     stop_cause=st.none() | st.sampled_from(StopCause),
     failures=st.integers(0, 100),
     reason=texts,
+    resizes=st.integers(0, 1000),
+    resized_at=st.none() | times,
+    resize_to=st.lists(placements, max_size=3).map(tuple),
+    resizing=st.booleans(),
 )
 
 
@@ -224,6 +228,7 @@ def test_a_record_written_before_a_field_existed_gets_its_default() -> None:
     record = JobRecord(Job("a", "q", WorkerRequest()), JobState.PENDING, failures=0, reason="")
     old = codec.encode_record(record)
     del old["failures"], old["reason"], old["job"]["run"]
+    del old["resizes"], old["resized_at"], old["resize_to"], old["resizing"]
     assert codec.decode_record(old) == record
 
 

@@ -245,7 +245,9 @@ def show(
         + (f", {request['cpu']:g} CPU" if request["cpu"] else "")
         + (f", {_size(request['memory'])} memory" if request["memory"] else ""),
         f"priority {job['priority']}, {'preemptible' if job['preemptible'] else 'not preemptible'}, "
-        f"attempt {job['attempt']}, preempted {job['preemptions']}x",
+        f"attempt {job['attempt']}, preempted {job['preemptions']}x"
+        + (f", resized {job.get('resizes', 0)}x" if job.get("resizes") else "")
+        + (" (resizing now)" if job.get("resizing") else ""),
     ]
     if job["run"]:
         lines.append("command: " + markup(" ".join(job["run"]["command"])))

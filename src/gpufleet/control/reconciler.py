@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from gpufleet.control.learning import Learning
 from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
+from gpufleet.control.resize import ProgressReader, Resizer, is_elastic
 from gpufleet.domain.checkpoints import AttemptLoss, LossCause, ObservedPool, plan_checkpoints
-from gpufleet.domain.cluster import Node
+from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition, transition
 from gpufleet.domain.records import JobRecord, StopCause
@@ -76,6 +77,7 @@ class StepReport:
     cycles: int = 0
     decided: int = 0
     core_seconds: float = 0.0
+    resized: int = 0  # resizes of running elastic jobs asked of the backend
 
 
 @dataclass
@@ -136,6 +138,12 @@ class Reconciler:
         self._unwritten: list[Observation] = []
         self._dirty = False
         self._reason_at: dict[JobId, float] = {}  # when each waiting job's reason was last written
+        # Resizes of running elastic jobs (`control/resize.py`): only with a plugin and a backend that resizes.
+        self.resizer = (
+            Resizer(profile.resize, profile, store if isinstance(store, ProgressReader) else None)
+            if profile.resize is not None and backend.capabilities.resize
+            else None
+        )
         self._rebuild()
         self.backend.adopt([self._launch(r) for r in self.store.active() if r.holds_resources])
 
@@ -204,6 +212,7 @@ class Reconciler:
             self.base.keep_from(work)
             if not self.pending.settle(jobs, result.waiting):
                 break
+        self._resize(now, report)
 
     def stop_everything(self, reason: str) -> int:
         """Stop every job that holds resources and put it back in its queue (the control plane is
@@ -231,9 +240,13 @@ class Reconciler:
         round boundary for a profile that allocates in rounds while jobs wait, else the periodic retry."""
         if self._next_round is not None and len(self.pending):
             return self._next_round
-        if self.profile.preempt is None or not self.pending.parked:
-            return None
-        return self._last_retry_all + self.settings.retry_all_s
+        retry = None
+        if self.profile.preempt is not None and self.pending.parked:
+            retry = self._last_retry_all + self.settings.retry_all_s
+        if self.resizer is not None and self.resizer.active:
+            at = self.resizer.next_at(self.clock.now())
+            retry = at if retry is None else min(retry, at)
+        return retry
 
     def _pending_index(self) -> PendingIndex:
         # A profile that allocates in rounds plans over every waiting job: decide them all, not a burst.
@@ -430,6 +443,9 @@ class Reconciler:
         self._unwritten = []
         # Working state follows the store only once the store took the change.
         for record, obs, outcome in outcomes:
+            if obs.kind is ObservationKind.RESIZED:
+                self._resize_observed(record, outcome, released_queues)
+                continue
             if not outcome.holds_resources and record.holds_resources:
                 self.base.remove_running(record.id)
                 # A run ended on its own when the job exited without having been asked to stop.
@@ -460,9 +476,9 @@ class Reconciler:
             if record.state is S.LAUNCHING:
                 return changes.move(record, S.RUNNING, "all workers started", at, started_at=at)
             return None
-        attained = record.attained_gpu_seconds
-        if record.started_at is not None and record.state in (S.RUNNING, S.EVICTING, S.LAUNCHING):
-            attained += _gpus(record) * max(0.0, at - record.started_at)
+        attained = _attained(record, at)
+        if obs.kind is ObservationKind.RESIZED:
+            return self._resized(record, obs, attained, changes)
         if obs.kind is ObservationKind.EXITED:
             if record.state not in (S.RUNNING, S.EVICTING, S.LAUNCHING):
                 return None
@@ -482,6 +498,79 @@ class Reconciler:
             loss = _attempt_loss(record, LossCause.LOST, at, checkpoint)
             return _back_to_queue(changes, record, reason, at, attained, checkpoint, preemptions, attempt_loss=loss)
         return None
+
+    def _resized(self, record: JobRecord, obs: Observation, attained: float, changes: _Changes) -> JobRecord | None:
+        """Every new worker of a resize is up: a shrink now holds only the workers it kept."""
+        if record.state is not S.RUNNING or not record.resizing:
+            return None
+        workers = record.resize_to or record.workers
+        gpus = len(workers) * record.job.request.gpus
+        reason = f"resized to {gpus} GPU(s) in {len(workers)} worker(s) (resize {record.resizes} of this job)"
+        new = record.evolve(
+            workers=workers,
+            resize_to=(),
+            resizing=False,
+            resized_at=obs.at,
+            attained_gpu_seconds=attained,
+            reason=reason,
+        )
+        changes.add(new)
+        return new
+
+    def _resize_observed(self, record: JobRecord, outcome: JobRecord, released: set[str]) -> None:
+        if outcome.workers != record.workers:
+            self.base.remove_running(record.id)
+            self.base.add_running(outcome.as_running())
+            released.add(record.job.queue)
+        if self.resizer is not None:
+            self.resizer.record_size(outcome)
+
+    def _resize(self, now: float, report: StepReport) -> None:
+        """Ask the resize plugin for new sizes of running elastic jobs and start those resizes."""
+        resizer = self.resizer
+        if resizer is None or not resizer.due(now):
+            return
+        known = self._known
+        running = [r for job_id in self.base.holdings if (r := known.get(job_id)) is not None and is_elastic(r.job)]
+        resizer.active = bool(running)
+        if not running:
+            return
+        waiting = [
+            (job, record)
+            for job in sorted(self.pending.jobs.values(), key=lambda j: (j.submit_seq, j.id))
+            if (record := known.get(job.id)) is not None
+        ]
+        changes = _Changes()
+        started: list[tuple[JobRecord, tuple[WorkerPlacement, ...]]] = []
+        for job_id, workers in sorted(resizer.sizes(now, self.base, running, waiting).items()):
+            record = known[job_id]
+            current, step = len(record.workers), record.job.request.gpus
+            common: dict[str, object] = {
+                "resizes": record.resizes + 1,
+                "resized_at": now,
+                "resizing": True,
+                "attained_gpu_seconds": _attained(record, now),
+            }
+            if workers < current:
+                target = record.workers[:workers]
+                why = f"shrinking from {current * step} to {workers * step} GPU(s) to admit waiting jobs"
+                new = record.evolve(resize_to=target, reason=why, **common)
+            else:
+                extra = resizer.extra_workers(now, self.base, record, workers - current)
+                if extra is None:
+                    continue
+                target = (*record.workers, *extra)
+                why = f"growing from {current * step} to {workers * step} GPU(s) into idle GPUs"
+                new = record.evolve(workers=target, reason=why, **common)
+                self.base.remove_running(job_id)
+                self.base.add_running(new.as_running())
+            changes.add(new)
+            started.append((new, target))
+        self._write(changes)
+        for record, target in started:
+            launch = dataclasses.replace(self._launch(record), workers=target)
+            self.backend.resize(launch, self._grace(record), record.resizes)
+            report.resized += 1
 
     def _exited(
         self, record: JobRecord, obs: Observation, attained: float, checkpoint: float | None, changes: _Changes
@@ -514,6 +603,8 @@ class Reconciler:
                 last_checkpoint_at=checkpoint,
                 failures=record.failures + 1,
                 attempt_loss=ended["attempt_loss"],
+                resize_to=(),
+                resizing=False,
             )
         return changes.move(record, S.FAILED, failed, at, evicting_for=None, failures=record.failures + 1, **ended)
 
@@ -589,6 +680,8 @@ class Reconciler:
             self.nominated.discard(record.id)
             self._reason_at.pop(record.id, None)
             run = launching.as_running()
+            if self.resizer is not None and is_elastic(run.job):
+                self.resizer.active = True
             self.base.add_running(run)
             self.learning.started(run)
             self._track_deadline(launching)
@@ -662,6 +755,15 @@ class Reconciler:
                 self.events.emit(t)
 
 
+def _attained(record: JobRecord, at: float) -> float:
+    """GPU-seconds received up to `at`: what was counted until its holdings last changed, and its GPUs since."""
+    attained = record.attained_gpu_seconds
+    if record.started_at is not None and record.state in (S.RUNNING, S.EVICTING, S.LAUNCHING):
+        since = max(record.started_at, record.resized_at if record.resized_at is not None else record.started_at)
+        attained += _gpus(record) * max(0.0, at - since)
+    return attained
+
+
 def _back_to_queue(
     changes: _Changes,
     record: JobRecord,
@@ -685,6 +787,8 @@ def _back_to_queue(
         evicting_for=None,
         stop_cause=None,
         preemptions=preemptions,
+        resize_to=(),
+        resizing=False,
         **more,
     )
 

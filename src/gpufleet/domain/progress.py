@@ -245,6 +245,14 @@ def fold(progress: JobProgress, reports: list[Report], ctx: ReportContext) -> Jo
     )
 
 
+def with_size(progress: JobProgress, at: float, gpus: int) -> JobProgress:
+    """The history with the job's GPU count changed to `gpus` at `at` (a resize), as reports at that size would
+    record it."""
+    if progress.sizes and progress.sizes[-1][1] == gpus:
+        return progress
+    return dataclasses.replace(progress, sizes=(*progress.sizes, (at, gpus))[-MAX_SIZE_POINTS:])
+
+
 def progress_to_dict(progress: JobProgress) -> dict[str, object]:
     """The JSON form the store keeps and the API shows (lists for tuples; nothing but numbers and names)."""
     out = dataclasses.asdict(progress)

@@ -31,6 +31,12 @@ class JobRecord:
     `stop_cause` says why and `evicting_for` names the preemptor (empty for a cancel or timeout);
     `failures` counts failed attempts, against the run spec's `retries`. `last_checkpoint_at` is the last
     save the job reported (or the backend saw), whichever attempt made it.
+
+    An elastic job's size changes within one attempt (a resize, not a failure): `resizes` counts them,
+    `resized_at` is when its holdings last changed (GPU-time received is counted up to then), and while a
+    shrink is under way `resize_to` holds the workers it keeps: it holds all of `workers` until the backend
+    reports RESIZED (a grow holds its new workers from the decision on). `resizing`: a resize was asked of
+    the backend and RESIZED not yet observed.
     """
 
     job: Job
@@ -58,6 +64,10 @@ class JobRecord:
     checkpoint_plan: CheckpointPlan | None = None
     # The work lost by the last attempt that ended by preemption, node loss or failure (the store keeps each).
     attempt_loss: AttemptLoss | None = None
+    resizes: int = 0
+    resized_at: float | None = None
+    resize_to: tuple[WorkerPlacement, ...] = ()
+    resizing: bool = False
 
     @property
     def id(self) -> JobId:

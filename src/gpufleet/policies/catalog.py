@@ -91,6 +91,7 @@ from gpufleet.policies.order.srtf import ShortestRemainingTime
 from gpufleet.policies.order.throughput_fair import ThroughputFairShare
 from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.policies.preempt.priority import PriorityPreemption
+from gpufleet.policies.resize.goodput import GoodputResize
 from gpufleet.policies.rounds.plan import Planner, WeightBands
 from gpufleet.policies.rounds.plugins import RoundAdmit, RoundOrder, RoundPreempt, ServiceLearner
 from gpufleet.policies.score.best_fit import BestFit
@@ -249,6 +250,9 @@ def _fgd_plus(data: PolicyData) -> Profile:
 # A job runs this long per start before it can be stopped for a job with less attained service (`default`).
 # Tuned, with the data it was tuned on in gpufleet.sim.tuned.
 DEFAULT_LAS_MIN_RUN_S = 900.0
+# `default`: the least time between two resizes of one elastic job (tuned on Pollux workloads 1-4; see
+# gpufleet.sim.tuned).
+DEFAULT_RESIZE_MIN_INTERVAL_S = 120.0
 
 
 def _default(data: PolicyData) -> Profile:
@@ -257,8 +261,10 @@ def _default(data: PolicyData) -> Profile:
     # after DEFAULT_LAS_MIN_RUN_S of its current run). Placement: `fgd-plus`'s (fractional GPUs packed without
     # stranding, scarce models kept for the jobs bound to them) and topology for multi-GPU workers and gangs;
     # on openb it allocates as `fgd-plus` does. Measured figures: docs/results/.
+    # Resize: running elastic jobs grow into idle GPUs and shrink to admit waiting jobs, by goodput (the only
+    # profile that resizes; the baselines keep every job at the size it started at).
     score = FgdScore(data.target, truncate=True)
-    return build_profile(
+    profile = build_profile(
         "default",
         "fair_qssf",
         ((score, 1.0), (ModelScarcity(data.target), FGD_PLUS_SCARCITY_WEIGHT), ("topology", 1.0)),
@@ -266,6 +272,7 @@ def _default(data: PolicyData) -> Profile:
         preempt=LasPreemption(min_run_s=DEFAULT_LAS_MIN_RUN_S),
         learner="qssf",
     )
+    return dataclasses.replace(profile, resize=GoodputResize(min_interval_s=DEFAULT_RESIZE_MIN_INTERVAL_S))
 
 
 def _fgd_fair(data: PolicyData) -> Profile:

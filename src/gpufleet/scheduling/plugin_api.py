@@ -496,6 +496,8 @@ class Profile:
     `job_specific`: its admission or preemption depends on the job itself, not only on its queue, request and
     priority (a round plan names jobs): the cycle then decides every job in full instead of reusing the
     outcome of an earlier job of the same class.
+    `resize`: resizes running elastic jobs (grow into idle GPUs, shrink to admit waiting jobs); the control loop
+    asks it every `resize_every_s` while elastic jobs run. None: running jobs keep their size.
     """
 
     name: str
@@ -511,6 +513,8 @@ class Profile:
     learner: Learner | None = None
     round_s: float | None = None
     job_specific: bool = False
+    resize: ResizePlugin | None = None
+    resize_every_s: float = 60.0
 
     @property
     def local_scores(self) -> bool:
@@ -526,4 +530,6 @@ class Profile:
         parts.append(f"preempt={self.preempt.name if self.preempt else 'none'}")
         if self.learner is not None:
             parts.append(f"learner={self.learner.name}")
+        if self.resize is not None:
+            parts.append(f"resize={self.resize.name}")
         return ", ".join(parts)

@@ -128,6 +128,9 @@ class JobOut(BaseModel):
     exit_code: int | None
     preemptions: int
     failures: int
+    resizes: int = 0  # size changes of this attempt (elastic jobs), not failures
+    resizing: bool = False  # a resize was started and its new workers are not all up yet
+    last_resized_at: float | None = None
     stop_cause: str | None
     attained_gpu_seconds: float
     expected_duration: float | None

@@ -29,6 +29,7 @@ from gpufleet.control.reconciler import Reconciler, ReconcilerSettings
 from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.lifecycle import Transition
+from gpufleet.domain.progress import Report, ReportContext, fold
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.ports import Observation
 from gpufleet.scheduling.comm_gate import placement_estimate
@@ -181,7 +182,13 @@ class Simulation:
         work = {t.id: t.duration for t in workload.jobs}
         self._comm = {t.id: t.job.comm for t in workload.jobs if t.job.comm is not None}
         self.backend = SimulatedBackend(
-            self.clock, self._schedule_observation, work, self._speed, self.settings.backend
+            self.clock,
+            self._schedule_observation,
+            work,
+            self._speed,
+            self.settings.backend,
+            model=workload.work,
+            reporter=self._report if workload.work is not None else None,
         )
         self.reconciler = Reconciler(self.store, self.backend, self.clock, profile, settings=self.settings.reconciler)
         self._retry_at: float | None = None
@@ -208,6 +215,14 @@ class Simulation:
 
     def _schedule_observation(self, at: float, observation: Observation) -> None:
         self._push(at, OBSERVATION, observation)
+
+    def _report(
+        self, job_id: str, attempt: int, gpus: int, at: float, samples: float, grad_sqr: float, grad_var: float
+    ) -> None:
+        """A simulated job's progress report, folded into the store as the API folds a real one's."""
+        report = Report("progress", at, {"samples": samples, "grad_sqr": grad_sqr, "grad_var": grad_var})
+        context = ReportContext(attempt, gpus, at)
+        self.store.update_progress(job_id, at, lambda progress: fold(progress, [report], context))
 
     def _speed(self, job: Job, workers: tuple[WorkerPlacement, ...]) -> float:
         """Relative speed on these workers: the GPU models' (throughput table), stretched for a job that declares
@@ -368,6 +383,7 @@ class Simulation:
                 elif kind == CLUSTER:
                     assert isinstance(payload, _Due)
                     self._apply(now, payload)
+            self.backend.report_until(now)  # what running jobs reported since the last step
             report = self.reconciler.step()
             steps += 1
             core += report.core_seconds
@@ -387,7 +403,11 @@ class Simulation:
             if self.observer is not None:
                 self.observer(now, self.reconciler)
             retry = self.reconciler.next_retry_at()
-            if retry is not None and self._retry_at is None and (self._essential or self._helpful):
+            # With resizes, the next resize tick may come before a retry already planned.
+            planned = self._retry_at
+            resizing = self.reconciler.resizer is not None
+            earlier = planned is None or (resizing and retry is not None and retry < planned)
+            if retry is not None and earlier and (self._essential or self._helpful):
                 # A retry time at or before now (float rounding: last + 300 - last < 300) would step at `now`
                 # forever; the next representable time is the earliest a retry can still change anything.
                 self._retry_at = retry if retry > now else math.nextafter(now, math.inf)

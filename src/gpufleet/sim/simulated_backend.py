@@ -6,12 +6,19 @@ signal, else up to its last periodic checkpoint; what it loses is counted. A nod
 (`fail_node`) gives no signal: every job with a worker on the node is reported LOST and keeps only the
 work up to its last periodic checkpoint (`checkpoint_every_s` of run time; None: none during the
 attempt, so the whole attempt is lost).
+
+A resize (`resize`) keeps the work done (the checkpoint signal saves it), costs `restart_penalty_s` without
+progress, and goes on at the new placement's speed; RESIZED is reported at once. Jobs a `WorkModel` covers
+(Pollux's applications, `sim/elastic_work.py`) do their work at the rate the model gives for their size and
+point of training instead of a constant speed, and report their progress (samples, gradient statistics)
+through `reporter` every `report_every_s` of run time, as a job calling `gpufleet.runtime.report` would.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
@@ -19,6 +26,37 @@ from gpufleet.ports import BackendCapabilities, Clock, Launch, Observation, Obse
 
 Speed = Callable[[Job, tuple[WorkerPlacement, ...]], float]
 Schedule = Callable[[float, Observation], None]
+
+
+class WorkModel(Protocol):
+    """How a job's work (in the model's own units) advances at a size: for jobs whose rate changes as they
+    train (statistical efficiency) and with their GPU count."""
+
+    def covers(self, job: Job) -> bool: ...
+
+    def total(self, job: Job) -> float:
+        """The job's whole work."""
+        ...
+
+    def seconds(self, job: Job, gpus: int, done: float) -> float:
+        """Seconds of computing at `gpus` GPUs from `done` to the end."""
+        ...
+
+    def done_after(self, job: Job, gpus: int, done: float, seconds: float) -> float:
+        """Work done after computing `seconds` at `gpus` GPUs from `done` (at most `total`)."""
+        ...
+
+    def samples_per_s(self, job: Job, gpus: int, done: float) -> float:
+        """Samples the job processes per second at `gpus` GPUs, at `done`."""
+        ...
+
+    def gradient(self, job: Job, gpus: int, done: float) -> tuple[float, float]:
+        """(squared norm, variance) of the job's gradient at its batch at `gpus` GPUs, at `done`."""
+        ...
+
+
+# (job, attempt, GPUs, time, samples so far, grad_sqr, grad_var): one progress report of a running job.
+Reporter = Callable[[JobId, int, int, float, float, float, float], None]
 
 
 @dataclass(frozen=True)
@@ -49,11 +87,20 @@ class _Run:
     penalty: float
     gpus: float
     checkpoint_every_s: float | None = None
+    job: Job | None = None  # set for jobs a WorkModel covers
+    whole_gpus: int = 0
+    done_before: float = 0.0  # work done before this run began (model jobs)
+    samples_before: float = 0.0
+    resizes: int = 0
+    ends_at: float | None = None
+    reported_at: float | None = None
 
 
 @dataclass
 class BackendStats:
     launches: int = 0
+    resizes: int = 0
+    resize_gpu_seconds: float = 0.0  # GPU-seconds spent restarting after resizes (also in penalty_gpu_seconds)
     stops: int = 0
     lost_gpu_seconds: float = 0.0
     lost_work_seconds: float = 0.0
@@ -67,7 +114,8 @@ class BackendStats:
 
 
 class SimulatedBackend:
-    capabilities = BackendCapabilities(multi_node=True, gpu_isolation=True, checkpoint_signal=True)
+    capabilities = BackendCapabilities(multi_node=True, gpu_isolation=True, checkpoint_signal=True, resize=True)
+    report_every_s = 300.0
 
     def __init__(
         self,
@@ -76,6 +124,8 @@ class SimulatedBackend:
         work: dict[JobId, float | None],
         speed: Speed,
         settings: BackendSettings | None = None,
+        model: WorkModel | None = None,
+        reporter: Reporter | None = None,
     ) -> None:
         self.clock = clock
         self.schedule = schedule
@@ -86,6 +136,9 @@ class SimulatedBackend:
         self._running: dict[JobId, _Run] = {}
         self._nodes_of: dict[JobId, frozenset[str]] = {}
         self._inbox: list[Observation] = []
+        self.model = model
+        self.reporter = reporter
+        self._samples: dict[JobId, float] = {}
 
     def launch(self, launch: Launch) -> None:
         job = launch.job
@@ -94,25 +147,107 @@ class SimulatedBackend:
             return
         now = self.clock.now()
         penalty = self.settings.restart_penalty_s if launch.attempt > 1 else 0.0
+        self.stats.launches += 1
+        self._start(launch, now, penalty)
+        # Seen at the next step, whenever that is: an extra step at the same instant would change nothing.
+        self._inbox.append(Observation(job.id, launch.attempt, ObservationKind.STARTED, now))
+
+    def _start(self, launch: Launch, now: float, penalty: float, resizes: int = 0) -> None:
+        """Run the attempt at `launch.workers` from `now` (after `penalty` s of restart) to its end."""
+        job = launch.job
         gpus = sum(s.milli for w in launch.workers for s in w.gpus) / 1000.0
-        speed = max(self.speed(job, launch.workers), 1e-9)
+        covered = self.model is not None and self.model.covers(job)
+        speed = 1.0 if covered else max(self.speed(job, launch.workers), 1e-9)
         every = self.settings.checkpoint_every_s
         if self.settings.per_job_checkpoints and job.checkpoint_interval is not None:
             every = job.checkpoint_interval
-        self._running[job.id] = _Run(launch.attempt, now, speed, penalty, gpus, every)
+        done = self.stats.done.get(job.id, 0.0)
+        run = _Run(launch.attempt, now, speed, penalty, gpus, every, resizes=resizes)
+        if covered:
+            run.job, run.whole_gpus, run.done_before = job, round(gpus), done
+            run.samples_before = self._samples.get(job.id, 0.0)
+        self._running[job.id] = run
         self._nodes_of[job.id] = frozenset(w.node for w in launch.workers)
-        self.stats.launches += 1
         self.stats.penalty_gpu_seconds += penalty * gpus
-        # Seen at the next step, whenever that is: an extra step at the same instant would change nothing.
-        self._inbox.append(Observation(job.id, launch.attempt, ObservationKind.STARTED, now))
-        total = self.work.get(job.id)
+        total = self._total(job)
         if total is not None:
-            remaining = max(0.0, total - self.stats.done.get(job.id, 0.0))
-            end = now + penalty + remaining / speed
+            if run.job is not None and self.model is not None:
+                compute = self.model.seconds(job, run.whole_gpus, done)
+            else:
+                compute = max(0.0, total - done) / speed
+            end = run.ends_at = now + penalty + compute
             self.schedule(end, Observation(job.id, launch.attempt, ObservationKind.EXITED, end, exit_code=0))
 
+    def _total(self, job: Job) -> float | None:
+        if self.model is not None and self.model.covers(job):
+            return self.model.total(job)
+        return self.work.get(job.id)
+
+    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
+        """The attempt keeps its work (checkpointed on the signal), restarts at the new placement after the
+        restart penalty, and RESIZED is reported at once. Idempotent per (job, attempt, resize_count)."""
+        job = launch.job
+        run = self._running.get(job.id)
+        if run is None or run.attempt != launch.attempt or run.resizes >= resize_count:
+            return
+        now = self.clock.now()
+        self._report_until(job.id, run, now)
+        self._save(job.id, run, now)
+        penalty = self.settings.restart_penalty_s
+        self.stats.resizes += 1
+        gpus = sum(s.milli for w in launch.workers for s in w.gpus) / 1000.0
+        self.stats.resize_gpu_seconds += penalty * gpus
+        self._start(launch, now, penalty, resize_count)
+        self._inbox.append(Observation(job.id, launch.attempt, ObservationKind.RESIZED, now))
+
+    def _save(self, job_id: JobId, run: _Run, now: float) -> None:
+        """The run's work so far is kept (a checkpoint on the signal, or its last periodic one)."""
+        progress = self._progress(job_id, run, now)
+        saved = progress if self.settings.checkpoint_on_signal else self._periodic_saved(run, now, progress)[0]
+        self.stats.done[job_id] = self.stats.done.get(job_id, 0.0) + saved
+        if run.job is not None and self.model is not None:
+            rate = self.model.samples_per_s(run.job, run.whole_gpus, run.done_before)
+            self._samples[job_id] = run.samples_before + self._computed(run, now) * rate
+        lost = progress - saved
+        self.stats.lost_work_seconds += lost
+        self.stats.lost_gpu_seconds += lost / run.speed * run.gpus
+
+    @staticmethod
+    def _computed(run: _Run, now: float) -> float:
+        return max(0.0, now - run.started - run.penalty)
+
+    def report_until(self, now: float) -> None:
+        """Running jobs of the work model report their progress up to `now` (every `report_every_s`)."""
+        if self.reporter is None or self.model is None:
+            return
+        for job_id, run in sorted(self._running.items()):
+            if run.job is not None:
+                self._report_until(job_id, run, now)
+
+    def _report_until(self, job_id: JobId, run: _Run, now: float) -> None:
+        model, job, reporter = self.model, run.job, self.reporter
+        if model is None or job is None or reporter is None:
+            return
+        every = self.report_every_s
+        begin = run.started + run.penalty
+        at = begin if run.reported_at is None else run.reported_at + every
+        rate = model.samples_per_s(job, run.whole_gpus, run.done_before)
+        total = model.total(job)
+        while at <= now:
+            computed = at - begin
+            done = model.done_after(job, run.whole_gpus, run.done_before, computed)
+            if done >= total:
+                break
+            sqr, var = model.gradient(job, run.whole_gpus, done)
+            reporter(job_id, run.attempt, run.whole_gpus, at, run.samples_before + computed * rate, sqr, var)
+            run.reported_at = at
+            at += every
+
     def _progress(self, job_id: JobId, run: _Run, now: float) -> float:
-        """Work (reference seconds) this attempt did, capped at what was left to do."""
+        """Work (reference seconds, or the model's units) this attempt did, capped at what was left to do."""
+        if run.job is not None and self.model is not None:
+            after = self.model.done_after(run.job, run.whole_gpus, run.done_before, self._computed(run, now))
+            return max(0.0, after - run.done_before)
         progress = max(0.0, now - run.started - run.penalty) * run.speed
         total = self.work.get(job_id)
         if total is not None:
@@ -138,14 +273,10 @@ class SimulatedBackend:
         if run is None or run.attempt != attempt:
             return
         now = self.clock.now()
+        self._report_until(job_id, run, now)
         self._forget(job_id)
         self.stats.stops += 1
-        progress = self._progress(job_id, run, now)
-        saved = progress if self.settings.checkpoint_on_signal else self._periodic_saved(run, now, progress)[0]
-        self.stats.done[job_id] = self.stats.done.get(job_id, 0.0) + saved
-        lost = progress - saved
-        self.stats.lost_work_seconds += lost
-        self.stats.lost_gpu_seconds += lost / run.speed * run.gpus
+        self._save(job_id, run, now)
         at = now + min(self.settings.stop_delay_s, grace_s)
         self.schedule(at, Observation(job_id, attempt, ObservationKind.STOPPED, at, checkpoint_at=at))
 
@@ -185,10 +316,12 @@ class SimulatedBackend:
         """The engine hands over an observation whose time has come (stale exits are dropped)."""
         if observation.kind is ObservationKind.EXITED:
             run = self._running.get(observation.job_id)
-            if run is None or run.attempt != observation.attempt:
-                return
+            if run is None or run.attempt != observation.attempt or run.ends_at != observation.at:
+                return  # an earlier attempt's end, or the end planned before a resize
+            self._report_until(observation.job_id, run, observation.at)
             self._forget(observation.job_id)
-            self.stats.done[observation.job_id] = self.work.get(observation.job_id) or 0.0
+            total = self._total(run.job) if run.job is not None else self.work.get(observation.job_id)
+            self.stats.done[observation.job_id] = total or 0.0
         self._inbox.append(observation)
 
     def adopt(self, live: Sequence[Launch]) -> None:

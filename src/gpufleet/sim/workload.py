@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from gpufleet.domain import Job, Node, QueueSpec
 from gpufleet.domain.errors import WorkloadError
 from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable, model_key
 from gpufleet.sim.events import AddNodes, ClusterEvent, event_problems
+
+if TYPE_CHECKING:
+    from gpufleet.sim.simulated_backend import WorkModel
 
 __all__ = ["ThroughputEntry", "ThroughputTable", "TraceJob", "Workload", "WorkloadError"]
 
@@ -80,6 +84,8 @@ class Workload:
     data may be used; `assumptions` lists each choice the loader made that the source does not fix (GPU
     memory sizes, node shapes, distributions), to be printed with the results. `events` are timed changes to
     the cluster during the run (nodes failing, added, quotas changed); their nodes and queues must exist.
+    `work`: how the jobs it covers advance at each size (elastic jobs whose rate depends on their GPU count
+    and point of training, e.g. Pollux's applications); other jobs run their `duration` at reference speed.
     """
 
     name: str
@@ -91,6 +97,7 @@ class Workload:
     throughput: ThroughputTable | None = None
     assumptions: tuple[str, ...] = ()
     events: tuple[ClusterEvent, ...] = ()
+    work: WorkModel | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []

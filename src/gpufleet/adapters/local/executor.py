@@ -202,6 +202,14 @@ class LocalBackend:
         # No grace: SIGKILL at once, not the checkpoint signal first.
         self._begin_stop(job, signal.SIGKILL if grace_s <= 0 else job.signal, grace_s)
 
+    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
+        """Not implemented by this executor (`capabilities.resize` is False, so the control loop never asks):
+        elastic jobs keep the size they started at."""
+        raise GpufleetError(
+            f"this executor cannot resize job {launch.job.id!r}",
+            "run elastic jobs at a fixed size here, or use an executor whose capabilities include resize",
+        )
+
     def poll(self) -> Sequence[Observation]:
         for job in list(self._live.values()):
             self._watch(job)

@@ -181,6 +181,14 @@ class RayBackend:
         job.stop_reason = reason or "stopped"
         self._begin_stop(job, job.signal, grace_s)
 
+    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
+        """Not implemented by this executor (`capabilities.resize` is False, so the control loop never asks):
+        elastic jobs keep the size they started at."""
+        raise GpufleetError(
+            f"this executor cannot resize job {launch.job.id!r}",
+            "run elastic jobs at a fixed size here, or use an executor whose capabilities include resize",
+        )
+
     def poll(self) -> Sequence[Observation]:
         out, self._held = self._held, []
         self._take_lost_nodes()

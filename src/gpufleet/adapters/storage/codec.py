@@ -222,6 +222,10 @@ def encode_record(record: JobRecord, parts: EncodedParts | None = None) -> Json:
         "checkpoint_cost_s": _opt_float_out(record.checkpoint_cost_s),
         "checkpoint_plan": None if record.checkpoint_plan is None else record.checkpoint_plan.to_dict(),
         "attempt_loss": None if record.attempt_loss is None else record.attempt_loss.to_dict(),
+        "resizes": record.resizes,
+        "resized_at": _opt_float_out(record.resized_at),
+        "resize_to": encode_workers(record.resize_to),
+        "resizing": record.resizing,
     }
 
 
@@ -295,6 +299,10 @@ _RECORD_READERS: dict[str, Callable[[Any], Any]] = {
     "checkpoint_cost_s": _opt_float_in,
     "checkpoint_plan": lambda v: None if v is None else CheckpointPlan.from_dict(v),
     "attempt_loss": lambda v: None if v is None else AttemptLoss.from_dict(v),
+    "resizes": int,
+    "resized_at": _opt_float_in,
+    "resize_to": lambda ws: tuple(decode_placement(w) for w in ws),
+    "resizing": bool,
 }
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition
+from gpufleet.domain.progress import JobProgress
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import Request, RequestKind, StaleWriteError
@@ -24,6 +25,7 @@ class InMemoryStore:
         self._history: dict[JobId, list[Transition]] = {}
         self.log: list[Transition] = []
         self._requests: list[Request] = []
+        self._progress: dict[JobId, JobProgress] = {}
 
     def nodes(self) -> tuple[Node, ...]:
         return self._nodes
@@ -88,3 +90,13 @@ class InMemoryStore:
 
     def take_requests(self, cursor: int) -> tuple[Sequence[Request], int]:
         return self._requests[cursor:], len(self._requests)
+
+    def job_progress(self, job_id: str) -> JobProgress | None:
+        """The job's progress history (None: it never reported)."""
+        return self._progress.get(job_id)
+
+    def update_progress(self, job_id: str, now: float, update: Callable[[JobProgress], JobProgress]) -> JobProgress:
+        """Apply `update` to the job's history (an empty one if it has none); return the result."""
+        after = update(self._progress.get(job_id, JobProgress()))
+        self._progress[job_id] = after
+        return after

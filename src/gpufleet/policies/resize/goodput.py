@@ -15,6 +15,13 @@ Each job's `goodput[g]` (throughput x statistical efficiency at g GPUs) is given
 3. **Restart cost.** A resize stops the job for `restart_s`. A grow is kept only if the goodput it adds over
    the horizon (`horizon_s`, or the job's remaining time if shorter) exceeds the progress lost while
    restarting; otherwise it is undone and its GPUs go to the next best job.
+4. **Rebalance** (`rebalance`, on in `default`): with no GPU idle left, a step moves from the job that loses
+   the least goodput per GPU to the one that gains the most, while what the receiver gains over the horizon
+   exceeds what the giver loses plus both restarts (each counted once per decision, each job's gain and loss
+   relative to its own goodput now, so that jobs reporting in different units compare), times
+   `1 + rebalance_margin`. A job that receives does not give in the same decision, nor the reverse. This is
+   how a job that starts at its minimum while the others hold every GPU gets its share (Pollux re-allocates
+   the whole cluster each round; we move what pays).
 
 Non-elastic jobs are never given to this plugin; a job with `min_gpus == max_gpus` is never changed.
 """
@@ -36,6 +43,8 @@ class GoodputResize:
     min_interval_s: float = 300.0
     restart_s: float = 30.0
     horizon_s: float = 1800.0
+    rebalance: bool = False
+    rebalance_margin: float = 0.0
 
     def resize(self, given: ResizeInput) -> Mapping[str, int]:
         size = {job.id: job.gpus for job in given.jobs}
@@ -61,6 +70,8 @@ class GoodputResize:
         shrunk = {job.id for job in given.jobs if size[job.id] < job.gpus}
         growable = [job for job in movable if job.id not in shrunk]
         free = self._grow(growable, size, headroom, free)
+        if self.rebalance:
+            self._rebalance(growable, size, headroom)
         return {job.id: size[job.id] for job in given.jobs if size[job.id] != job.gpus}
 
     def _may_resize(self, job: ElasticJob, now: float) -> bool:
@@ -135,6 +146,85 @@ class GoodputResize:
             free -= job.step
             if job.queue in headroom:
                 headroom[job.queue] -= job.step
+
+    def _rebalance(self, jobs: list[ElasticJob], size: dict[str, int], headroom: dict[str, int]) -> None:
+        """Move steps from the jobs that lose least to those that gain most, while it pays (see the module)."""
+        changed = {job.id for job in jobs if size[job.id] != job.gpus}
+        gave: set[str] = set()
+        took: set[str] = set()
+        steps = sorted({job.step for job in jobs})
+        while True:
+            best: tuple[float, str, str] | None = None
+            for step in steps:
+                receiver = self._receiver([j for j in jobs if j.step == step and j.id not in gave], size, headroom)
+                giver = self._giver([j for j in jobs if j.step == step and j.id not in took], size, receiver)
+                if receiver is None or giver is None:
+                    continue
+                net = self._net(receiver, giver, size, changed)
+                if net > 0 and (best is None or (-net, receiver[1].id, giver[1].id) < (-best[0], best[1], best[2])):
+                    best = (net, receiver[1].id, giver[1].id)
+            if best is None:
+                return
+            to = next(j for j in jobs if j.id == best[1])
+            frm = next(j for j in jobs if j.id == best[2])
+            size[to.id] += to.step
+            size[frm.id] -= frm.step
+            if to.queue in headroom:
+                headroom[to.queue] -= to.step
+            if frm.queue in headroom:
+                headroom[frm.queue] += frm.step
+            changed |= {to.id, frm.id}
+            took.add(to.id)
+            gave.add(frm.id)
+
+    def _relative(self, job: ElasticJob, frm: int, to: int) -> float:
+        """Goodput gained from `frm` to `to` GPUs, as a share of the job's goodput at its size now."""
+        base = job.goodput.get(job.gpus, 0.0)
+        return self._gain(job, frm, to) / base if base > 0 else 0.0
+
+    def _receiver(
+        self, jobs: list[ElasticJob], size: dict[str, int], headroom: dict[str, int]
+    ) -> tuple[float, ElasticJob] | None:
+        best: tuple[float, ElasticJob] | None = None
+        for job in jobs:
+            to = size[job.id] + job.step
+            if to > job.max_gpus or headroom.get(job.queue, UNLIMITED) < job.step:
+                continue
+            gain = self._relative(job, size[job.id], to)
+            if gain > 0 and (best is None or (-gain, job.id) < (-best[0], best[1].id)):
+                best = (gain, job)
+        return best
+
+    def _giver(
+        self, jobs: list[ElasticJob], size: dict[str, int], receiver: tuple[float, ElasticJob] | None
+    ) -> tuple[float, ElasticJob] | None:
+        best: tuple[float, ElasticJob] | None = None
+        for job in jobs:
+            to = size[job.id] - job.step
+            if to < job.min_gpus or (receiver is not None and job.id == receiver[1].id):
+                continue
+            loss = -self._relative(job, size[job.id], to)
+            if best is None or (loss, job.id) < (best[0], best[1].id):
+                best = (loss, job)
+        return best
+
+    def _net(
+        self,
+        receiver: tuple[float, ElasticJob],
+        giver: tuple[float, ElasticJob],
+        size: dict[str, int],
+        changed: set[str],
+    ) -> float:
+        """What moving one step from giver to receiver pays over the horizon, in seconds of each job's progress
+        at its rate now (positive: worth it)."""
+        (gain, to), (loss, frm) = receiver, giver
+        restart = self.restart_s
+        gained = gain * max(0.0, self._horizon(to) - restart) - (0.0 if to.id in changed else restart)
+        lost = loss * self._horizon(frm) + (0.0 if frm.id in changed else restart)
+        return gained - lost * (1.0 + self.rebalance_margin)
+
+    def _horizon(self, job: ElasticJob) -> float:
+        return self.horizon_s if job.remaining_s is None else min(self.horizon_s, job.remaining_s)
 
     def _worth(self, job: ElasticJob, to: int) -> bool:
         """Whether growing `job` to `to` GPUs pays its restart within the horizon."""

@@ -4,15 +4,18 @@ at a number of GPUs and a batch size, and how much a sample is worth at that bat
 - **Throughput.** `placements.csv` gives seconds per step per placement (digits: GPUs per node) and per-GPU
   batch; `scalability.csv` the same for larger allocations by (nodes, GPUs). A job of G GPUs on nodes of 4 is
   placed as our gangs are (`split_gang`: 6 -> two nodes of 3, "33"); its step time at per-GPU batch b is
-  interpolated linearly between measured batches, and beyond the largest measured one it accumulates
-  gradients (time grows in proportion).
-- **Statistical efficiency.** Per epoch, the gradient's squared norm and variance measured at the smallest
-  validated total batch B0. At total batch B (scale s = B / B0) one step is worth
-  `gain = (var + sqr) / (var / s + sqr)` steps at B0 (between 1 and s): large batches pay off early in
-  training, when the gradient is noisy, less later.
-- **Work.** A job ends after its application's epochs (the rows of the B0 file; bert 2, cifar10 100, ncf 10,
-  imagenet 90, deepspeech2 80, yolov3 50, as the published simulator did, with no target metric); the
-  `progress` column, in B0-steps, marks where each epoch ends.
+  interpolated linearly between measured batches (sizes with no measured placement: between the nearest
+  measured sizes).
+- **Statistical efficiency.** Per epoch, the gradient's squared norm and variance measured at each validated
+  total batch (in B0's units); at total batch B (scale s = B / B0) one step is worth
+  `gain = (var + sqr) / (var / s + sqr)` B0-steps (between 1 and s), with the statistics read at B itself,
+  interpolated between the validated batches around it, as the published simulator reads them: large batches
+  pay off early in training, when the gradient is noisy, less later.
+- **Gradient accumulation.** Beyond the largest per-GPU batch measured (yolov3: 8), a step is k passes of
+  local / k, the gradients synchronised on the last pass only.
+- **Work.** A job ends after its application's epochs (the epochs every validated batch ran; bert 2, cifar10
+  100, ncf 10, imagenet 90, deepspeech2 80, yolov3 50, as the published simulator did, with no target metric);
+  an epoch ends at the least `progress` (B0-steps) any validated batch needed for it.
 
 So `seconds(G, B)` is the run time of a whole job at a fixed size and batch (what Tiresias with TunedJobs
 runs), and `goodput(G, B, progress)` its rate of progress at a point of training (what an elastic policy
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gpufleet.sim.workload import WorkloadError
-from gpufleet.sim.workloads._common import split_gang
+from gpufleet.domain.jobs import Job
+from gpufleet.sim.workload import Workload, WorkloadError
+from gpufleet.sim.workloads._common import RequestCache, split_gang
 from gpufleet.sim.workloads._csv import CsvTable
 
 APP_TRACES = "app-traces"
@@ -40,11 +45,30 @@ RESTART_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class Epochs:
-    """Where each epoch ends (B0-steps) and the gradient statistics measured over it."""
+    """Where each epoch ends (B0-steps: the least any validated batch needed) and the gradient statistics
+    measured over it, at B0 (`grad_sqr`, `grad_var`) and at every validated batch (`by_batch`: batch ->
+    (squared norms, variances) per epoch, in B0's units as Pollux's gradient noise scale keeps them)."""
 
     ends: tuple[float, ...]
     grad_sqr: tuple[float, ...]
     grad_var: tuple[float, ...]
+    by_batch: Mapping[float, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
+
+    def stats(self, batch: float, epoch: int) -> tuple[float, float]:
+        """(squared norm, variance) of the gradient in `epoch` at total batch `batch`: interpolated linearly
+        between the validated batches around it (the nearest one outside their range), as the published
+        simulator reads them."""
+        if not self.by_batch:
+            return self.grad_sqr[epoch], self.grad_var[epoch]
+        batches = sorted(self.by_batch)
+        i = bisect.bisect_left(batches, batch)
+        if (i < len(batches) and batches[i] == batch) or i == 0 or i >= len(batches):
+            sqrs, vars_ = self.by_batch[batches[min(i, len(batches) - 1)]]
+            return sqrs[epoch], vars_[epoch]
+        lo, hi = batches[i - 1], batches[i]
+        w = (batch - lo) / (hi - lo)
+        (s0, v0), (s1, v1) = self.by_batch[lo], self.by_batch[hi]
+        return s0[epoch] + w * (s1[epoch] - s0[epoch]), v0[epoch] + w * (v1[epoch] - v0[epoch])
 
     def index(self, progress: float) -> int:
         """The epoch `progress` is in (the last one once past the end)."""
@@ -59,6 +83,10 @@ class Application:
     # placement string -> (per-GPU batches, step seconds), batches ascending
     steps: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
     max_local_batch: int | None = None
+    # placement string -> seconds of each step spent synchronising gradients, at the batches of `steps`
+    syncs: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    max_batch: float = 0.0  # the largest validated total batch (0: B0): what an adaptive job goes up to
+    _best: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def total_progress(self) -> float:
@@ -77,18 +105,106 @@ class Application:
         local = batch / gpus
         batches, times = measured
         cap = min(self.max_local_batch or batches[-1], batches[-1])
-        if local > cap:  # gradient accumulation: several passes per step
-            return _interpolate(batches, times, cap) * local / cap
+        if local > cap:
+            # Gradient accumulation: k passes of local / k each, gradients synchronised on the last one only.
+            passes = math.ceil(local / cap - 1e-9)
+            micro = local / passes
+            step = _interpolate(batches, times, micro)
+            sync = _interpolate(batches, self.syncs[key], micro) if key in self.syncs else 0.0
+            return (passes - 1) * (step - sync) + step
         return _interpolate(batches, times, max(local, batches[0]))
 
     def gain(self, batch: float, progress: float) -> float:
         """How many B0-steps one step of total batch `batch` is worth at `progress`."""
         scale = max(1.0, batch / self.base_batch)
-        i = self.epochs.index(progress)
-        sqr, var = self.epochs.grad_sqr[i], self.epochs.grad_var[i]
+        sqr, var = self.epochs.stats(batch, self.epochs.index(progress))
         if sqr <= 0:
             return scale
         return (var + sqr) / (var / scale + sqr)
+
+    def step_time_any(self, gpus: int, batch: float, gpus_per_node: int = 4) -> float:
+        """`step_time` at any size: between sizes without a measured placement (5, 7, 10, ... GPUs), linear in
+        the GPU count between the nearest measured sizes at the same per-GPU batch (Pollux's simulator fitted
+        those from its performance model instead)."""
+        try:
+            return self.step_time(gpus, batch, gpus_per_node)
+        except WorkloadError:
+            pass
+        local = batch / gpus
+        lower = next((g for g in range(gpus - 1, 0, -1) if self._measured(g, gpus_per_node)), None)
+        upper = next((g for g in range(gpus + 1, 4 * gpus + 1) if self._measured(g, gpus_per_node)), None)
+        if lower is None or upper is None:
+            raise WorkloadError(
+                f"application {self.name!r} has no step time near {gpus} GPUs", "run it at a measured size"
+            )
+        low, high = self.step_time(lower, local * lower), self.step_time(upper, local * upper)
+        return low + (high - low) * (gpus - lower) / (upper - lower)
+
+    def _measured(self, gpus: int, gpus_per_node: int) -> bool:
+        workers, per_node = split_gang(gpus, gpus_per_node)
+        return (str(per_node) * workers if workers <= 4 else f"n{workers}r{gpus}") in self.steps
+
+    def progress_after(self, gpus: int, batch: float, progress: float, seconds: float) -> float:
+        """Progress (B0-steps) after computing `seconds` at a fixed size and batch from `progress`."""
+        step = self.step_time_any(gpus, batch)
+        left = seconds
+        for i, end in enumerate(self.epochs.ends):
+            if end <= progress:
+                continue
+            rate = self.gain(batch, end - 1e-9 if i else 0.0) / step  # B0-steps per second in this epoch
+            need = (end - progress) / rate
+            if need >= left:
+                return progress + left * rate
+            left -= need
+            progress = end
+        return self.total_progress
+
+    def best(self, gpus: int, epoch: int) -> tuple[float, float]:
+        """(total batch, B0-steps per second) of an adaptive job at `gpus` GPUs in `epoch`: the batch between B0
+        and the largest validated one, at a per-GPU batch measured on one GPU (or B0 or the largest itself),
+        that makes the most progress per second, as Pollux's jobs choose theirs."""
+        hit = self._best.get((gpus, epoch))
+        if hit is not None:
+            return hit
+        low, high = float(self.base_batch), float(max(self.max_batch, self.base_batch))
+        one = self.steps.get("1")
+        locals_ = one[0] if one is not None else ()
+        if self.max_local_batch is not None:
+            locals_ = tuple(b for b in locals_ if b <= self.max_local_batch) or locals_[:1]
+        candidates = sorted({b * gpus for b in locals_ if low <= b * gpus <= high} | {low, high})
+        best = (low, 0.0)
+        for batch in candidates:
+            sqr, var = self.epochs.stats(batch, epoch)
+            scale = batch / self.base_batch
+            gain = scale if sqr <= 0 else (var + sqr) / (var / scale + sqr)
+            rate = gain / self.step_time_any(gpus, batch)
+            if rate > best[1]:
+                best = (batch, rate)
+        self._best[(gpus, epoch)] = best
+        return best
+
+    def adaptive_seconds(self, gpus: int, progress: float) -> float:
+        """Run time from `progress` to the end at `gpus` GPUs with the batch chosen per epoch (`best`)."""
+        total, start = 0.0, progress
+        for i, end in enumerate(self.epochs.ends):
+            if end > start:
+                total += (end - start) / self.best(gpus, i)[1]
+                start = end
+        return total
+
+    def adaptive_progress_after(self, gpus: int, progress: float, seconds: float) -> float:
+        """Progress after computing `seconds` at `gpus` GPUs from `progress`, batch chosen per epoch."""
+        left = seconds
+        for i, end in enumerate(self.epochs.ends):
+            if end <= progress:
+                continue
+            rate = self.best(gpus, i)[1]
+            need = (end - progress) / rate
+            if need >= left:
+                return progress + left * rate
+            left -= need
+            progress = end
+        return self.total_progress
 
     def goodput(self, gpus: int, batch: float, progress: float) -> float:
         """B0-steps per second at this size, batch and point of training."""
@@ -96,7 +212,7 @@ class Application:
 
     def seconds(self, gpus: int, batch: float, progress: float = 0.0) -> float:
         """Run time from `progress` to the end at a fixed size and batch."""
-        step = self.step_time(gpus, batch)
+        step = self.step_time_any(gpus, batch)
         total, start = 0.0, progress
         for i, end in enumerate(self.epochs.ends):
             if end <= start:
@@ -127,30 +243,48 @@ def load_application(folder: Path, name: str) -> Application:
     )
     if not validations:
         raise WorkloadError("has no validation-<batch>.csv", "give the application's gradient statistics", path=folder)
-    base_batch, base_file = validations[0]
-    ends, sqrs, vars_ = [], [], []
-    for row in CsvTable(base_file, "Pollux validation CSV", ("progress", "grad_sqr", "grad_var")):
-        ends.append(row.number("progress", positive=True))
-        sqrs.append(row.number("grad_sqr", minimum=0))
-        vars_.append(row.number("grad_var", minimum=0))
-    if not ends or any(b <= a for a, b in itertools.pairwise(ends)):
-        raise WorkloadError("epochs' progress is empty or not increasing", "give one row per epoch", path=base_file)
+    base_batch = validations[0][0]
+    runs: dict[float, tuple[list[float], list[float], list[float]]] = {}
+    for batch, file in validations:
+        ends, sqrs, vars_ = runs.setdefault(float(batch), ([], [], []))
+        for row in CsvTable(file, "Pollux validation CSV", ("progress", "grad_sqr", "grad_var")):
+            ends.append(row.number("progress", positive=True))
+            sqrs.append(row.number("grad_sqr", minimum=0))
+            vars_.append(row.number("grad_var", minimum=0))
+        if not ends or any(b <= a for a, b in itertools.pairwise(ends)):
+            raise WorkloadError("epochs' progress is empty or not increasing", "give one row per epoch", path=file)
+    count = min(len(run[0]) for run in runs.values())  # epochs every validated batch ran
+    ends = [min(run[0][i] for run in runs.values()) for i in range(count)]
+    by_batch = {batch: (tuple(run[1][:count]), tuple(run[2][:count])) for batch, run in runs.items()}
+    sqrs, vars_ = list(by_batch[float(base_batch)][0]), list(by_batch[float(base_batch)][1])
     table: dict[str, dict[float, float]] = {}
-    for row in CsvTable(folder / "placements.csv", "Pollux placements CSV", ("placement", "local_bsz", "step_time")):
-        table.setdefault(row.text("placement"), {})[row.number("local_bsz", positive=True)] = row.number(
-            "step_time", positive=True
-        )
+    sync: dict[str, dict[float, float]] = {}
+    for row in CsvTable(
+        folder / "placements.csv", "Pollux placements CSV", ("placement", "local_bsz", "step_time", "sync_time")
+    ):
+        local = row.number("local_bsz", positive=True)
+        table.setdefault(row.text("placement"), {})[local] = row.number("step_time", positive=True)
+        sync.setdefault(row.text("placement"), {})[local] = row.number("sync_time", minimum=0)
     scalability = CsvTable(
         folder / "scalability.csv",
         "Pollux scalability CSV",
-        ("num_nodes", "num_replicas", "local_bsz", "step_time"),
+        ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"),
     )
     for row in scalability:
         key = f"n{row.integer('num_nodes', minimum=1)}r{row.integer('num_replicas', minimum=1)}"
-        table.setdefault(key, {})[row.number("local_bsz", positive=True)] = row.number("step_time", positive=True)
+        local = row.number("local_bsz", positive=True)
+        table.setdefault(key, {})[local] = row.number("step_time", positive=True)
+        sync.setdefault(key, {})[local] = row.number("sync_time", minimum=0)
     steps = {key: (tuple(sorted(points)), tuple(points[b] for b in sorted(points))) for key, points in table.items()}
+    syncs = {key: tuple(sync[key][b] for b in sorted(points)) for key, points in table.items()}
     return Application(
-        name, base_batch, Epochs(tuple(ends), tuple(sqrs), tuple(vars_)), steps, MAX_LOCAL_BATCH.get(name)
+        name,
+        base_batch,
+        Epochs(tuple(ends), tuple(sqrs), tuple(vars_), by_batch),
+        steps,
+        MAX_LOCAL_BATCH.get(name),
+        syncs=syncs,
+        max_batch=float(validations[-1][0]),
     )
 
 
@@ -184,3 +318,96 @@ def measured_durations(
         except WorkloadError as error:
             raise row.error("num_replicas", error.message, error.fix) from None
     return out
+
+
+ADAPTIVE_NOTE = "batch chosen per epoch for the most progress per second, as Pollux's adaptive jobs"
+
+
+class PolluxWork:
+    """Pollux's applications as the simulated backend's `WorkModel`: a job's work is its application's
+    progress in B0-steps. At g GPUs an adaptive job (`adaptive`, as Pollux's jobs are) trains in each epoch at
+    the batch that makes the most progress per second there (`Application.best`); otherwise it keeps its
+    per-GPU batch (the workload's `batch_size / num_replicas`, the total batch g times it). It reports its
+    throughput and its gradient statistics at its current batch (the variance measured at B0 scaled by
+    B0 / batch), as a training job computing them would."""
+
+    def __init__(self, apps: Mapping[str, Application], local_batch: Mapping[str, float], adaptive: bool) -> None:
+        self.apps = apps
+        self.local_batch = local_batch
+        self.adaptive = adaptive
+
+    def covers(self, job: Job) -> bool:
+        return job.id in self.local_batch and job.job_type in self.apps
+
+    def total(self, job: Job) -> float:
+        return self.apps[job.job_type].total_progress
+
+    def _batch(self, job: Job, gpus: int, done: float) -> float:
+        if self.adaptive:
+            app = self.apps[job.job_type]
+            return app.best(gpus, app.epochs.index(done))[0]
+        return self.local_batch[job.id] * gpus
+
+    def seconds(self, job: Job, gpus: int, done: float) -> float:
+        app = self.apps[job.job_type]
+        if self.adaptive:
+            return app.adaptive_seconds(gpus, done)
+        return app.seconds(gpus, self._batch(job, gpus, done), done)
+
+    def done_after(self, job: Job, gpus: int, done: float, seconds: float) -> float:
+        app = self.apps[job.job_type]
+        if self.adaptive:
+            return app.adaptive_progress_after(gpus, done, seconds)
+        return app.progress_after(gpus, self._batch(job, gpus, done), done, seconds)
+
+    def samples_per_s(self, job: Job, gpus: int, done: float) -> float:
+        batch = self._batch(job, gpus, done)
+        return batch / self.apps[job.job_type].step_time_any(gpus, batch)
+
+    def gradient(self, job: Job, gpus: int, done: float) -> tuple[float, float]:
+        app = self.apps[job.job_type]
+        batch = self._batch(job, gpus, done)
+        sqr, var = app.epochs.stats(batch, app.epochs.index(done))
+        return sqr, var / max(1.0, batch / app.base_batch)
+
+
+def elastic_workload(
+    workload: Workload, apps: Mapping[str, Application], workload_file: Path, max_gpus: int, adaptive: bool = True
+) -> Workload:
+    """The Pollux workload with every job elastic, as Pollux runs them: workers of one GPU, from 1 up to
+    `max_gpus` (at most the cluster), each at its per-GPU batch (`batch_size / num_replicas`), its work and
+    rate from its application (`PolluxWork`). Durations stay the fixed-size run times (what metrics compare
+    with)."""
+    table = CsvTable(workload_file, "Pollux workload CSV", ("name", "num_replicas", "batch_size"))
+    local = {
+        row.text("name"): row.number("batch_size", positive=True) / row.integer("num_replicas", minimum=1)
+        for row in table
+    }
+    cluster = sum(len(node.gpus) for node in workload.nodes)
+    most = max(1, min(max_gpus, cluster))
+    single = RequestCache()
+    jobs = tuple(
+        replace(
+            tj,
+            job=replace(tj.job, request=single.get(gpus=1), workers=most, min_workers=1 if most > 1 else None),
+        )
+        for tj in workload.jobs
+    )
+    note = (
+        f"Elastic: each job runs 1..{most} one-GPU workers, resized by the policy; its rate at each size and point "
+        "of training from its application ("
+        + (ADAPTIVE_NOTE if adaptive else "per-GPU batch kept")
+        + ", statistical efficiency per epoch), 30 s per resize."
+    )
+    missing = sorted(tj.job.id for tj in workload.jobs if tj.job.id not in local)
+    if missing:
+        raise WorkloadError(
+            f"jobs {', '.join(missing[:3])} have no batch_size", "give every job one", path=workload_file
+        )
+    return replace(
+        workload,
+        name=f"{workload.name}-elastic",
+        jobs=jobs,
+        assumptions=(*workload.assumptions, note),
+        work=PolluxWork(apps, local, adaptive),
+    )

@@ -1,0 +1,164 @@
+"""Resizing running elastic jobs: the step of the control loop that asks the profile's resize plugin for new
+sizes and turns its answer into resizes. Live and in the simulator alike, every `Profile.resize_every_s`.
+
+What the plugin is given (`ResizeInput`): every RUNNING elastic job (`min_workers < workers`, whole GPUs per
+worker, no resize under way) with its goodput at each size from `min_workers` to `workers` workers, the
+whole GPUs free on schedulable nodes, each quota-limited queue's GPU headroom, and the jobs left waiting for
+room (UNSCHEDULABLE) in submission order. Goodput comes from the job's stored progress history
+(`control/goodput.py`; its prior before any report), divided by its goodput at its current size: a speed-up,
+comparable between jobs whatever units each reports in.
+
+How holdings change (so that no GPU is ever held twice):
+
+- **Grow.** The extra workers are placed at the decision by the core itself, on a fork of the loop's state,
+  as a job of the extra workers in the same queue with preemption off (filters, scores, quota: the same
+  checks any placement passes); the job holds old + new workers from then on, and the backend restarts it on
+  all of them.
+- **Shrink.** The job keeps its first workers; it holds all of its old workers until the backend reports
+  RESIZED (its old workers may still be saving a checkpoint until then), and only then gives back the rest.
+
+A job being resized is not resized again before RESIZED; the plugin's own guard rails (minimum interval,
+restart cost, never below min, quota headroom) apply on top. Backends that cannot resize
+(`capabilities.resize` False) are never asked: jobs then keep their size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from gpufleet.control.goodput import goodput_by_size
+from gpufleet.control.loop_state import LoopState
+from gpufleet.domain.cluster import WorkerPlacement
+from gpufleet.domain.jobs import Job, JobId
+from gpufleet.domain.lifecycle import JobState
+from gpufleet.domain.progress import JobProgress, with_size
+from gpufleet.domain.quotas import GPU
+from gpufleet.domain.records import JobRecord
+from gpufleet.scheduling.cycle import decide
+from gpufleet.scheduling.plugin_api import ElasticJob, Profile, ResizeInput, ResizePlugin
+from gpufleet.scheduling.status import Code
+
+MILLI = 1000
+# At most this many waiting jobs are offered to the plugin each time (the first in submission order).
+MAX_WAITING = 256
+
+
+@runtime_checkable
+class ProgressReader(Protocol):
+    """Where jobs' progress histories are kept (the store, live and simulated)."""
+
+    def job_progress(self, job_id: str) -> JobProgress | None: ...
+
+    def update_progress(self, job_id: str, now: float, update: Callable[[JobProgress], JobProgress]) -> JobProgress: ...
+
+
+def is_elastic(job: Job) -> bool:
+    """Whether the loop may resize the job: elastic, and whole GPUs per worker."""
+    request = job.request
+    return (
+        job.min_workers is not None
+        and job.min_workers < job.workers
+        and request.gpus >= 1
+        and request.gpu_milli_total == request.gpus * MILLI
+    )
+
+
+class Resizer:
+    """When to resize and to what; the reconciler applies what it returns."""
+
+    def __init__(self, plugin: ResizePlugin, profile: Profile, progress: ProgressReader | None) -> None:
+        self.plugin = plugin
+        self.every_s = profile.resize_every_s
+        self.progress = progress
+        # Extra workers of a grow are placed as any job of their queue, but never by preempting.
+        self.grow_profile = dataclasses.replace(profile, preempt=None, elastic_grow=False, resize=None)
+        self._next: float | None = None
+        self.active = False  # elastic jobs were running when last looked (the loop then steps at each interval)
+
+    def due(self, now: float) -> bool:
+        if self._next is not None and now < self._next:
+            return False
+        self._next = (math.floor(now / self.every_s) + 1) * self.every_s
+        return True
+
+    def next_at(self, now: float) -> float:
+        return self._next if self._next is not None else now
+
+    def sizes(
+        self, now: float, base: LoopState, running: Iterable[JobRecord], waiting: Sequence[tuple[Job, JobRecord]]
+    ) -> Mapping[JobId, int]:
+        """The plugin's new sizes (in workers) for the running elastic jobs whose size should change."""
+        jobs = tuple(self._elastic(r, now) for r in running if r.state is JobState.RUNNING and not r.resizing)
+        if not jobs:
+            return {}
+        table = base.table
+        free = int(((table.gpu_milli_free == MILLI) & table.schedulable[:, None]).sum())
+        queues = {j.queue for j in jobs} | {job.queue for job, _ in waiting}
+        total = int(table.gpu_count.sum())
+        headroom = {q: room for q in sorted(queues) if (room := _headroom(base, q, total)) is not None}
+        wanted = tuple(
+            (job.queue, job.gang_size * max(1, job.request.gpus))
+            for job, record in waiting
+            if record.waiting_code == Code.UNSCHEDULABLE.value
+        )[:MAX_WAITING]
+        given = ResizeInput(now, free, jobs, headroom, wanted)
+        steps = {j.id: j.step for j in jobs}
+        return {job_id: gpus // steps[job_id] for job_id, gpus in self.plugin.resize(given).items()}
+
+    def _elastic(self, record: JobRecord, now: float) -> ElasticJob:
+        job = record.job
+        step = job.request.gpus
+        current = len(record.workers)
+        sizes = range(job.gang_size * step, job.workers * step + 1, step)
+        progress = self.progress.job_progress(job.id) if self.progress is not None else None
+        goodput = goodput_by_size(progress, current * step, sizes)
+        now_rate = goodput.get(current * step) or 1.0
+        return ElasticJob(
+            id=job.id,
+            queue=job.queue,
+            gpus=current * step,
+            min_gpus=job.gang_size * step,
+            max_gpus=job.workers * step,
+            step=step,
+            goodput={g: rate / now_rate for g, rate in goodput.items()},
+            last_resized_at=record.resized_at,
+        )
+
+    def record_size(self, record: JobRecord) -> None:
+        """The job's GPU count over time in its progress history gets its new size."""
+        if self.progress is not None and record.resized_at is not None:
+            gpus = len(record.workers) * record.job.request.gpus
+            at = record.resized_at
+            self.progress.update_progress(record.id, at, lambda progress: with_size(progress, at, gpus))
+
+    def extra_workers(
+        self, now: float, base: LoopState, record: JobRecord, extra: int
+    ) -> tuple[WorkerPlacement, ...] | None:
+        """Where `extra` more workers of the job would go now (None: they do not fit)."""
+        probe = dataclasses.replace(
+            record.as_pending(), id=f"{record.id}/grow", workers=extra, min_workers=None, name=""
+        )
+        work = base.fork(now)
+        work.queued = ()
+        result = decide(work, [probe], self.grow_profile)
+        placed = [p.workers for p in result.placements if p.job == probe.id]
+        return placed[0] if placed and len(placed[0]) == extra else None
+
+
+def _headroom(base: LoopState, queue: str, most: int) -> int | None:
+    """Whole GPUs the queue may still take within its quota (None: its quota does not limit GPUs)."""
+    ledger = base.state.ledger
+    quota = ledger.quota(queue, GPU) if queue in ledger.queues else None
+    if quota is None or quota.nominal is None:
+        return None
+    low, high = 0, most
+    while low < high:  # the largest k that fits
+        mid = (low + high + 1) // 2
+        if ledger.fits(queue, GPU, mid * MILLI).fits:
+            low = mid
+        else:
+            high = mid - 1
+    return low
