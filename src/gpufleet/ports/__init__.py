@@ -28,6 +28,7 @@ class BackendCapabilities:
     multi_node: bool
     gpu_isolation: bool
     checkpoint_signal: bool
+    resize: bool = False  # backends that implement `resize` set it True
 
 
 class ObservationKind(enum.StrEnum):
@@ -35,6 +36,7 @@ class ObservationKind(enum.StrEnum):
     EXITED = "exited"  # all workers ended by themselves; `exit_code` is the job's (first non-zero)
     STOPPED = "stopped"  # ended because `stop` was called
     LOST = "lost"  # the backend lost the job (node gone, process vanished)
+    RESIZED = "resized"  # the attempt restarted at its new size (after `resize`); every new worker is up
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,15 @@ class ExecutionBackend(Protocol):
         """Send the checkpoint signal, wait up to `grace_s`, then kill. Returns quickly; STOPPED (or
         EXITED, if it ended by itself first) comes through `poll`. Idempotent; unknown jobs are ignored.
         `grace_s <= 0` kills at once, also a job already stopping with a longer grace."""
+        ...
+
+    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
+        """Change a running attempt's size: send the checkpoint signal to the workers of (launch.job.id,
+        launch.attempt), wait up to `grace_s` for them to exit (then kill the rest), and start
+        `launch.workers` (the new placement; same job id and attempt) with WORLD_SIZE = the new number of
+        workers and GPUFLEET_RESIZE_COUNT = resize_count in their env. Returns quickly; RESIZED comes
+        through `poll` once every new worker is up. The old workers' exit is not EXITED/STOPPED; a failure
+        to start the new ones is LOST. Idempotent per (job id, attempt, resize_count)."""
         ...
 
     def poll(self) -> Sequence[Observation]:
