@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.adapters.inbox import ObservationInbox
 from gpufleet.adapters.local.isolation import Isolation, IsolationReport, WorkerSpec
 from gpufleet.adapters.local.logs import LogRetention
 from gpufleet.adapters.local.owners import KnownWorker, ProcessOwners, WorkerKey
@@ -118,8 +119,8 @@ class LocalBackend:
             multi_node=False, gpu_isolation=locked, checkpoint_signal=True, resize=True
         )
         self._live: dict[Key, _Job] = {}
-        self._finished: set[Key] = set()
-        self._inbox: list[Observation] = []
+        self._inbox = ObservationInbox(clock)
+        self._finished = self._inbox.finished
         self._owners = ProcessOwners()
         self._disk_full_said = False
 
@@ -144,7 +145,7 @@ class LocalBackend:
         if run is None:
             # Not something a retry can fix: it ends failed (127, as a shell says of a missing command).
             self._finished.add(key)
-            self._emit(key, ObservationKind.EXITED, exit_code=127, detail="the job has no command to run")
+            self._inbox.emit(key, ObservationKind.EXITED, exit_code=127, detail="the job has no command to run")
             return
         port: int | None = None
         try:
@@ -152,7 +153,7 @@ class LocalBackend:
             envs = self._envs(launch, port, 0)
         except GpufleetError as exc:
             self.ports.release(port, _owner(key))
-            self._lose(key, str(exc))
+            self._inbox.lose(key, str(exc))
             return
         signum = int(signal.Signals[run.checkpoint_signal])
         tracked = _Job(job.id, launch.attempt, attempt_dir, signum, port)
@@ -165,7 +166,7 @@ class LocalBackend:
             for worker in tracked.workers:
                 self.workers.abandon(worker)
             self.ports.release(port, _owner(key))
-            self._lose(key, f"cannot write its files: {_disk_words(exc)}")
+            self._inbox.lose(key, f"cannot write its files: {_disk_words(exc)}")
             self._say_disk(exc)
             return
         self._live[key] = tracked
@@ -281,8 +282,7 @@ class LocalBackend:
     def poll(self) -> Sequence[Observation]:
         for job in list(self._live.values()):
             self._watch(job)
-        out, self._inbox = self._inbox, []
-        return out
+        return self._inbox.take()
 
     def adopt(self, live: Sequence[Launch]) -> None:
         wanted = {self.workers.attempt_dir(launch.job.id, launch.attempt) for launch in live}
@@ -370,16 +370,16 @@ class LocalBackend:
         if job.lost is not None:
             self._kill_workers(job)
             self._finish(job)
-            self._emit(key, ObservationKind.LOST, detail=job.lost)
+            self._inbox.emit(key, ObservationKind.LOST, detail=job.lost)
             return
         if not job.started_reported and all(w.child is not None for w in job.workers):
             job.started_reported = True
             started = max(float(w.child["started_at"]) for w in job.workers if w.child is not None)
-            self._emit(key, ObservationKind.STARTED, wall=started)
+            self._inbox.emit(key, ObservationKind.STARTED, wall=started)
         if not job.resized_reported and all(w.child is not None for w in job.workers):
             job.resized_reported = True
             started = max(float(w.child["started_at"]) for w in job.workers if w.child is not None)
-            self._emit(key, ObservationKind.RESIZED, wall=started, detail=f"resize {job.resize_count}")
+            self._inbox.emit(key, ObservationKind.RESIZED, wall=started, detail=f"resize {job.resize_count}")
         if job.stop_reason is None and job.failure is None and job.resizing is None:
             self._check_failure(job)
         if job.stop_signal is not None:
@@ -397,15 +397,16 @@ class LocalBackend:
             return
         self._finish(job)
         ended = max((float(w.exit.get("ended_at", 0.0)) for w in job.workers if w.exit), default=0.0)
+        wall = ended or None
         if job.stop_reason == SHUTDOWN_REASON:
             # The store still believes it runs: a plain STOPPED would be ignored, LOST gets it retried.
-            self._emit(key, ObservationKind.LOST, wall=ended or None, detail="stopped when the control plane shut down")
+            self._inbox.emit(key, ObservationKind.LOST, wall=wall, detail="stopped when the control plane shut down")
         elif job.stop_reason is not None:
-            self._emit(key, ObservationKind.STOPPED, wall=ended or None, detail=job.stop_reason)
+            self._inbox.emit(key, ObservationKind.STOPPED, wall=wall, detail=job.stop_reason)
         elif job.failure is not None:
-            self._emit(key, ObservationKind.EXITED, wall=ended or None, exit_code=job.failure[0], detail=job.failure[1])
+            self._inbox.emit(key, ObservationKind.EXITED, wall=wall, exit_code=job.failure[0], detail=job.failure[1])
         else:
-            self._emit(key, ObservationKind.EXITED, wall=ended or None, exit_code=0)
+            self._inbox.emit(key, ObservationKind.EXITED, wall=wall, exit_code=0)
 
     def _check_failure(self, job: _Job) -> None:
         failed = [w for w in job.workers if w.exit is not None and w.exit.get("code", 0) != 0]
@@ -490,26 +491,6 @@ class LocalBackend:
         self._finished.add(key)
         self.ports.release(job.port, _owner(key))
 
-    def _lose(self, key: Key, detail: str) -> None:
-        self._finished.add(key)
-        self._emit(key, ObservationKind.LOST, detail=detail)
-
-    def _emit(
-        self,
-        key: Key,
-        kind: ObservationKind,
-        *,
-        wall: float | None = None,
-        exit_code: int | None = None,
-        detail: str = "",
-    ) -> None:
-        """Queue an observation. `wall` (when known) is when it happened on the wall clock: it is carried
-        onto the backend's clock as `now - how long ago`, so a job that ended while the control plane was
-        down is not billed for the downtime."""
-        now = self.clock.now()
-        at = now - max(0.0, time.time() - wall) if wall is not None else now
-        self._inbox.append(Observation(key[0], key[1], kind, at, exit_code=exit_code, detail=detail))
-
     # --- after a restart ------------------------------------------------------------------------------
 
     def _adopt(self, launch: Launch) -> None:
@@ -519,7 +500,7 @@ class LocalBackend:
         attempt_dir = self.workers.attempt_dir(*key)
         info = read_json(attempt_dir / "attempt.json")
         if info is None:
-            self._lose(key, "never started (control plane stopped before launch)")
+            self._inbox.lose(key, "never started (control plane stopped before launch)")
             return
         run = launch.job.run
         signum = int(signal.Signals[run.checkpoint_signal]) if run is not None else int(signal.SIGTERM)

@@ -109,6 +109,7 @@ class WorkerSupervisor:
         """Record that the attempt now runs its workers after resize `resize_count` (`attempt.json`, rewritten
         with `info`), before they start; raises OSError (disk full). A restart that finds the record but not
         every worker of it reports the attempt lost: no worker of it is started twice."""
+        self.layout.attempt_dir(job_id, attempt).mkdir(parents=True, exist_ok=True)  # a node new to the attempt
         write_json(self.layout.attempt_dir(job_id, attempt) / "attempt.json", info)
         folder = self.layout.generation_dir(job_id, attempt, resize_count)
         folder.mkdir(exist_ok=True)
