@@ -4,6 +4,7 @@ with the new WORLD_SIZE under the same attempt)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -42,7 +43,7 @@ def test_ray_workers_get_their_attempts_report_token_and_reports_with_it_are_tak
     live = plane.live
     with plane.client() as client:
         job = live.submit(client, "sleep", "600", gpus=1)
-        [started] = live.wait_events("start", job, timeout_s=60)
+        [started] = live.wait_events("start", job, timeout_s=120)
         env = started["env"]
         token, url = env["GPUFLEET_REPORT_TOKEN"], env["GPUFLEET_REPORT_URL"]
         assert url.startswith(live.url)
@@ -82,13 +83,13 @@ def test_the_ray_backend_resizes_an_attempt_across_nodes(ray_cluster: Any, tmp_p
             job = Job("ray-elastic", "default", WorkerRequest(gpus=1), workers=2, run=run)
             launch = Launch(job, 1, (_at("node-1", 6), _at("node-2", 6)))
             backend.launch(launch)
-            seen = within(120, "the start", lambda: _wait(backend, lambda s: _has(s, K.STARTED)))
+            seen = within(240, "the start", lambda: _wait(backend, lambda s: _has(s, K.STARTED)))
             before = [_read(f"{out}-0-{rank}.json") for rank in (0, 1)]
 
             bigger = replace(launch, workers=(_at("node-2", 7), _at("node-3", 6), _at("node-3", 7)))
             asked = time.monotonic()
             backend.resize(bigger, grace_s=30.0, resize_count=1)
-            seen += within(120, "the resize", lambda: _wait(backend, lambda s: _has(s, K.RESIZED)))
+            seen += within(240, "the resize", lambda: _wait(backend, lambda s: _has(s, K.RESIZED)))
             latency = time.monotonic() - asked
             assert all(Path(f"{out}-ckpt-0-{rank}").exists() for rank in (0, 1))  # both saved, each on its node
             after = [_read(f"{out}-1-{rank}.json")["env"] for rank in range(3)]
@@ -104,12 +105,14 @@ def test_the_ray_backend_resizes_an_attempt_across_nodes(ray_cluster: Any, tmp_p
             assert [o.kind for o in seen] == [K.STARTED, K.RESIZED]  # the old workers' ends are not reported
 
             backend.stop("ray-elastic", 1, 30.0, "done")
-            seen += within(120, "the stop", lambda: _wait(backend, lambda s: _has(s, K.STOPPED)))
+            seen += within(240, "the stop", lambda: _wait(backend, lambda s: _has(s, K.STOPPED)))
             assert [o.detail for o in seen if o.kind is K.STOPPED] == ["done"]
             assert all(Path(f"{out}-ckpt-1-{rank}").exists() for rank in range(3))
             print(json.dumps({"ray_resize_latency_s": round(latency, 3)}))
         finally:
-            for _, agent in fleet.agents():
+            for _, agent in fleet.agents():  # every worker they started dies with them (they outlive agents)
+                with contextlib.suppress(Exception):
+                    fleet.ray.get(agent.adopt.remote([]), timeout=60)
                 fleet.ray.kill(agent, no_restart=True)
             fleet.close()
 
@@ -127,11 +130,15 @@ def _has(seen: list[Observation], kind: ObservationKind) -> bool:
     return any(o.kind is kind for o in seen)
 
 
-def _wait(backend: Any, done: Callable[[list[Observation]], bool]) -> list[Observation]:
+def _wait(backend: Any, done: Callable[[list[Observation]], bool], timeout_s: float = 200.0) -> list[Observation]:
     seen: list[Observation] = []
+    deadline = time.monotonic() + timeout_s
     while not done(seen):
         seen.extend(backend.poll())
         assert not _has(seen, K.LOST), seen
+        if time.monotonic() > deadline:
+            jobs = {key: (job.workers, job.started_nodes, job.resize_count) for key, job in backend._live.items()}
+            raise AssertionError(f"after {timeout_s} s: observed {seen}; the backend's jobs: {jobs}")
         time.sleep(0.02)
     return seen
 

@@ -272,12 +272,15 @@ class NodeAgent:
                 if not worker.done or worker.vanished:
                     self.supervisor.abandon(worker)
 
-    def forget(self, job_id: str, attempt: int) -> None:
-        """The control plane has taken the attempt's end: tidy its cgroups, release its port, stop tracking."""
+    def forget(self, job_id: str, attempt: int, resize_count: int | None = None) -> None:
+        """The control plane has taken the attempt's end: tidy its cgroups, release its port, stop tracking.
+        With `resize_count`, only the workers after that many resizes: a late call (this actor runs calls on
+        several threads, so not always in the order sent) never drops the set a later resize started."""
         with self._lock:
-            tracked = self._attempts.pop((job_id, attempt), None)
-            if tracked is None:
+            tracked = self._attempts.get((job_id, attempt))
+            if tracked is None or (resize_count is not None and tracked.resize_count != resize_count):
                 return
+            del self._attempts[(job_id, attempt)]
             for worker in tracked.workers.values():
                 self.supervisor.tidy(worker)
             self.ports.release(tracked.port, _owner(self.name, job_id, attempt))

@@ -574,12 +574,12 @@ class RayBackend:
 
     def _start_generation(self, job: _Job, launch: Launch, resize_count: int) -> None:
         """Start the new workers of a resize, every old one ended: the agents that ran the old ones tidy them
-        up first (Ray runs one caller's calls to an actor in order), then the new set starts as a launch."""
+        up (only those: an agent may take the calls in another order), then the new set starts as a launch."""
         key = job.key
         for name in job.started_nodes:
             agent = self.fleet.agent(name)
             if agent is not None:
-                agent.forget.remote(key[0], key[1])
+                agent.forget.remote(key[0], key[1], job.resize_count)
         job.launch, job.resizing, job.resize_count, job.resized_reported = launch, None, resize_count, False
         job.workers = [_Worker(r, w.node) for r, w in enumerate(launch.workers)]
         job.nodes = list(dict.fromkeys(w.node for w in launch.workers))
