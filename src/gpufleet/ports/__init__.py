@@ -74,6 +74,10 @@ class ExecutionBackend(Protocol):
         `grace_s <= 0` kills at once, also a job already stopping with a longer grace."""
         ...
 
+    def poll(self) -> Sequence[Observation]:
+        """What happened since the last call: observed truth only, each observation once."""
+        ...
+
     def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
         """Change a running attempt's size: send the checkpoint signal to the workers of (launch.job.id,
         launch.attempt), wait up to `grace_s` for them to exit (then kill the rest), and start
@@ -81,10 +85,6 @@ class ExecutionBackend(Protocol):
         workers and GPUFLEET_RESIZE_COUNT = resize_count in their env. Returns quickly; RESIZED comes
         through `poll` once every new worker is up. The old workers' exit is not EXITED/STOPPED; a failure
         to start the new ones is LOST. Idempotent per (job id, attempt, resize_count)."""
-        ...
-
-    def poll(self) -> Sequence[Observation]:
-        """What happened since the last call: observed truth only, each observation once."""
         ...
 
     def adopt(self, live: Sequence[Launch]) -> None:
