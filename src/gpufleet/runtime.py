@@ -21,6 +21,14 @@ other ranks' calls do nothing. A call never blocks and never raises: reports go 
 background thread sends in batches to $GPUFLEET_REPORT_URL with $GPUFLEET_REPORT_TOKEN (the executor sets
 both). When the control plane is unreachable the oldest reports are dropped, never the job's time; at exit
 the thread gets at most `EXIT_FLUSH_S` to send what is left. Outside gpufleet (no URL) the calls do nothing.
+
+Jobs not written in Python report the same from their shell (waits at most `EXIT_FLUSH_S`, always exits 0):
+
+    python -m gpufleet.runtime checkpoint --duration 12.5
+    python -m gpufleet.runtime progress --step 100 --samples 51200 --loss 2.31
+
+$GPUFLEET_CHECKPOINT_INTERVAL_S, when set, is how often gpufleet advises the job to checkpoint (Young/Daly
+from its last reported checkpoint's duration and the failure rate of the nodes it was placed on).
 """
 
 from __future__ import annotations
@@ -237,3 +245,41 @@ def _reporter() -> _Reporter | None:
             rank = os.environ.get("RANK", "0")
             _state["reporter"] = _Reporter(url, token) if url and token and rank == "0" else None
         return _state["reporter"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gpufleet.runtime checkpoint --duration 12.5` (and `progress --step … --samples … --loss …`):
+    the same reports from a shell script or any language. It waits at most `EXIT_FLUSH_S` for the control plane
+    and exits 0 whether or not it was reached (a warning on stderr when not); only a malformed call exits 2."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m gpufleet.runtime",
+        description="Report to gpufleet from a running job (uses $GPUFLEET_REPORT_URL and $GPUFLEET_REPORT_TOKEN).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    saved = commands.add_parser("checkpoint", help="a checkpoint was just saved")
+    saved.add_argument("--duration", type=float, required=True, help="seconds saving it took")
+    progress = commands.add_parser("progress", help="training progress")
+    progress.add_argument("--step", type=int)
+    progress.add_argument("--samples", type=float, help="samples the whole job has processed so far")
+    progress.add_argument("--loss", type=float)
+    args = parser.parse_args(argv)
+    if args.command == "checkpoint":
+        if not (math.isfinite(args.duration) and args.duration >= 0):
+            parser.error(f"--duration {args.duration} is not a number of seconds >= 0")
+        checkpoint_saved(duration_s=args.duration)
+    else:
+        report(step=args.step, samples=args.samples, loss=args.loss)
+    reporter = _reporter()
+    if reporter is None:
+        print("gpufleet: not inside a gpufleet job (no $GPUFLEET_REPORT_URL): nothing sent", file=sys.stderr)
+    elif not reporter.flush(time.monotonic() + EXIT_FLUSH_S):
+        print("gpufleet: the report was not delivered (control plane unreachable); the job goes on", file=sys.stderr)
+        with reporter._lock:
+            reporter.buffer.clear()  # not again at exit: one wait is all a report may cost
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -311,9 +311,16 @@ def check_victims(
 
 
 def check_spot(snapshot: ClusterSnapshot, pending: Sequence[Job], result: CycleResult) -> None:
-    """Spot nodes take only jobs that allow spot; a node an open breaker gates takes only what it admits."""
+    """Spot nodes take only jobs that allow spot; a node an open breaker gates takes only what it admits; the
+    probe-gated nodes of a half-open pool (zone) take one job in all per cycle."""
     nodes = {n.name: n for n in snapshot.nodes}
     jobs = _pending_by_id(pending)
+    probes: dict[str, set[str]] = {}
+    for p in result.placements:
+        for worker in p.workers:
+            if nodes[worker.node].admits == "probe":
+                probes.setdefault(nodes[worker.node].zone, set()).add(p.job)
+    assert all(len(placed) == 1 for placed in probes.values()), f"half-open pools took more than one job: {probes}"
     for p in result.placements:
         request = jobs[p.job].request
         for worker in p.workers:

@@ -67,8 +67,9 @@ def nodes(draw: st.DrawFn) -> tuple[Node, ...]:
             )
         )
         if draw(st.integers(0, 2)) == 0:  # a spot node, sometimes gated by its pool's open breaker
-            admits = draw(st.sampled_from(("all", "all", "checkpointing", "none")))
-            out[-1] = dataclasses.replace(out[-1], pool="spot", admits=admits)
+            admits = draw(st.sampled_from(("all", "all", "checkpointing", "none", "probe")))
+            zone = draw(st.sampled_from(("", "z1")))  # two spot pools
+            out[-1] = dataclasses.replace(out[-1], pool="spot", admits=admits, zone=zone)
     return tuple(out)
 
 

@@ -1,8 +1,8 @@
 """One real Ray cluster for the whole session: a head without GPUs and three nodes of 8 emulated A100-80GB
-each (`node-1`, `node-2` in rack r1, `node-3` in rack r2), all real raylets on this machine bound to
-127.0.0.1, with Ray's health checks tightened so a killed node is declared dead in a few seconds. One
-`gpufleet up --ray ADDRESS` serves every test (the kill -9 test restarts it on the same data); each test
-cancels what it started, so the next one finds the cluster idle.
+each (`node-1`, `node-2` in rack r1, `node-3` in rack r2, labelled reserved in zone z-b), all real raylets on
+this machine bound to 127.0.0.1, with Ray's health checks tightened so a killed node is declared dead in a few
+seconds. One `gpufleet up --ray ADDRESS` serves every test (the kill -9 test restarts it on the same data);
+each test cancels what it started, so the next one finds the cluster idle.
 
 Every wait has a timeout: a Ray cluster on a wrong address hangs rather than fails.
 """
@@ -32,6 +32,8 @@ nodes:
   - {name: node-3, gpus: 8xA100-80GB, cpu: 16, memory: 64GiB, rack: r2}
 """
 NODES = ("node-1", "node-2", "node-3")
+# Ray node labels win over the inventory file: node-3 bills as reserved capacity in zone z-b.
+LABELS = {"node-3": {"gpufleet.io/pool": "reserved", "gpufleet.io/zone": "z-b"}}
 # Ray declares a node dead after `failure_threshold` missed checks `period_ms` apart (default: 5 x 3 s).
 FAST_HEALTH_CHECKS = {
     "health_check_period_ms": 500,
@@ -71,7 +73,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     cluster = within(
         CLUSTER_START_S,
         "starting a Ray cluster of 3 nodes",
-        lambda: LocalRayCluster(nodes, system_config=FAST_HEALTH_CHECKS),
+        lambda: LocalRayCluster(nodes, system_config=FAST_HEALTH_CHECKS, labels=LABELS),
     )
     cluster.inventory_file = inventory
     try:

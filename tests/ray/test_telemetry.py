@@ -57,3 +57,9 @@ def test_metrics_show_every_nodes_gpus_under_its_hostname_and_top_lists_every_no
     for name in NODES:
         assert name in top
         assert f"{name} (emulated)" in nodes
+
+
+def test_ray_node_labels_set_pool_and_zone_over_the_inventory_file(plane: RayPlane) -> None:
+    nodes = plane.nodes()
+    assert (nodes["node-3"]["pool"], nodes["node-3"]["zone"], nodes["node-3"]["rack"]) == ("reserved", "z-b", "r2")
+    assert {(nodes[name]["pool"], nodes[name]["zone"]) for name in ("node-1", "node-2")} == {("on-demand", "")}

@@ -52,8 +52,13 @@ def test_a_lost_spot_node_opens_the_breaker_which_gates_placements_until_a_probe
     api.clock.t += 30 * MIN
     (pool,) = watch.check()
     assert pool.state == "half-open"
-    assert {n.name: n.admits for n in api.store.nodes() if n.pool == "spot"} == {"s0": "all", "s1": "all"}
-    loop.start(plain["id"])  # the probe
+    assert {n.name: n.admits for n in api.store.nodes() if n.pool == "spot"} == {"s0": "probe", "s1": "probe"}
+    other = submit(api, api.team_a, gpus=1, gpu_models=["T4"], spot="allowed")
+    loop.start(plain["id"])  # the probe; the same cycle leaves `other` out of the half-open pool
+    other_record = api.store.get(other["id"])
+    assert other_record is not None
+    assert other_record.state.value == "pending"
+    assert "took its one probe job" in other_record.waiting_reason
     api.clock.t += MIN
     (pool,) = watch.check()
     assert pool.probe == plain["id"]

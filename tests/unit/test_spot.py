@@ -9,7 +9,7 @@ import pytest
 
 from gpufleet.domain import ClusterSnapshot, GiB, make_node
 from gpufleet.policies.catalog import profile
-from gpufleet.policies.filter.spot import REASON_CHECKPOINTS_ONLY, REASON_CLOSED, REASON_NOT_ALLOWED
+from gpufleet.policies.filter.spot import REASON_CHECKPOINTS_ONLY, REASON_CLOSED, REASON_NOT_ALLOWED, REASON_PROBED
 from tests.kit import make_job, run
 
 ON_DEMAND = make_node("a-od", "A100-80GB", 8, 80 * GiB)
@@ -51,3 +51,21 @@ def test_an_open_breaker_admits_only_jobs_that_checkpoint_or_none() -> None:
     closed = place(saving, nodes=(dataclasses.replace(SPOT, admits="none"),))
     assert closed.placements == ()
     assert any(REASON_CLOSED in r for r in closed.waiting["saving"].reasons)
+
+
+@pytest.mark.parametrize("name", ["default", "first-fit", "fifo", "gavel"])
+def test_a_half_open_pool_takes_one_probe_job_per_cycle_per_pool(name: str) -> None:
+    def probe_node(node_name: str, zone: str):  # type: ignore[no-untyped-def]
+        node = make_node(node_name, "A100-80GB", 8, 80 * GiB, zone=zone)
+        return dataclasses.replace(node, pool="spot", admits="probe")
+
+    pools = [probe_node(f"p{i}", "us-a") for i in range(3)] + [probe_node("q0", "us-b")]
+    jobs = [make_job(f"j{i}").gpus(1).spot("preferred").build() for i in range(5)]
+    result = place(*jobs, nodes=tuple(pools), name=name)
+    placed = where(result)
+    assert sorted(node[0] for node in placed.values()) == ["p", "q"], placed  # one job per pool
+    waiting = [j for j in ("j0", "j1", "j2", "j3", "j4") if j not in placed]
+    assert any(REASON_PROBED in r for job in waiting for r in result.waiting[job].reasons)
+    # Without the gate, the pools take every job.
+    open_pools = [dataclasses.replace(n, admits="all") for n in pools]
+    assert len(place(*jobs, nodes=tuple(open_pools), name=name).placements) == 5

@@ -81,6 +81,10 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
         with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}) as client:
             for queue, gpus in (("team-a", 8), ("team-b", 4)):
                 assert client.put(f"/v1/queues/{queue}", json={"quotas": {"gpu": gpus}}).status_code == 200
+            limits = {"quotas": {"gpu": 8}, "max_pending": 50, "max_grace": "5m"}
+            assert client.put("/v1/queues/team-a", json=limits).status_code == 200
+            budget = {"amount": 250, "action": "block"}
+            assert client.put("/v1/queues/team-a/budget", json=budget).status_code == 200
             secrets = {}
             for name, queue in (("alice", "team-a"), ("bob", "team-b")):
                 made = client.post("/v1/tokens", json={"name": name, "role": "team", "queue": queue})

@@ -131,6 +131,20 @@ def test_a_team_sees_only_its_queue_and_another_teams_job_is_404(dashboard: Dash
     page.context.close()
 
 
+def test_the_queues_page_shows_each_queues_limits_and_budget(dashboard: Dashboard, browser: Any) -> None:
+    page = sign_in(browser, dashboard.url, dashboard.admin)
+    page.goto(dashboard.url + "/queues")
+    assert page.inner_text("#queue-max-pending-team-a") == "50"
+    assert page.inner_text("#queue-max-grace-team-a") == "5 min 00 s"
+    assert page.inner_text("#queue-max-pending-team-b") == "no cap"
+    budget = page.locator("#queue-budget-team-a")
+    budget.wait_for()
+    # A budget is measured as soon as it is set: nothing spent yet.
+    assert budget.inner_text().strip() == "$0.00 of $250.00 (0 %), calendar month; at 100 %: block"
+    assert page.locator("#queue-budget-team-b").count() == 0
+    page.context.close()
+
+
 def test_an_admin_drains_a_node_from_the_nodes_page(dashboard: Dashboard, browser: Any) -> None:
     job_id = dashboard.submit(**sleeper("team-b", name="on-h100", gpus=1, gpu_models=["H100"]))
     wait_api(dashboard, job_id, lambda j: j["state"] == "running")

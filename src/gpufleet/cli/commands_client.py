@@ -255,6 +255,7 @@ def show(
         gpus = ", ".join(f"{g['index']} ({g['model']}, {g['fraction']:g})" for g in worker["gpus"]) or "no GPUs"
         lines.append(markup(f"worker {worker['rank']}: {worker['node']} GPUs {gpus}"))
     lines.append(cost_line(job["cost"]))
+    lines.append(checkpoint_line(job))
     lines.extend(progress_view.summary_lines(history))
     if progress and history is not None:
         lines.extend(progress_view.detail_lines(history))
@@ -263,6 +264,28 @@ def show(
     console = _console()
     for line in lines:
         console.print(line)
+
+
+def checkpoint_line(job: dict[str, Any]) -> str:
+    """The interval the job's attempt was given, and from what (older control planes send no plan)."""
+    plan = job.get("checkpoint_plan")
+    if plan is None:
+        return (
+            "checkpoint interval: none given (the job has reported no checkpoint: call "
+            "gpufleet.runtime.checkpoint_saved(duration_s=…) or `python -m gpufleet.runtime checkpoint --duration S`)"
+        )
+    return markup(
+        f"checkpoint interval: {_duration(plan['interval_s'])} (Young/Daly sqrt(2CM): C {plan['cost_s']:.3g} s, "
+        f"MTBF {_duration(plan['mtbf_s'])} from {plan['mtbf_source']})"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"
 
 
 def _progress_of(client: Client, job_id: str) -> dict[str, Any] | None:

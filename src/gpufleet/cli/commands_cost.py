@@ -1,5 +1,6 @@
-"""`gpufleet price …`, `gpufleet budget …` and `gpufleet report cost`: the price table, queue budgets, and
-chargeback (allocated, used and reserved-idle cost per queue, user, GPU model or pool)."""
+"""`gpufleet price …`, `gpufleet budget …`, `gpufleet report cost` and `gpufleet report lost-work`: the price
+table, queue budgets, chargeback (allocated, used and reserved-idle cost per queue, user, GPU model or pool),
+and the work lost to preemptions, node losses and failures."""
 
 from __future__ import annotations
 
@@ -257,6 +258,54 @@ def cost(
         console.print(f"[dim]{markup(note)}[/]")
     if png is not None:
         typer.echo(f"chart written to {png}")
+
+
+def lost_work_table(report: dict[str, Any]) -> Table:
+    table = Table(title=f"Work lost to preemptions, node losses and failures, by {report['by']}")
+    for name in ("", "attempts", "lost h", "GPU-h", "USD", "preempted GPU-h", "lost-node GPU-h", "failed GPU-h"):
+        table.add_column(name, justify="left" if not name else "right")
+    for group in [*report["groups"], report["total"]]:
+        causes = group["gpu_hours_by_cause"]
+        usd_text = usd(group["usd"])
+        if group["unpriced_gpu_hours"] > 0:
+            usd_text += f" (+{group['unpriced_gpu_hours']:,.2f} GPU-h unpriced)"
+        table.add_row(
+            cell(group["key"]),
+            str(group["attempts"]),
+            f"{group['lost_hours']:,.2f}",
+            f"{group['gpu_hours']:,.2f}",
+            usd_text,
+            *(f"{causes.get(cause, 0.0):,.2f}" for cause in ("preempted", "lost", "failed")),
+        )
+    return table
+
+
+@report_app.command("lost-work")
+def lost_work(
+    since: Annotated[str, typer.Option(help="Window start: 30d, 12h, 30m, or a date (UTC).")] = "30d",
+    until: Annotated[str | None, typer.Option(help="Window end, same forms as --since [default: now].")] = None,
+    by: Annotated[str, typer.Option(help="Group by queue or user.")] = "queue",
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """GPU-hours and USD lost to preemptions, node losses and failures: the work since each ended attempt's
+    last checkpoint (or its start), priced like `report cost`."""
+    with _client(url, token) as client:
+        if by not in ("queue", "user"):
+            raise GpufleetError(f"--by {by!r} is not a grouping of lost work", "give queue or user")
+        now = time.time()
+        params: dict[str, Any] = {"since": max(0.0, parse_since(since, now)), "by": by}
+        if until is not None:
+            params["until"] = max(0.0, parse_since(until, now))
+        report = client.get("/v1/reports/lost-work", **params)
+    if as_json:
+        _print_json(report)
+        return
+    console = Console(soft_wrap=True)
+    console.print(lost_work_table(report))
+    for note in report["notes"]:
+        console.print(f"[dim]{markup(note)}[/]")
 
 
 def register_cost_commands(app: typer.Typer) -> None:

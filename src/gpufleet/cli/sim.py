@@ -382,9 +382,35 @@ def sim(
     spot_checkpointing: Annotated[
         float, typer.Option(help="With --spot-pool: share of the jobs that checkpoint (every 30 min).")
     ] = 0.5,
+    budget: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="QUEUE=AMOUNT[:usd|gpu-hours][:warn|deprioritise|block][:month|rolling-30d] (repeatable): run the "
+            "workload with and without these queue budgets, acting as the live control plane does, and compare "
+            "cost, refused submissions and JCT (first policy only; --prices for the prices)."
+        ),
+    ] = None,
+    checkpoint_sweep: Annotated[
+        bool,
+        typer.Option(
+            "--checkpoint-sweep",
+            help="Instead of a workload: sweep checkpoint intervals under seeded exponential failures and show "
+            "where the least time is lost against the control plane's Young/Daly interval sqrt(2CM) (--seed, "
+            "--out for JSON and a plot, --json). Default settings: the published ones (Llama 3, NSDI'24 spot).",
+        ),
+    ] = False,
+    checkpoint_setting: Annotated[
+        list[str] | None,
+        typer.Option(help="With --checkpoint-sweep: C_S:MTBF_H, e.g. 60:3.09 (repeatable; replaces the defaults)."),
+    ] = None,
 ) -> None:
     """Simulate a workload under several policies and compare them (or reproduce a published experiment)."""
     try:
+        if checkpoint_sweep or checkpoint_setting:
+            from gpufleet.cli.sim_checkpoints import checkpoint_sweep as run_sweep
+
+            run_sweep(checkpoint_setting or [], seed, out, as_json)
+            return
         root = traces_root(traces)
         table = load_prices(prices, price or [])
         names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -405,6 +431,11 @@ def sim(
             from gpufleet.cli.sim_spot import spot_study
 
             spot_study(loaded, spot_pool, root, spot_traces, prices, names[0], seed, spot_checkpointing, as_json)
+            return
+        if budget:
+            from gpufleet.cli.sim_budget import budget_study
+
+            budget_study(loaded, budget, root, prices, names[0], as_json)
             return
         _simulate(loaded, names, table, what_if, oracle, output)
     except GpufleetError as error:

@@ -24,14 +24,14 @@ SPOT_FOLDER = "spot-traces-nsdi24"
 _MEMORY_SUFFIX = re.compile(r"[-_ ]+\d+\s*GB$", re.IGNORECASE)
 
 
-def costs_root(traces: Path | None) -> Path:
+def costs_root(traces: Path | None, what: str = "--spot-pool needs the cost inputs (spot statistics, prices)") -> Path:
     """Where the cost inputs are: $GPUFLEET_COSTS, else the `costs` folder beside the traces folder."""
     if os.environ.get(COSTS_ENV):
         return Path(os.environ[COSTS_ENV]).expanduser()
     if traces is not None:
         return traces.parent / "costs"
     raise WorkloadError(
-        "--spot-pool needs the cost inputs (spot statistics, prices)",
+        what,
         f"set {COSTS_ENV} to the folder holding {SPOT_FOLDER}/ and {PRICE_FILE.parent}/, or give --traces",
     )
 

@@ -78,6 +78,9 @@ class LoopState:
     def set_evicting(self, job_id: JobId, for_job: JobId) -> None:
         self.state.set_evicting(job_id, for_job)
 
+    def set_checkpoint(self, job_id: JobId, at: float) -> None:
+        self.state.set_checkpoint(job_id, at)
+
     # --- one cycle ----------------------------------------------------------------------------------
 
     def fork(self, now: float) -> CycleState:

@@ -19,12 +19,14 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from gpufleet.control.learning import Learning
 from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
+from gpufleet.domain.checkpoints import AttemptLoss, LossCause, ObservedPool, plan_checkpoints
+from gpufleet.domain.cluster import Node
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition, transition
 from gpufleet.domain.records import JobRecord, StopCause
@@ -106,13 +108,18 @@ class Reconciler:
         profile: Profile,
         events: EventSink | None = None,
         settings: ReconcilerSettings | None = None,
+        observed_pools: Callable[[], Mapping[str, ObservedPool]] = dict,
     ) -> None:
+        """`observed_pools`: what each spot pool's breaker measured (interruptions per node-hour), for the
+        checkpoint interval each launch is given (`domain/checkpoints.py`); live, the spot watch's."""
         self.store = store
         self.backend = backend
         self.clock = clock
         self.profile = profile
         self.events = events
         self.settings = settings or ReconcilerSettings()
+        self.observed_pools = observed_pools
+        self._nodes: dict[str, Node] = {}
         self.pending = self._pending_index()
         self.learning = Learning(profile.learner)
         self.inventory = InventoryCache()  # the node inventory's table and memo, kept across rebuilds
@@ -167,9 +174,13 @@ class Reconciler:
             self.pending.wake_all()
         # Order plugins key new and requeued jobs against the base state: it must read this step's time.
         self.base.set_now(now)
+        requests, cursor = self.store.take_requests(self._request_cursor)
+        # Checkpoints first: a job that saved on its stop signal reported it before the stop is observed.
+        self._checkpoints(requests)
         self._observe(now, report)
         self._intake(now)
-        self._requests(now, report)
+        self._requests(now, report, requests)
+        self._request_cursor = cursor  # taken only once acted on: a failed step reads them again
         self._timeouts(now, report)
         if self.profile.preempt is not None and now >= self._last_retry_all + self.settings.retry_all_s:
             self.pending.wake_all()
@@ -248,7 +259,9 @@ class Reconciler:
         records = self.store.active()
         running = tuple(r.as_running() for r in records if r.holds_resources)
         now = self.clock.now()
-        snapshot = ClusterSnapshot(self.store.nodes(), running, self.store.queues(), now=now)
+        nodes = self.store.nodes()
+        self._nodes = {node.name: node for node in nodes}
+        snapshot = ClusterSnapshot(nodes, running, self.store.queues(), now=now)
         self.base = LoopState(snapshot, self.inventory, self.learning.estimates)
         self._deadlines = []
         self._known = {record.id: record for record in records}
@@ -280,8 +293,29 @@ class Reconciler:
 
     # --- requests and timeouts ---------------------------------------------------------------------
 
-    def _requests(self, now: float, report: StepReport) -> None:
-        requests, self._request_cursor = self.store.take_requests(self._request_cursor)
+    def _checkpoints(self, requests: Sequence[Request]) -> None:
+        """Checkpoints jobs reported (through the API's report channel): each one's time and cost go into its
+        record, and the time into the running job the core ranks victims by (work lost since it)."""
+        changes = _Changes()
+        for request in requests:
+            if request.kind is not RequestKind.CHECKPOINT:
+                continue
+            record = self._latest(request.job_id, changes)
+            if record is None or record.state.terminal:
+                continue
+            update: dict[str, object] = {}
+            if request.value is not None:
+                update["checkpoint_cost_s"] = request.value
+            if record.last_checkpoint_at is None or request.at > record.last_checkpoint_at:
+                update["last_checkpoint_at"] = request.at
+            if update:
+                changes.add(record.evolve(**update))
+        self._write(changes)
+        for record in changes.latest.values():
+            if record.holds_resources and record.last_checkpoint_at is not None and record.id in self.base.holdings:
+                self.base.set_checkpoint(record.id, record.last_checkpoint_at)
+
+    def _requests(self, now: float, report: StepReport, requests: Sequence[Request]) -> None:
         if not requests:
             return
         changes = _Changes()
@@ -445,7 +479,8 @@ class Reconciler:
             what = "lost while being stopped" if record.state is S.EVICTING else "lost"
             reason = f"{what} ({obs.detail or 'no reason given'}); retried"
             preemptions = record.preemptions + (record.state is S.EVICTING)
-            return _back_to_queue(changes, record, reason, at, attained, checkpoint, preemptions)
+            loss = _attempt_loss(record, LossCause.LOST, at, checkpoint)
+            return _back_to_queue(changes, record, reason, at, attained, checkpoint, preemptions, attempt_loss=loss)
         return None
 
     def _exited(
@@ -453,7 +488,7 @@ class Reconciler:
     ) -> JobRecord:
         at = obs.at
         code = obs.exit_code if obs.exit_code is not None else 0
-        ended = {
+        ended: dict[str, object] = {
             "finished_at": at,
             "exit_code": code,
             "attained_gpu_seconds": attained,
@@ -464,6 +499,7 @@ class Reconciler:
         failed = f"a worker exited {code}" + (f": {obs.detail}" if obs.detail else "")
         if record.state is S.EVICTING and record.stop_cause is StopCause.CANCELLED:
             return changes.move(record, S.CANCELLED, f"{record.reason} ({failed})", at, evicting_for=None, **ended)
+        ended["attempt_loss"] = _attempt_loss(record, LossCause.FAILED, at, checkpoint)
         run = record.job.run
         if record.state is S.RUNNING and run is not None and record.failures < run.retries:
             return changes.move(
@@ -477,6 +513,7 @@ class Reconciler:
                 attained_gpu_seconds=attained,
                 last_checkpoint_at=checkpoint,
                 failures=record.failures + 1,
+                attempt_loss=ended["attempt_loss"],
             )
         return changes.move(record, S.FAILED, failed, at, evicting_for=None, failures=record.failures + 1, **ended)
 
@@ -509,8 +546,11 @@ class Reconciler:
             # go to them rather than straight back to it.
             job = dataclasses.replace(job, submitted_at=at, submit_seq=self.store.submission_cursor())
             where = f"at the back of queue {job.queue}"
+        more: dict[str, object] = {"job": job}
+        if record.stop_cause is not StopCause.RECLAIMED:  # reserved but idle: it was doing no work
+            more["attempt_loss"] = _attempt_loss(record, LossCause.PREEMPTED, at, checkpoint)
         return _back_to_queue(
-            changes, record, f"{why}; {where}", at, attained, checkpoint, record.preemptions + 1, job=job
+            changes, record, f"{why}; {where}", at, attained, checkpoint, record.preemptions + 1, **more
         )
 
     def _cohort_mates(self, queues: set[str]) -> set[str]:
@@ -529,6 +569,10 @@ class Reconciler:
             if record is None or record.state is not S.PENDING:
                 continue
             admitted = changes.move(record, S.ADMITTED, "placed by the scheduler", now, workers=placement.workers)
+            plan = None
+            if record.checkpoint_cost_s is not None:  # only a job that reported a checkpoint has a C
+                pools = self.observed_pools()
+                plan = plan_checkpoints(record.checkpoint_cost_s, placement.workers, self._nodes, pools)
             launching = changes.move(
                 admitted,
                 S.LAUNCHING,
@@ -539,6 +583,7 @@ class Reconciler:
                 first_started_at=record.first_started_at if record.first_started_at is not None else now,
                 waiting_code="",
                 waiting_reason="",
+                checkpoint_plan=plan,
             )
             self.pending.remove(record.id)
             self.nominated.discard(record.id)
@@ -585,7 +630,14 @@ class Reconciler:
 
     def _launch(self, record: JobRecord) -> Launch:
         queue = self.base.queues.get(record.job.queue)
-        return Launch(record.job, record.attempt, record.workers, run_as=queue.run_as if queue else None)
+        plan = record.checkpoint_plan
+        return Launch(
+            record.job,
+            record.attempt,
+            record.workers,
+            run_as=queue.run_as if queue else None,
+            checkpoint_interval_s=plan.interval_s if plan is not None else None,
+        )
 
     def _latest(self, job_id: JobId, changes: _Changes) -> JobRecord | None:
         record = changes.latest.get(job_id)
@@ -634,6 +686,21 @@ def _back_to_queue(
         stop_cause=None,
         preemptions=preemptions,
         **more,
+    )
+
+
+def _attempt_loss(record: JobRecord, cause: LossCause, at: float, checkpoint: float | None) -> AttemptLoss | None:
+    """The work the attempt of `record` loses ending at `at`, counted as victim choice counts it."""
+    if record.started_at is None:
+        return None
+    running = dataclasses.replace(record.as_running(), last_checkpoint_at=checkpoint)
+    return AttemptLoss(
+        record.attempt,
+        cause,
+        record.started_at,
+        at,
+        running.lost_work_seconds(at),
+        _gpus(record) or len(record.workers),
     )
 
 

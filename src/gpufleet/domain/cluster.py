@@ -20,7 +20,7 @@ class Gpu:
 
 
 NODE_POOLS = ("on-demand", "spot", "reserved")  # the values of `costs.Pool`
-NODE_ADMITS = ("all", "checkpointing", "none")
+NODE_ADMITS = ("all", "checkpointing", "none", "probe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,8 @@ class Node:
     healthy: bool = True
     pool: str = "on-demand"  # where its capacity comes from, which sets its price: on-demand, spot or reserved
     # Which new placements it takes: `all`; `checkpointing` (workers that resume from checkpoints only) or
-    # `none`, while the circuit breaker of its spot pool is open. Set by the control plane, not the inventory.
+    # `none`, while the circuit breaker of its spot pool is open; `probe` (one job, the pool's probe), while it
+    # is half-open and has no probe yet. Set by the control plane, not the inventory.
     admits: str = "all"
 
     def __post_init__(self) -> None:

@@ -139,6 +139,12 @@ class RunningJob:
         return self.evicting_for is not None
 
     def lost_work_seconds(self, now: float) -> float:
-        """Seconds of work lost if it were stopped at `now` (since its last checkpoint or start)."""
-        saved = self.last_checkpoint_at if self.last_checkpoint_at is not None else self.started_at
-        return max(0.0, now - max(saved, self.started_at))
+        """Seconds of work lost if it were stopped at `now`: since the checkpoint it last reported in this
+        run; without one, since the last save its declared `checkpoint_interval` implies; else since start."""
+        ran = max(0.0, now - self.started_at)
+        if self.last_checkpoint_at is not None and self.last_checkpoint_at >= self.started_at:
+            return max(0.0, now - self.last_checkpoint_at)
+        interval = self.job.checkpoint_interval
+        if interval is not None and interval > 0:
+            return ran % interval
+        return ran

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from gpufleet.domain.checkpoints import AttemptLoss, CheckpointPlan
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.lifecycle import JobState
@@ -28,7 +29,8 @@ class JobRecord:
     received over all attempts (what least-attained-service ordering reads); `waiting_code` and
     `waiting_reason` say, for a waiting job, why, in the core's words. While it is EVICTING,
     `stop_cause` says why and `evicting_for` names the preemptor (empty for a cancel or timeout);
-    `failures` counts failed attempts, against the run spec's `retries`.
+    `failures` counts failed attempts, against the run spec's `retries`. `last_checkpoint_at` is the last
+    save the job reported (or the backend saw), whichever attempt made it.
     """
 
     job: Job
@@ -50,6 +52,12 @@ class JobRecord:
     stop_cause: StopCause | None = None
     failures: int = 0
     reason: str = ""  # the last transition's reason: why it is in its state
+    # The duration of the last checkpoint the job reported (C), and the interval its current or last attempt
+    # was given with what it was computed from (`domain/checkpoints.py`); None until known.
+    checkpoint_cost_s: float | None = None
+    checkpoint_plan: CheckpointPlan | None = None
+    # The work lost by the last attempt that ended by preemption, node loss or failure (the store keeps each).
+    attempt_loss: AttemptLoss | None = None
 
     @property
     def id(self) -> JobId:

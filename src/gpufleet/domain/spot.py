@@ -11,8 +11,9 @@ The **breaker** of each pool: `closed` (placements as usual) -> `open` when the 
 (default 0.3 per node-hour: the 1-node AWS V100 p3.2xlarge preemption rate of the NSDI'24 "Can't Be Late"
 traces, 0.23-0.34 per hour across zones; Wu et al., NSDI 2024) -> while open, its nodes admit only jobs that
 checkpoint (`blocks="checkpointing"`, default) or none (`blocks="none"`); every interruption restarts the
-cool-down -> `half_open` after `cooldown_s`: the next job placed on the pool is the probe, and the gate
-closes behind it -> `closed` once the probe has run `probe_s` (or ended on its own) with no interruption;
+cool-down -> `half_open` after `cooldown_s`: the next job placed on the pool is the probe (the pool's nodes
+admit `probe`: the core places at most one job a cycle there), and the gate closes behind it at the next
+step -> `closed` once the probe has run `probe_s` (or ended on its own) with no interruption;
 an interruption while half-open opens it again.
 
 `SpotBreakers.step(now, nodes, holdings)` is the whole thing as data in, data out: the live control plane
@@ -155,10 +156,18 @@ class PoolBreaker:
 
     @property
     def gate(self) -> str:
-        """What the pool's nodes admit now: all, checkpointing or none (`Node.admits`)."""
-        if self.state is BreakerState.CLOSED or (self.state is BreakerState.HALF_OPEN and self.probe is None):
+        """What the pool's nodes admit now (`Node.admits`): all; probe (one job: the scheduling core places at
+        most one job per cycle on a pool so gated, and the next step makes it the probe and shuts the gate);
+        or, while open or probing, checkpointing or none."""
+        if self.state is BreakerState.CLOSED:
             return "all"
+        if self.state is BreakerState.HALF_OPEN and self.probe is None:
+            return "probe"
         return self.settings.blocks
+
+    @property
+    def awaits_probe(self) -> bool:
+        return self.state is BreakerState.HALF_OPEN and self.probe is None
 
 
 class SpotBreakers:

@@ -58,6 +58,9 @@ class Launch:
     # The OS user an administrator mapped the job's queue to (`QueueSpec.run_as`); None: the backend's
     # own choice. How a worker is started as that user is the backend's business.
     run_as: str | None = None
+    # How often the job should save its work (GPUFLEET_CHECKPOINT_INTERVAL_S; `domain/checkpoints.py`), None
+    # while the job has reported no checkpoint.
+    checkpoint_interval_s: float | None = None
 
 
 class ExecutionBackend(Protocol):
@@ -100,6 +103,8 @@ class RequestKind(enum.StrEnum):
     FORCE_CANCEL = "force-cancel"  # stop it for good now: SIGKILL, whatever its grace period
     REQUEUE = "requeue"  # stop it and put it back in its queue (drain of its node)
     RECLAIM = "reclaim"  # reserved but idle: stop it and put it back in its queue
+    # The job reported a saved checkpoint: `at` is when, `value` how long saving it took (seconds).
+    CHECKPOINT = "checkpoint"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +117,7 @@ class Request:
     kind: RequestKind
     reason: str
     at: float
+    value: float | None = None  # a number the kind carries (CHECKPOINT: its duration)
 
 
 class StaleWriteError(Exception):
@@ -155,7 +161,7 @@ class StateStore(Protocol):
 
     def history(self, job_id: JobId) -> Sequence[Transition]: ...
 
-    def request(self, job_id: JobId, kind: RequestKind, reason: str, at: float) -> None:
+    def request(self, job_id: JobId, kind: RequestKind, reason: str, at: float, value: float | None = None) -> None:
         """Record a request (e.g. cancel) for the loop; the API's way to act on an existing job."""
         ...
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from gpufleet.domain.checkpoints import AttemptLoss
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.costs import Budget, BudgetLevel, Charge, Pool, Price, PriceTable
 from gpufleet.domain.errors import GpufleetError
@@ -213,6 +214,11 @@ class AdminStore(StateStore, Protocol):
 
     def charges(self, job_ids: Sequence[str]) -> dict[str, dict[float, tuple[Charge, ...]]]:
         """Per job, per the start time of each attempt, the GPUs it held per model and pool, priced then."""
+        ...
+
+    def attempt_losses(self, since: float, until: float) -> list[tuple[str, AttemptLoss]]:
+        """(job id, the work it lost) of every attempt that ended by preemption, node loss or failure in
+        [since, until], oldest first."""
         ...
 
     def budgets(self) -> dict[str, tuple[Budget, BudgetLevel]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -318,6 +319,15 @@ class CycleState:
         if self._groups_shared:
             self.preemptible_by_group = defaultdict(list, {g: list(v) for g, v in self.preemptible_by_group.items()})
             self._groups_shared = False
+
+    def set_checkpoint(self, job_id: JobId, at: float) -> None:
+        """A running job reported a checkpoint saved at `at`: stopping it now loses only the work since."""
+        holding = self.holdings[job_id]
+        if holding.running is None:
+            return
+        running = dataclasses.replace(holding.running, last_checkpoint_at=at)
+        self.holdings[job_id] = dataclasses.replace(holding, running=running)
+        self._running_arrays = None
 
     def set_evicting(self, job_id: JobId, for_job: JobId) -> None:
         """A running job is being stopped (for `for_job`; "" for a cancel, requeue or timeout)."""

@@ -137,9 +137,15 @@ class NodeInfo:
         self.rack = _frozen(np.array([rack_ids[n.rack] for n in ordered], dtype=np.int64))
         self.zone = _frozen(np.array([zone_ids[n.zone] for n in ordered], dtype=np.int64))
         # Spot capacity, and what each node admits while its spot pool's circuit breaker is open (data from the
-        # control plane: `Node.admits`, 0 all, 1 workers that checkpoint, 2 none).
+        # control plane: `Node.admits`, 0 all, 1 workers that checkpoint, 2 none, 3 one probe job).
         self.spot = _frozen(np.array([n.pool == "spot" for n in ordered], dtype=np.bool_))
         self.admits = _frozen(np.array([NODE_ADMITS.index(n.admits) for n in ordered], dtype=np.int64))
+        # Nodes gated for one probe job, each with the probe-gated nodes of its pool (zone): what one of them
+        # takes changes what the others admit, so a change to one dates them all (cached filter results).
+        gated = [i for i, node in enumerate(ordered) if node.admits == "probe"]
+        self.probe_peers: dict[int, IntArray] = {
+            i: np.array([j for j in gated if ordered[j].zone == ordered[i].zone], dtype=np.int64) for i in gated
+        }
 
     def _nvlink_layout(self) -> None:
         width = self.width
@@ -225,6 +231,8 @@ class NodeTable(NodeInfo):
             )
         self.clock += 1
         self._version[i] = self.clock
+        if self.probe_peers and i in self.probe_peers:
+            self._version[self.probe_peers[i]] = self.clock
         self._cpu_free[i] += sign * worker.cpu_milli
         self._mem_free[i] += sign * worker.memory
         if worker.gpus:
@@ -261,6 +269,9 @@ class NodeTable(NodeInfo):
             np.add.at(self._node_milli_free, flat.share_node, milli)
         self.clock += 1
         self._version[flat.node] = self.clock
+        if self.probe_peers:
+            for i in set(flat.node.tolist()) & self.probe_peers.keys():
+                self._version[self.probe_peers[i]] = self.clock
 
     def worker_fits_capacity(self, worker: WorkerPlacement) -> bool:
         """Whether the node still has room for this worker's exact shares (used to check a snapshot)."""

@@ -495,7 +495,15 @@ class ControlPlane:
                 log.info("throughput table: %d entries from %s", len(throughput.entries), throughput.source)
             policy = profile(settings.policy, PolicyData(target=self.fgd_target.target, throughput=throughput))
             loop_settings = ReconcilerSettings(max_grace_s=settings.max_grace_s)
-            self.reconciler = Reconciler(self.store, self.backend, self.clock, policy, settings=loop_settings)
+            self.reconciler = Reconciler(
+                self.store,
+                self.backend,
+                self.clock,
+                policy,
+                settings=loop_settings,
+                # The spot watch is made below (it wakes the loop), before the loop first runs.
+                observed_pools=lambda: self.spot.observed(),  # noqa: PLW0108
+            )
             self.telemetry = _telemetry(
                 settings,
                 self.store,
@@ -509,7 +517,7 @@ class ControlPlane:
                 settings.busy_tick_s,
                 settings.idle_tick_s,
                 settings.min_step_s,
-                observer=self.telemetry.observer.after_step,
+                observer=self._after_step,
             )
             self.telemetry.wake = self.loop.wake
             if self.fleet is not None:
@@ -583,6 +591,13 @@ class ControlPlane:
         up = sum(1 for n in nodes if n.healthy)
         source = f"{where}: {up} node(s) up" + (f", {emulated.source}" if emulated.nodes else "")
         return Inventory(nodes, self.fleet.all_emulated(), source)
+
+    def _after_step(self, reconciler: Reconciler, report: StepReport, now: float) -> None:
+        """After every loop step: telemetry, and the spot breakers at once when a half-open pool may just have
+        taken its probe job, so that its gate shuts before the next cycle rather than at the next spot check."""
+        self.telemetry.observer.after_step(reconciler, report, now)
+        if report.placed and self.spot.awaits_probe():  # the loop starts in `serve`, after `spot` is made
+            self.spot.check()
 
     def _nodes_changed(self, nodes: tuple[Node, ...]) -> None:
         """A node joined or left the Ray cluster: the store (the loop reads it), telemetry's GPU list."""

@@ -19,7 +19,7 @@ from gpufleet.domain.progress import (
     progress_to_dict,
 )
 from gpufleet.domain.records import JobRecord
-from gpufleet.ports import Clock
+from gpufleet.ports import Clock, RequestKind
 from gpufleet.ports.admin import AdminStore
 from gpufleet.server.http_errors import NotFoundError, UnauthorizedError
 from gpufleet.server.job_tokens import JobTokens, check_current
@@ -68,7 +68,17 @@ class ProgressService:
         if problems:
             raise SpecError("reports", tuple(problems))
         ctx = ReportContext(attempt=attempt, gpus=gpus_held(record), now=now)
-        return self.store.update_progress(job_id, now, lambda progress: fold(progress, reports, ctx))
+        progress = self.store.update_progress(job_id, now, lambda progress: fold(progress, reports, ctx))
+        saved = [r for r in reports if r.kind == "checkpoint"]
+        if saved:
+            # The control loop learns of it as of a user's request: victim choice and the next start's
+            # checkpoint interval read it from the job's record (`Reconciler._checkpoints`).
+            last = max(saved, key=lambda r: r.at)
+            duration = last.values["duration_s"]
+            self.store.request(
+                job_id, RequestKind.CHECKPOINT, f"checkpoint saved in {duration:g} s", last.at, value=duration
+            )
+        return progress
 
     def history(self, record: JobRecord) -> dict[str, Any] | None:
         progress = self.store.job_progress(record.id)

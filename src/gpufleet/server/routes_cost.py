@@ -1,5 +1,6 @@
 """`/v1/prices` (the price table), `/v1/budgets` and `/v1/queues/{name}/budget`, `/v1/jobs/{id}/cost`,
-`/v1/reports/cost` (chargeback: allocated, used and reserved-idle cost per queue, user, model or pool), and
+`/v1/reports/cost` (chargeback: allocated, used and reserved-idle cost per queue, user, model or pool),
+`/v1/reports/lost-work` (GPU-hours and USD lost to preemptions, node losses and failures), and
 `/v1/spot-pools` (the spot pools' circuit breakers).
 
 Prices are readable by every token (they are what a GPU-hour costs, not anyone's spend); a team token sees
@@ -19,12 +20,15 @@ from gpufleet.server.auth import Principal
 from gpufleet.server.chargeback import UNKNOWN_MODEL, CostGroup, cost_report, job_cost
 from gpufleet.server.http_app import principal, service
 from gpufleet.server.http_errors import NotFoundError
+from gpufleet.server.lost_work import LostWorkGroup, lost_work_report
 from gpufleet.server.schemas_cost import (
     BudgetIn,
     BudgetOut,
     BudgetsOut,
     CostReportOut,
     JobCostOut,
+    LostWorkGroupOut,
+    LostWorkReportOut,
     PriceImportIn,
     PriceIn,
     PriceOut,
@@ -184,6 +188,56 @@ def report_cost(
         groups=[group_out(g) for g in groups],
         total=group_out(total),
         prices=[price_out(p) for p in svc.store.prices().prices],
+        notes=notes,
+    )
+
+
+def _lost_out(group: LostWorkGroup) -> LostWorkGroupOut:
+    return LostWorkGroupOut(
+        key=group.key,
+        attempts=group.attempts,
+        lost_hours=group.lost_s / 3600.0,
+        gpu_hours=group.gpu_hours,
+        usd=group.usd,
+        unpriced_gpu_hours=group.unpriced_gpu_hours,
+        gpu_hours_by_cause=dict(sorted(group.by_cause.items())),
+    )
+
+
+@router.get("/reports/lost-work")
+def report_lost_work(
+    who: Who,
+    svc: Svc,
+    since: Annotated[float, Query(ge=0, le=1e11, description="Start of the window (Unix seconds).")],
+    until: Annotated[float | None, Query(ge=0, le=1e11, description="End of the window (default: now).")] = None,
+    by: Annotated[Literal["queue", "user"], Query()] = "queue",
+) -> LostWorkReportOut:
+    """Work lost to preemptions, node losses and failures in a window (attempts that ended in it): the work
+    since each attempt's last checkpoint (or its start), in GPU-hours and USD at the attempt's prices."""
+    end = svc.ctx.clock.now() if until is None else until
+    if end < since:
+        raise SpecError(
+            "lost-work window", (FieldProblem("until", f"is before since ({since})", "give until >= since"),)
+        )
+    queues = None if who.admin else {who.queue or ""}
+    report = lost_work_report(svc.store, since, end, by, queues)
+    notes = [
+        "lost: the work since the attempt's last reported checkpoint (a job without one: the last save its "
+        "declared checkpoint_interval implies, else its start), for attempts that ended by preemption, node "
+        "loss or a failed worker; cancels, timeouts and reclaimed idle jobs are not counted",
+        "priced at the price in force when the attempt started",
+    ]
+    if report.total.unpriced_gpu_hours > 0:
+        notes.append(
+            f"{report.total.unpriced_gpu_hours:,.2f} lost GPU-hours have no price: "
+            "`gpufleet price set` or `price import`"
+        )
+    return LostWorkReportOut(
+        since=since,
+        until=end,
+        by=by,
+        groups=[_lost_out(g) for g in report.groups],
+        total=_lost_out(report.total),
         notes=notes,
     )
 

@@ -120,6 +120,19 @@ class JobOut(BaseModel):
     checkpoint_interval: float | None
     placement: list[WorkerOut]
     version: int
+    last_checkpoint_at: float | None = Field(None, description="The last checkpoint the job reported.")
+    checkpoint_plan: CheckpointPlanOut | None = Field(
+        None, description="The interval its current or last attempt was given (GPUFLEET_CHECKPOINT_INTERVAL_S)."
+    )
+
+
+class CheckpointPlanOut(BaseModel):
+    """Young/Daly: interval_s = sqrt(2 C M) from the job's checkpoint cost C and the MTBF M of its nodes."""
+
+    interval_s: float
+    cost_s: float = Field(description="C: the duration of the job's last reported checkpoint")
+    mtbf_s: float = Field(description="M: mean time between failures of the nodes the attempt was placed on")
+    mtbf_source: str = Field(description="where M came from: observed spot pool rates or published defaults")
 
 
 class JobListOut(BaseModel):

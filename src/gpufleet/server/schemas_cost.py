@@ -135,3 +135,22 @@ class SpotPoolsOut(BaseModel):
     enabled: bool = Field(description="whether this control plane runs the spot breakers")
     threshold_per_node_hour: float | None = None
     pools: list[SpotPoolOut]
+
+
+class LostWorkGroupOut(BaseModel):
+    key: str
+    attempts: int = Field(description="attempts that ended by preemption, node loss or failure")
+    lost_hours: float = Field(description="hours of work lost, summed over attempts (not GPU-weighted)")
+    gpu_hours: float
+    usd: float = Field(description="priced GPU-hours only; see unpriced_gpu_hours")
+    unpriced_gpu_hours: float
+    gpu_hours_by_cause: dict[str, float] = Field(description="preempted, lost (node loss), failed")
+
+
+class LostWorkReportOut(BaseModel):
+    since: float
+    until: float
+    by: Literal["queue", "user"]
+    groups: list[LostWorkGroupOut]
+    total: LostWorkGroupOut
+    notes: list[str]

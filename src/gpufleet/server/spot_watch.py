@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpufleet.domain.checkpoints import ObservedPool
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.spot import BreakerSettings, BreakerState, SpotBreakers
 from gpufleet.ports import Clock
@@ -57,6 +58,11 @@ class SpotWatch:
         self._lock = threading.Lock()
         self._periodic = Periodic("gpufleet-spot", interval_s, self.check, "spot check")
 
+    def awaits_probe(self) -> bool:
+        """Whether some pool is half-open with no probe job yet (its nodes admit `probe`)."""
+        with self._lock:
+            return any(breaker.awaits_probe for breaker in self.breakers.pools.values())
+
     def check(self) -> list[PoolStatus]:
         now = self.clock.now()
         nodes = self.store.nodes()
@@ -98,6 +104,16 @@ class SpotWatch:
                         self.breakers.describe(name, now),
                     )
                 )
+            return out
+
+    def observed(self) -> dict[str, ObservedPool]:
+        """Each pool's measured interruption rate and the node-hours it is over (for checkpoint intervals)."""
+        now = self.clock.now()
+        with self._lock:
+            out = {}
+            for name, breaker in self.breakers.pools.items():
+                _hits, node_hours, rate = breaker.rate(now)
+                out[name] = ObservedPool(rate, node_hours)
             return out
 
     def start(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from gpufleet.domain.checkpoints import CheckpointPlan
 from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
 from gpufleet.domain.lifecycle import JobState, Transition
@@ -15,6 +16,7 @@ from gpufleet.server.limits import MAX_GRACE_S, MAX_QUOTA_BYTES, MAX_QUOTA_CPU, 
 from gpufleet.server.schemas import (
     AllocationOut,
     AuditEntryOut,
+    CheckpointPlanOut,
     EventOut,
     GpuOut,
     GpuShareOut,
@@ -109,6 +111,8 @@ def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
         checkpoint_interval=job.checkpoint_interval,
         placement=workers_out(record.workers, nodes),
         version=record.version,
+        last_checkpoint_at=record.last_checkpoint_at,
+        checkpoint_plan=_plan_out(record.checkpoint_plan),
     )
 
 
@@ -318,4 +322,12 @@ def node_out(node: Node, records: Sequence[JobRecord], emulated: bool) -> NodeOu
             )
             for gpu in node.gpus
         ],
+    )
+
+
+def _plan_out(plan: CheckpointPlan | None) -> CheckpointPlanOut | None:
+    if plan is None:
+        return None
+    return CheckpointPlanOut(
+        interval_s=plan.interval_s, cost_s=plan.cost_s, mtbf_s=plan.mtbf_s, mtbf_source=plan.mtbf_source
     )

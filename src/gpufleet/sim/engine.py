@@ -160,6 +160,9 @@ class Simulation:
         self.profile = profile
         self.settings = settings or SimSettings()
         self.observer = observer
+        # Whether an arriving job is taken (False: refused, as the API refuses a submission: a queue whose spent
+        # budget blocks); None takes every arrival.
+        self.admission: Callable[[Job, float], bool] | None = None
         first = [workload.jobs[0].arrival] if workload.jobs else []
         first += [min(e.at for e in workload.events)] if workload.events else []
         self.start = min(first) if first else 0.0
@@ -334,7 +337,8 @@ class Simulation:
                 events += 1
                 if kind == ARRIVAL:
                     assert isinstance(payload, TraceJob)
-                    self.store.submit(payload.job, now)
+                    if self.admission is None or self.admission(payload.job, now):
+                        self.store.submit(payload.job, now)
                     arrived += 1
                     next_arrival = next(arrivals, None)
                     if next_arrival is not None:

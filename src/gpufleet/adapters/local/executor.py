@@ -18,6 +18,7 @@ never scans the state folder (only `adopt` does, once).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import signal
@@ -532,7 +533,7 @@ class LocalBackend:
         elif resize is not None and int(resize["resize_count"]) > job.resize_count:
             # A resize under way when the control plane stopped: the old workers stop, then the new ones start.
             workers = tuple(_placement_of(w) for w in resize["workers"])
-            target = Launch(launch.job, launch.attempt, workers, launch.run_as)
+            target = dataclasses.replace(launch, workers=workers)  # the store's launch, at the new placement
             job.resizing = _Resize(target, int(resize["resize_count"]))
             job.stop_signal = int(resize.get("signal", signum))
             job.kill_at = time.monotonic() + max(0.0, float(resize.get("kill_at", 0.0)) - time.time())

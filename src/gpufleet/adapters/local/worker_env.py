@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpufleet.domain.checkpoints import INTERVAL_ENV as CHECKPOINT_INTERVAL_ENV
 from gpufleet.domain.cluster import Gpu, Node
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.resources import MILLI_PER_GPU
@@ -88,6 +89,8 @@ def allocator_env(
         "GPUFLEET_ATTEMPT": str(launch.attempt),
         "GPUFLEET_RESIZE_COUNT": str(resize_count),
     }
+    if launch.checkpoint_interval_s is not None:
+        env[CHECKPOINT_INTERVAL_ENV] = f"{launch.checkpoint_interval_s:.0f}"
     if emulated:
         env["GPUFLEET_EMULATED"] = "1"
     if job.request.fractional and gpus:

@@ -22,7 +22,13 @@ LOOPBACK = "127.0.0.1"
 
 
 class LocalRayCluster:
-    def __init__(self, nodes: Sequence[Node], *, system_config: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        *,
+        system_config: Mapping[str, Any] | None = None,
+        labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         self.ray = require_ray()
         from ray.cluster_utils import Cluster
 
@@ -31,6 +37,8 @@ class LocalRayCluster:
             head["_system_config"] = dict(system_config)
         self.cluster = Cluster(initialize_head=True, head_node_args=head)
         self.specs = {node.name: node for node in nodes}
+        # Ray node labels per node name, as `ray start --labels` sets them (e.g. `gpufleet.io/pool`).
+        self.labels = {name: dict(given) for name, given in (labels or {}).items()}
         self._handles: dict[str, Any] = {}
         for node in nodes:
             self.add(node.name)
@@ -47,6 +55,7 @@ class LocalRayCluster:
             num_gpus=len(spec.gpus),
             resources={f"{NODE_RESOURCE}{name}": 1},
             node_ip_address=LOOPBACK,
+            labels=self.labels.get(name, {}),
         )
 
     def add_gpu_node(self, name: str, gpus: int, env: Mapping[str, str]) -> None:

@@ -3,8 +3,9 @@
 Every alive Ray node that has GPUs, or that is named in an emulated inventory, is a gpufleet node. Its name
 is the Ray resource `gpufleet-node:NAME` when the node has one (`ray start --resources
 '{"gpufleet-node:gpu-a": 1}'`), else its host name. Its GPUs are what its agent reads through NVML on that node
-(or its emulated spec, labelled emulated); rack and zone come from the inventory file or the Ray node labels
-`gpufleet.io/rack` and `gpufleet.io/zone`.
+(or its emulated spec, labelled emulated); rack, zone and pool come from the inventory file or the Ray node
+labels `gpufleet.io/rack`, `gpufleet.io/zone` and `gpufleet.io/pool` (`on-demand`, `spot` or `reserved`: which
+price its GPU-hours bill at, and whether its losses count as spot interruptions). A label wins over the file.
 
 A thread scans `ray.nodes()` every `scan_s` (1 s): a node that joins gets its agent (a detached named actor
 pinned to it) and is offered to the scheduler within seconds; a node Ray declares dead (or whose agent cannot
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from gpufleet.adapters.local.layout import safe_name
 from gpufleet.adapters.ray import require_ray
 from gpufleet.adapters.ray.agent import AgentOptions, NodeAgent
-from gpufleet.domain.cluster import Node
+from gpufleet.domain.cluster import NODE_POOLS, Node
 from gpufleet.domain.errors import GpufleetError
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 NODE_RESOURCE = "gpufleet-node:"
 RACK_LABEL = "gpufleet.io/rack"
 ZONE_LABEL = "gpufleet.io/zone"
+POOL_LABEL = "gpufleet.io/pool"
 DEFAULT_NAMESPACE = "gpufleet"
 AGENT_START_TIMEOUT_S = 120.0
 ANSWER_TIMEOUT_S = 10.0
@@ -64,6 +66,27 @@ class _RayNode:
     node_id: str
     address: str
     labels: Mapping[str, str]
+
+
+def labelled(node: Node, labels: Mapping[str, str]) -> Node:
+    """`node` with the rack, zone and pool its Ray node labels give. A pool label that is not a known pool is
+    logged with its fix and ignored (the node keeps the inventory's pool): a typo must not take a node away."""
+    pool = labels.get(POOL_LABEL) or node.pool
+    if pool not in NODE_POOLS:
+        log.error(
+            "node %s: Ray label %s=%r is not a pool; it stays %s; to fix: label it one of %s",
+            node.name,
+            POOL_LABEL,
+            pool,
+            node.pool,
+            ", ".join(NODE_POOLS),
+        )
+        pool = node.pool
+    rack = labels.get(RACK_LABEL) or node.rack
+    zone = labels.get(ZONE_LABEL) or node.zone
+    if (rack, zone, pool) == (node.rack, node.zone, node.pool):
+        return node
+    return dataclasses.replace(node, rack=rack, zone=zone, pool=pool)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -294,9 +317,7 @@ class RayFleet:
             described = ray.get(handle.describe.remote(), timeout=AGENT_START_TIMEOUT_S)
         assert described is not None
         node: Node = described["node"]
-        rack = info.labels.get(RACK_LABEL) or node.rack
-        zone = info.labels.get(ZONE_LABEL) or node.zone
-        node = dataclasses.replace(node, name=info.name, rack=rack, zone=zone, healthy=True)
+        node = labelled(dataclasses.replace(node, name=info.name, healthy=True), info.labels)
         if adopt:
             keep = self.backend.live_on(info.name) if self.backend is not None else []
             ray.get(handle.adopt.remote(keep), timeout=AGENT_START_TIMEOUT_S)

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpufleet.domain.checkpoints import AttemptLoss, CheckpointPlan
 from gpufleet.domain.cluster import Gpu, GpuShare, Node, WorkerPlacement
 from gpufleet.domain.jobs import Job, RunSpec
 from gpufleet.domain.lifecycle import JobState
@@ -203,6 +204,9 @@ def encode_record(record: JobRecord, parts: EncodedParts | None = None) -> Json:
         "stop_cause": None if record.stop_cause is None else record.stop_cause.value,
         "failures": record.failures,
         "reason": record.reason,
+        "checkpoint_cost_s": _opt_float_out(record.checkpoint_cost_s),
+        "checkpoint_plan": None if record.checkpoint_plan is None else record.checkpoint_plan.to_dict(),
+        "attempt_loss": None if record.attempt_loss is None else record.attempt_loss.to_dict(),
     }
 
 
@@ -273,6 +277,9 @@ _RECORD_READERS: dict[str, Callable[[Any], Any]] = {
     "stop_cause": lambda v: None if v is None else StopCause(v),
     "failures": int,
     "reason": str,
+    "checkpoint_cost_s": _opt_float_in,
+    "checkpoint_plan": lambda v: None if v is None else CheckpointPlan.from_dict(v),
+    "attempt_loss": lambda v: None if v is None else AttemptLoss.from_dict(v),
 }
 
 

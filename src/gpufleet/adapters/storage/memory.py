@@ -83,8 +83,8 @@ class InMemoryStore:
     def history(self, job_id: JobId) -> Sequence[Transition]:
         return tuple(self._history.get(job_id, ()))
 
-    def request(self, job_id: JobId, kind: RequestKind, reason: str, at: float) -> None:
-        self._requests.append(Request(len(self._requests) + 1, job_id, kind, reason, at))
+    def request(self, job_id: JobId, kind: RequestKind, reason: str, at: float, value: float | None = None) -> None:
+        self._requests.append(Request(len(self._requests) + 1, job_id, kind, reason, at, value))
 
     def take_requests(self, cursor: int) -> tuple[Sequence[Request], int]:
         return self._requests[cursor:], len(self._requests)

@@ -80,6 +80,7 @@ requests = sa.Table(
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("reason", sa.Text(), nullable=False),
     sa.Column("at", sa.Float(), nullable=False),
+    sa.Column("value", sa.Float(), nullable=True),  # a number the kind carries (checkpoint: its duration)
 )
 
 queues = sa.Table(
@@ -207,4 +208,19 @@ job_progress = sa.Table(
     sa.Column("job_id", sa.String(), sa.ForeignKey("jobs.id"), primary_key=True),
     sa.Column("updated_at", sa.Float(), nullable=False),
     sa.Column("value", sa.Text(), nullable=False),
+)
+
+# The work each attempt lost when it ended by preemption, node loss or failure (`domain/checkpoints.py`,
+# `AttemptLoss`), written with the transition that ended it; priced at report time from `charges`.
+attempt_losses = sa.Table(
+    "attempt_losses",
+    metadata,
+    sa.Column("job_id", sa.String(), sa.ForeignKey("jobs.id"), primary_key=True),
+    sa.Column("attempt", sa.Integer(), primary_key=True),
+    sa.Column("cause", sa.String(16), nullable=False),
+    sa.Column("started_at", sa.Float(), nullable=False),
+    sa.Column("ended_at", sa.Float(), nullable=False),
+    sa.Column("lost_s", sa.Float(), nullable=False),
+    sa.Column("gpus", sa.Float(), nullable=False),
+    sa.Index(None, "ended_at"),
 )

@@ -108,6 +108,11 @@ class SqlBase:
     ) -> None:
         """Price the attempts that begin holding resources in this write."""
 
+    def _record_losses(
+        self, c: sa.Connection, records: Mapping[str, JobRecord], transitions: Sequence[Transition]
+    ) -> None:
+        """Keep the work lost by the attempts that end in this write."""
+
     def _deprioritised_queues(self, c: sa.Connection) -> frozenset[str]:
         """Queues whose budget is spent and whose action is to deprioritise them."""
         return frozenset()

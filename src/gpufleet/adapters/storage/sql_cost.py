@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from gpufleet.adapters.storage import schema as t
 from gpufleet.adapters.storage.codec import decode_node
 from gpufleet.adapters.storage.sql_base import SqlBase
+from gpufleet.domain.checkpoints import AttemptLoss, LossCause
 from gpufleet.domain.costs import (
     Budget,
     BudgetAction,
@@ -110,6 +111,36 @@ class CostTables(SqlBase):
                         Charge(r.model, Pool(r.pool), float(r.gpus), r.usd_per_gpu_hour)
                     )
         return {job: {at: tuple(items) for at, items in per.items()} for job, per in out.items()}
+
+    # --- work lost by attempts ----------------------------------------------------------------------------------
+
+    def _record_losses(
+        self, c: sa.Connection, records: Mapping[str, JobRecord], transitions: Sequence[Transition]
+    ) -> None:
+        """Keep the work lost by the attempts that end in this write (called inside its transaction)."""
+        for tr in transitions:
+            record = records.get(tr.job_id)
+            if tr.source not in HOLDING or tr.target in HOLDING or record is None:
+                continue
+            loss = record.attempt_loss
+            if loss is None or loss.ended_at != tr.at:
+                continue
+            self._upsert(c, t.attempt_losses, {"job_id": tr.job_id, **loss.to_dict()})
+
+    def attempt_losses(self, since: float, until: float) -> list[tuple[str, AttemptLoss]]:
+        """(job id, loss) of every attempt that ended in [since, until], oldest first."""
+        table = t.attempt_losses
+        query = (
+            sa.select(table)
+            .where(table.c.ended_at >= since, table.c.ended_at <= until)
+            .order_by(table.c.ended_at, table.c.job_id)
+        )
+        with self._tx(write=False) as c:
+            rows = c.execute(query).all()
+        return [
+            (r.job_id, AttemptLoss(r.attempt, LossCause(r.cause), r.started_at, r.ended_at, r.lost_s, r.gpus))
+            for r in rows
+        ]
 
     # --- budgets ----------------------------------------------------------------------------------------------
 

@@ -243,6 +243,7 @@ class JobTables(SqlBase):
                 if transitions:
                     c.execute(_INSERT_TRANSITIONS, [_transition_row(tr) for tr in transitions])
                     self._charge_started(c, latest, transitions)
+                    self._record_losses(c, latest, transitions)
         except sa.exc.IntegrityError as error:
             # Only the transitions' foreign key can fail here: a transition of a job the store does not have.
             raise StaleWriteError(f"a transition names a job the store does not have: {first_line(error)}") from None
@@ -283,7 +284,7 @@ class JobTables(SqlBase):
             rows = c.execute(_HISTORY, {"id": job_id}).all()
         return tuple(Transition(r.job_id, JobState(r.source), JobState(r.target), r.reason, r.at) for r in rows)
 
-    def request(self, job_id: JobId, kind: RequestKind, reason: str, at: float) -> None:
+    def request(self, job_id: JobId, kind: RequestKind, reason: str, at: float, value: float | None = None) -> None:
         """Record a request for the loop. UnknownNameError if the store has no such job."""
         with self._tx(write=True) as c:
             if c.execute(_EXISTS, {"id": job_id}).first() is None:
@@ -291,7 +292,14 @@ class JobTables(SqlBase):
             seq = self._next(c, t.REQUEST_SEQ)
             c.execute(
                 _INSERT_REQUEST,
-                {"seq": seq, "job_id": job_id, "kind": RequestKind(kind).value, "reason": reason, "at": at},
+                {
+                    "seq": seq,
+                    "job_id": job_id,
+                    "kind": RequestKind(kind).value,
+                    "reason": reason,
+                    "at": at,
+                    "value": value,
+                },
             )
 
     def take_requests(self, cursor: int) -> tuple[Sequence[Request], int]:
@@ -299,7 +307,7 @@ class JobTables(SqlBase):
             rows = c.execute(_REQUESTS_AFTER, {"cursor": cursor}).all()
         if not rows:
             return [], cursor
-        taken = [Request(int(r.seq), r.job_id, RequestKind(r.kind), r.reason, r.at) for r in rows]
+        taken = [Request(int(r.seq), r.job_id, RequestKind(r.kind), r.reason, r.at, r.value) for r in rows]
         return taken, taken[-1].seq
 
     # --- AdminStore: job queries and notices -------------------------------------------------------------
