@@ -9,6 +9,8 @@ The worker program (`worker.py`) does what the test tells it through its argumen
     fail-rank R CODE the worker of rank R exits CODE at once, the others wait forever
     count FILE       append a line to FILE, then wait forever
     print            write a line to stdout and one to stderr, exit 0
+    elastic DIR      write its environment to DIR/env-<GPUFLEET_RESIZE_COUNT>-<RANK>.json and a line to stdout; on
+                     SIGTERM write DIR/ckpt-<count>-<rank> and exit 0; wait forever
 """
 
 from __future__ import annotations
@@ -70,6 +72,17 @@ elif mode == "fail-rank":
 elif mode == "count":
     with open(args[0], "a") as f:
         f.write("started\\n")
+    forever()
+elif mode == "elastic":
+    me = os.environ["GPUFLEET_RESIZE_COUNT"] + "-" + os.environ["RANK"]
+    def save(signum, frame):
+        open(os.path.join(args[0], "ckpt-" + me), "w").close()
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, save)
+    with open(os.path.join(args[0], "env-" + me + ".json.tmp"), "w") as f:
+        json.dump({"env": dict(os.environ), "pid": os.getpid()}, f)
+    os.replace(os.path.join(args[0], "env-" + me + ".json.tmp"), os.path.join(args[0], "env-" + me + ".json"))
+    print("worker " + me + " up", flush=True)
     forever()
 elif mode == "print":
     print("to stdout", flush=True)
@@ -209,13 +222,16 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     # Whatever a test left running is killed: a fresh backend adopting nothing kills every worker it finds.
     if (h.state / "run").exists():
         LocalBackend(h.state, [node], WallClock(), emulated=True).adopt([])
-        for pid_file in (h.state / "run").glob("*/attempt-*/worker-*/child.pid"):
+        children = (h.state / "run").glob("*/attempt-*/worker-*/child.pid")
+        after_resizes = (h.state / "run").glob("*/attempt-*/resize-*/worker-*/child.pid")
+        for pid_file in [*children, *after_resizes]:
             child = read_json(pid_file)
             if child is not None:
                 with contextlib.suppress(OSError):
                     os.killpg(int(child["pgid"]), signal.SIGKILL)
         # The shims are children of this test process: wait for them, so none is left a zombie.
-        for pid_file in (h.state / "run").glob("*/attempt-*/worker-*/shim.pid"):
+        shims = (h.state / "run").glob("*/attempt-*/worker-*/shim.pid")
+        for pid_file in [*shims, *(h.state / "run").glob("*/attempt-*/resize-*/worker-*/shim.pid")]:
             shim = read_json(pid_file)
             if shim is not None:
                 pid, ticks = shim["pid"], shim["ticks"]

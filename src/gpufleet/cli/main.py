@@ -101,6 +101,28 @@ def bench_allocator(
     print_result(allocator.run(jobs, gpus_per_model - gpus_per_model % 8, seed, repeat), as_json)
 
 
+@bench_app.command("resize")
+def bench_resize(
+    sizes: str = typer.Option("2,4,1", help="Worker counts the job goes through, comma-separated (1 to 8 each)."),
+    rounds: int = typer.Option(3, min=1, help="Times the job goes through `sizes`."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """Resize latency of the local executor: checkpoint signal to every worker up at the new size."""
+    from gpufleet.bench import resize
+
+    try:
+        counts = tuple(int(part) for part in sizes.split(",") if part.strip())
+    except ValueError:
+        fail(GpufleetError(f"--sizes {sizes!r} is not a list of numbers", "give e.g. --sizes 2,4,1"))
+        return
+    try:
+        result = resize.run(counts, rounds)
+    except GpufleetError as error:
+        fail(error)
+        return
+    print_result(result, as_json)
+
+
 @throughput_app.command("import")
 def throughput_import(
     file: Annotated[

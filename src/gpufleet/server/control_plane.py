@@ -440,12 +440,19 @@ class ControlPlane:
             )
             self.backend: LocalBackend | RayBackend
             make_probe: ProbeFactory | None = None
+            # Every worker's report URL and job-scoped token, on whichever executor runs it.
+            job_tokens = JobTokens(self.store)
+            report_base = settings.job_reachable_url
+
+            def job_env(job_id: str, attempt: int) -> Mapping[str, str]:
+                return job_tokens.env(report_base, job_id, attempt)
+
             if self.fleet is not None:
                 from gpufleet.adapters.ray.agent_probe import RayProbe
                 from gpufleet.adapters.ray.backend import RayBackend
 
                 fleet = self.fleet
-                self.backend = RayBackend(fleet, self.clock)
+                self.backend = RayBackend(fleet, self.clock, job_env=job_env)
                 fleet.backend = self.backend
                 self.isolation_report: IsolationReport = fleet.isolation_report() or self.isolation.report(
                     settings.single_user
@@ -457,12 +464,6 @@ class ControlPlane:
                 ) -> GpuProbe:
                     return RayProbe(fleet, activity, weights)
             else:
-                job_tokens = JobTokens(self.store)
-                report_base = settings.job_reachable_url
-
-                def job_env(job_id: str, attempt: int) -> Mapping[str, str]:
-                    return job_tokens.env(report_base, job_id, attempt)
-
                 self.backend = LocalBackend(
                     settings.data_dir / "jobs",
                     self.inventory.nodes,

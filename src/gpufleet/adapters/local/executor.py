@@ -6,6 +6,11 @@ the `WorkerSupervisor`'s (`supervisor.py`: each under a shim in a session of its
 through the files under the state folder). The backend itself keeps no state that the files do not also
 hold.
 
+A resize (`resize`) keeps the attempt: its workers get the checkpoint signal (and SIGKILL after the grace
+period), and once all of them have ended the new set starts in a folder of its own (`layout.py`), with the
+new WORLD_SIZE and GPUFLEET_RESIZE_COUNT, a fresh MASTER_PORT and rank r's log continued. What is under way
+is in `resize.json`, so a restart in the middle of a resize completes it rather than leave workers behind.
+
 `poll` is called every few tens of milliseconds by the loop, so per live worker it only tries to open a
 file or two (`exit.json`, and `child.pid` until it exists) and makes one `waitpid` or `/proc` check: it
 never scans the state folder (only `adopt` does, once).
@@ -13,6 +18,7 @@ never scans the state folder (only `adopt` does, once).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import signal
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.adapters.inbox import ObservationInbox
 from gpufleet.adapters.local.isolation import Isolation, IsolationReport, WorkerSpec
 from gpufleet.adapters.local.logs import LogRetention
 from gpufleet.adapters.local.owners import KnownWorker, ProcessOwners, WorkerKey
@@ -29,7 +36,7 @@ from gpufleet.adapters.local.ports import PortAllocator
 from gpufleet.adapters.local.proc import read_json
 from gpufleet.adapters.local.supervisor import Worker, WorkerSupervisor
 from gpufleet.adapters.local.worker_env import allocator_env
-from gpufleet.domain.cluster import Node
+from gpufleet.domain.cluster import GpuShare, Node, WorkerPlacement
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import JobId
 from gpufleet.domain.resources import GiB
@@ -40,6 +47,12 @@ log = logging.getLogger(__name__)
 SHUTDOWN_REASON = "the control plane shut down"
 ORPHAN_DETAIL = "killed at a restart: the store did not list it as running"
 Key = tuple[JobId, int]
+
+
+@dataclass(frozen=True)
+class _Resize:
+    launch: Launch  # the new placement
+    count: int
 
 
 @dataclass
@@ -56,13 +69,16 @@ class _Job:
     kill_at: float | None = None  # time.monotonic() after which the workers get SIGKILL
     failure: tuple[int, str] | None = None  # first failed worker: its exit code and the detail to report
     lost: str | None = None
+    resize_count: int = 0  # resizes of this attempt so far: its workers are those after the last
+    resizing: _Resize | None = None  # a resize under way: the workers are stopping to make room for it
+    resized_reported: bool = True  # False from the start of a resize's new workers until RESIZED
 
 
 class LocalBackend:
     """Runs jobs as processes on this machine. Single node: `multi_node` is False, but `nodes` may list
     several emulated nodes, all run here. Observation times come from `clock`."""
 
-    capabilities = BackendCapabilities(multi_node=False, gpu_isolation=True, checkpoint_signal=True)
+    capabilities = BackendCapabilities(multi_node=False, gpu_isolation=True, checkpoint_signal=True, resize=True)
 
     def __init__(
         self,
@@ -100,10 +116,12 @@ class LocalBackend:
         self.layout = self.workers.layout
         # GPU isolation is real only where the device cgroup locks the other GPUs' device files.
         locked = "devices" in self.workers.isolation.cgroups.controls
-        self.capabilities = BackendCapabilities(multi_node=False, gpu_isolation=locked, checkpoint_signal=True)
+        self.capabilities = BackendCapabilities(
+            multi_node=False, gpu_isolation=locked, checkpoint_signal=True, resize=True
+        )
         self._live: dict[Key, _Job] = {}
-        self._finished: set[Key] = set()
-        self._inbox: list[Observation] = []
+        self._inbox = ObservationInbox(clock)
+        self._finished = self._inbox.finished
         self._owners = ProcessOwners()
         self._disk_full_said = False
 
@@ -128,66 +146,126 @@ class LocalBackend:
         if run is None:
             # Not something a retry can fix: it ends failed (127, as a shell says of a missing command).
             self._finished.add(key)
-            self._emit(key, ObservationKind.EXITED, exit_code=127, detail="the job has no command to run")
+            self._inbox.emit(key, ObservationKind.EXITED, exit_code=127, detail="the job has no command to run")
             return
         port: int | None = None
         try:
             port = self.ports.acquire(_owner(key))
-            granted = dict(self.job_env(job.id, launch.attempt)) if self.job_env is not None else {}
-            envs = [
-                {
-                    **allocator_env(
-                        launch,
-                        rank,
-                        self.nodes,
-                        master_addr=self.master_addr,
-                        master_port=port,
-                        emulated=self.emulated,
-                    ),
-                    **granted,
-                }
-                for rank in range(len(launch.workers))
-            ]
+            envs = self._envs(launch, port, 0)
         except GpufleetError as exc:
             self.ports.release(port, _owner(key))
-            self._lose(key, str(exc))
+            self._inbox.lose(key, str(exc))
             return
         signum = int(signal.Signals[run.checkpoint_signal])
-        argv = ("/bin/sh", "-c", run.command[0]) if run.shell else tuple(run.command)
         tracked = _Job(job.id, launch.attempt, attempt_dir, signum, port)
         try:
             info = {"job_id": job.id, "attempt": launch.attempt, "workers": len(envs), "port": port}
             self.workers.begin_attempt(job.id, launch.attempt, info)
-            for rank, env in enumerate(envs):
-                placement = launch.workers[rank]
-                node = self.nodes[placement.node]
-                spec = WorkerSpec(
-                    job_id=job.id,
-                    attempt=launch.attempt,
-                    rank=rank,
-                    queue=job.queue,
-                    argv=argv,
-                    env={**dict(run.env), **env},
-                    workdir=run.workdir,
-                    cpu_milli=placement.cpu_milli,
-                    memory=placement.memory,
-                    gpus=tuple((s.index, node.gpus[s.index].uuid) for s in placement.gpus),
-                    run_as=launch.run_as,
-                )
-                tracked.workers.append(self.workers.start(spec))
+            self._start_workers(tracked, launch, envs)
         except OSError as exc:
             # Its files could not be written (a full disk): nothing of it may keep running.
             for worker in tracked.workers:
                 self.workers.abandon(worker)
             self.ports.release(port, _owner(key))
-            self._lose(key, f"cannot write its files: {_disk_words(exc)}")
+            self._inbox.lose(key, f"cannot write its files: {_disk_words(exc)}")
             self._say_disk(exc)
             return
         self._live[key] = tracked
 
+    def _envs(self, launch: Launch, port: int, resize_count: int) -> list[dict[str, str]]:
+        """Each worker's variables from the allocator and the control plane (raises GpufleetError)."""
+        granted = dict(self.job_env(launch.job.id, launch.attempt)) if self.job_env is not None else {}
+        return [
+            {
+                **allocator_env(
+                    launch,
+                    rank,
+                    self.nodes,
+                    master_addr=self.master_addr,
+                    master_port=port,
+                    emulated=self.emulated,
+                    resize_count=resize_count,
+                ),
+                **granted,
+            }
+            for rank in range(len(launch.workers))
+        ]
+
+    def _start_workers(self, job: _Job, launch: Launch, envs: list[dict[str, str]]) -> None:
+        """Start `launch`'s workers for `job` (after its `job.resize_count`-th resize); raises OSError."""
+        run = launch.job.run
+        assert run is not None
+        argv = ("/bin/sh", "-c", run.command[0]) if run.shell else tuple(run.command)
+        for rank, env in enumerate(envs):
+            placement = launch.workers[rank]
+            node = self.nodes[placement.node]
+            spec = WorkerSpec(
+                job_id=launch.job.id,
+                attempt=launch.attempt,
+                rank=rank,
+                queue=launch.job.queue,
+                argv=argv,
+                env={**dict(run.env), **env},
+                workdir=run.workdir,
+                cpu_milli=placement.cpu_milli,
+                memory=placement.memory,
+                gpus=tuple((s.index, node.gpus[s.index].uuid) for s in placement.gpus),
+                run_as=launch.run_as,
+                resize_count=job.resize_count,
+            )
+            job.workers.append(self.workers.start(spec))
+
+    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
+        """Restart the attempt with `launch.workers` (see the port). A resize of an attempt that is not running
+        here, is stopping or has failed is ignored (how it ends comes through `poll`); so is one whose count
+        is not above the last asked for (idempotent). A newer resize asked for while the workers are still
+        stopping for an earlier one replaces it, within the earlier deadline."""
+        if not launch.workers:
+            raise GpufleetError(
+                f"cannot resize job {launch.job.id!r} to no workers", "stop it instead, or give at least one worker"
+            )
+        key = (launch.job.id, launch.attempt)
+        job = self._live.get(key)
+        if job is None or job.stop_reason is not None or job.failure is not None or job.lost is not None:
+            return
+        self._refresh(job)
+        if job.resizing is None and all(w.done for w in job.workers):
+            return  # it ended by itself first: the next poll reports that
+        if resize_count <= (job.resizing.count if job.resizing is not None else job.resize_count):
+            return
+        grace_s = max(0.0, grace_s)
+        signum = job.signal if grace_s > 0 else int(signal.SIGKILL)
+        kill_at = time.monotonic() + grace_s
+        if job.kill_at is not None:  # already stopping for an earlier resize: its deadline holds
+            kill_at = min(kill_at, job.kill_at)
+        info = {
+            "resize_count": resize_count,
+            "workers": [_placement_record(w) for w in launch.workers],
+            "signal": signum,
+            "kill_at": time.time() + (kill_at - time.monotonic()),
+        }
+        try:
+            self.workers.record_resize(*key, info)
+        except OSError as exc:
+            self._say_disk(exc)
+            return  # nothing changed: the attempt runs on at its size
+        job.resizing = _Resize(launch, resize_count)
+        job.kill_at = kill_at
+        if job.stop_signal is None:
+            job.stop_signal = signum
+            self.workers.mark_stopping(*key, {"resize": resize_count, **info}, job.resize_count)
+            self._signal_workers(job, signum)
+
     def stop(self, job_id: JobId, attempt: int, grace_s: float, reason: str) -> None:
         job = self._live.get((job_id, attempt))
         if job is None:
+            return
+        if job.resizing is not None and job.stop_reason is None:
+            # Stopping for a resize: the stop wins. Its workers have had the checkpoint signal already.
+            job.resizing = None
+            self.workers.clear_resize(job_id, attempt)
+            job.stop_reason = reason or "stopped"
+            self._begin_stop(job, job.stop_signal or job.signal, grace_s)
             return
         if job.stop_reason is not None:
             if grace_s <= 0 and (job.kill_at is None or job.kill_at > time.monotonic()):
@@ -202,19 +280,10 @@ class LocalBackend:
         # No grace: SIGKILL at once, not the checkpoint signal first.
         self._begin_stop(job, signal.SIGKILL if grace_s <= 0 else job.signal, grace_s)
 
-    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
-        """Not implemented by this executor (`capabilities.resize` is False, so the control loop never asks):
-        elastic jobs keep the size they started at."""
-        raise GpufleetError(
-            f"this executor cannot resize job {launch.job.id!r}",
-            "run elastic jobs at a fixed size here, or use an executor whose capabilities include resize",
-        )
-
     def poll(self) -> Sequence[Observation]:
         for job in list(self._live.values()):
             self._watch(job)
-        out, self._inbox = self._inbox, []
-        return out
+        return self._inbox.take()
 
     def adopt(self, live: Sequence[Launch]) -> None:
         wanted = {self.workers.attempt_dir(launch.job.id, launch.attempt) for launch in live}
@@ -293,16 +362,26 @@ class LocalBackend:
     def _watch(self, job: _Job) -> None:
         self._refresh(job)
         key = (job.job_id, job.attempt)
+        if not job.resized_reported and job.lost is None:
+            refused = [w for w in job.workers if w.exit is not None and "error" in w.exit]
+            if refused:  # a resize's new worker could not be started: the attempt cannot go on
+                first = min(refused, key=lambda w: w.rank)
+                assert first.exit is not None
+                job.lost = f"resize {job.resize_count}: {describe_failure(first.rank, first.exit)[1]}"
         if job.lost is not None:
             self._kill_workers(job)
             self._finish(job)
-            self._emit(key, ObservationKind.LOST, detail=job.lost)
+            self._inbox.emit(key, ObservationKind.LOST, detail=job.lost)
             return
         if not job.started_reported and all(w.child is not None for w in job.workers):
             job.started_reported = True
             started = max(float(w.child["started_at"]) for w in job.workers if w.child is not None)
-            self._emit(key, ObservationKind.STARTED, wall=started)
-        if job.stop_reason is None and job.failure is None:
+            self._inbox.emit(key, ObservationKind.STARTED, wall=started)
+        if not job.resized_reported and all(w.child is not None for w in job.workers):
+            job.resized_reported = True
+            started = max(float(w.child["started_at"]) for w in job.workers if w.child is not None)
+            self._inbox.emit(key, ObservationKind.RESIZED, wall=started, detail=f"resize {job.resize_count}")
+        if job.stop_reason is None and job.failure is None and job.resizing is None:
             self._check_failure(job)
         if job.stop_signal is not None:
             self._signal_workers(job, job.stop_signal)  # workers whose command started after the stop
@@ -314,17 +393,21 @@ class LocalBackend:
                     self.workers.kill(worker)
         if not all(w.done for w in job.workers):
             return
+        if job.resizing is not None:
+            self._start_generation(job, job.resizing)  # the old workers are gone: how they ended does not count
+            return
         self._finish(job)
         ended = max((float(w.exit.get("ended_at", 0.0)) for w in job.workers if w.exit), default=0.0)
+        wall = ended or None
         if job.stop_reason == SHUTDOWN_REASON:
             # The store still believes it runs: a plain STOPPED would be ignored, LOST gets it retried.
-            self._emit(key, ObservationKind.LOST, wall=ended or None, detail="stopped when the control plane shut down")
+            self._inbox.emit(key, ObservationKind.LOST, wall=wall, detail="stopped when the control plane shut down")
         elif job.stop_reason is not None:
-            self._emit(key, ObservationKind.STOPPED, wall=ended or None, detail=job.stop_reason)
+            self._inbox.emit(key, ObservationKind.STOPPED, wall=wall, detail=job.stop_reason)
         elif job.failure is not None:
-            self._emit(key, ObservationKind.EXITED, wall=ended or None, exit_code=job.failure[0], detail=job.failure[1])
+            self._inbox.emit(key, ObservationKind.EXITED, wall=wall, exit_code=job.failure[0], detail=job.failure[1])
         else:
-            self._emit(key, ObservationKind.EXITED, wall=ended or None, exit_code=0)
+            self._inbox.emit(key, ObservationKind.EXITED, wall=wall, exit_code=0)
 
     def _check_failure(self, job: _Job) -> None:
         failed = [w for w in job.workers if w.exit is not None and w.exit.get("code", 0) != 0]
@@ -346,7 +429,10 @@ class LocalBackend:
         # Persisted first: a shim that has not started its command yet sees it and does not start it, and
         # after a restart the stop (and its deadline) still holds.
         self.workers.mark_stopping(
-            job.job_id, job.attempt, {"reason": job.stop_reason, "signal": signum, "kill_at": time.time() + grace_s}
+            job.job_id,
+            job.attempt,
+            {"reason": job.stop_reason, "signal": signum, "kill_at": time.time() + grace_s},
+            job.resize_count,
         )
         self._signal_workers(job, signum)
 
@@ -358,11 +444,45 @@ class LocalBackend:
         """Kill every worker still running (a lost job is abandoned): its cgroup and command, or the shim
         itself before it started one."""
         lost = {"lost": job.lost or "killed", "signal": int(signal.SIGKILL)}
-        self.workers.mark_stopping(job.job_id, job.attempt, lost)
+        self.workers.mark_stopping(job.job_id, job.attempt, lost, job.resize_count)
         for worker in job.workers:
             if worker.done and not worker.vanished:
                 continue
             self.workers.abandon(worker)
+
+    def _start_generation(self, job: _Job, resize: _Resize) -> None:
+        """Start the new workers of a resize, the old ones all ended. What goes wrong makes the attempt lost."""
+        key = (job.job_id, job.attempt)
+        for worker in job.workers:
+            self.workers.tidy(worker)
+        job.resizing, job.stop_signal, job.kill_at = None, None, None
+        job.workers, job.resize_count, job.resized_reported = [], resize.count, False
+        # A fresh MASTER_PORT: the old rendezvous' sockets may linger a while.
+        old_port, job.port = job.port, None
+        try:
+            job.port = self.ports.acquire(_owner(key))
+            envs = self._envs(resize.launch, job.port, resize.count)
+        except GpufleetError as exc:
+            job.lost = f"resize {resize.count}: {exc}"
+            return
+        finally:
+            self.ports.release(old_port, _owner(key))
+        info = {
+            "job_id": job.job_id,
+            "attempt": job.attempt,
+            "workers": len(envs),
+            "port": job.port,
+            "resize_count": resize.count,
+        }
+        try:
+            self.workers.begin_generation(job.job_id, job.attempt, resize.count, info)
+            self._start_workers(job, resize.launch, envs)
+        except OSError as exc:
+            for worker in job.workers:
+                self.workers.abandon(worker)
+            job.lost = f"resize {resize.count}: cannot write its files: {_disk_words(exc)}"
+            self._say_disk(exc)
+        self.workers.clear_resize(*key)
 
     def _finish(self, job: _Job) -> None:
         key = (job.job_id, job.attempt)
@@ -371,26 +491,6 @@ class LocalBackend:
         self._live.pop(key, None)
         self._finished.add(key)
         self.ports.release(job.port, _owner(key))
-
-    def _lose(self, key: Key, detail: str) -> None:
-        self._finished.add(key)
-        self._emit(key, ObservationKind.LOST, detail=detail)
-
-    def _emit(
-        self,
-        key: Key,
-        kind: ObservationKind,
-        *,
-        wall: float | None = None,
-        exit_code: int | None = None,
-        detail: str = "",
-    ) -> None:
-        """Queue an observation. `wall` (when known) is when it happened on the wall clock: it is carried
-        onto the backend's clock as `now - how long ago`, so a job that ended while the control plane was
-        down is not billed for the downtime."""
-        now = self.clock.now()
-        at = now - max(0.0, time.time() - wall) if wall is not None else now
-        self._inbox.append(Observation(key[0], key[1], kind, at, exit_code=exit_code, detail=detail))
 
     # --- after a restart ------------------------------------------------------------------------------
 
@@ -401,14 +501,18 @@ class LocalBackend:
         attempt_dir = self.workers.attempt_dir(*key)
         info = read_json(attempt_dir / "attempt.json")
         if info is None:
-            self._lose(key, "never started (control plane stopped before launch)")
+            self._inbox.lose(key, "never started (control plane stopped before launch)")
             return
         run = launch.job.run
         signum = int(signal.Signals[run.checkpoint_signal]) if run is not None else int(signal.SIGTERM)
         port = info.get("port")
         job = _Job(launch.job.id, launch.attempt, attempt_dir, signum, int(port) if port is not None else None)
-        for rank in range(len(launch.workers)):
-            worker = self.workers.find(launch.job.id, launch.attempt, rank)
+        # After a resize the files, not the store, say how many workers run now.
+        job.resize_count = int(info.get("resize_count") or 0)
+        job.resized_reported = job.resize_count == 0  # RESIZED again: it may not have been seen before the restart
+        size = int(info.get("workers", len(launch.workers))) if job.resize_count else len(launch.workers)
+        for rank in range(size):
+            worker = self.workers.find(launch.job.id, launch.attempt, rank, job.resize_count)
             job.workers.append(worker)
             if worker.vanished:
                 job.lost = job.lost or (
@@ -416,15 +520,24 @@ class LocalBackend:
                     if worker.dir.exists()
                     else "never started (control plane stopped during launch)"
                 )
-        stop = self.workers.stop_record(*key)
+        stop = self.workers.stop_record(*key, job.resize_count)
+        resize = self.workers.resize_record(*key)
         if stop is not None and stop.get("lost"):
             job.lost = job.lost or str(stop["lost"])  # given up on before: it stays lost
-        elif stop is not None:
+        elif stop is not None and stop.get("resize") is None:
             # A stop asked for (with its reason), or a gang stopping after a failed member (no reason: the
             # failure is found again from the exit records).
             job.stop_reason = str(stop["reason"]) if stop.get("reason") else None
             job.stop_signal = int(stop.get("signal", signal.SIGTERM))
             job.kill_at = time.monotonic() + max(0.0, float(stop.get("kill_at", 0.0)) - time.time())
+        elif resize is not None and int(resize["resize_count"]) > job.resize_count:
+            # A resize under way when the control plane stopped: the old workers stop, then the new ones start.
+            workers = tuple(_placement_of(w) for w in resize["workers"])
+            target = dataclasses.replace(launch, workers=workers)  # the store's launch, at the new placement
+            job.resizing = _Resize(target, int(resize["resize_count"]))
+            job.stop_signal = int(resize.get("signal", signum))
+            job.kill_at = time.monotonic() + max(0.0, float(resize.get("kill_at", 0.0)) - time.time())
+            self.workers.mark_stopping(*key, {"resize": job.resizing.count, **resize}, job.resize_count)
         if job.port is not None and job.lost is None:
             self.ports.hold(job.port, _owner(key))
         self._live[key] = job
@@ -433,6 +546,16 @@ class LocalBackend:
         if exc.errno in _NO_SPACE and not self._disk_full_said:
             self._disk_full_said = True
             log.error("%s; jobs cannot start until space is freed", _disk_words(exc))
+
+
+def _placement_record(placement: WorkerPlacement) -> dict[str, Any]:
+    gpus = [[share.index, share.milli, share.memory] for share in placement.gpus]
+    return {"node": placement.node, "gpus": gpus, "cpu_milli": placement.cpu_milli, "memory": placement.memory}
+
+
+def _placement_of(record: dict[str, Any]) -> WorkerPlacement:
+    gpus = tuple(GpuShare(int(i), int(milli), int(memory)) for i, milli, memory in record["gpus"])
+    return WorkerPlacement(str(record["node"]), gpus, int(record["cpu_milli"]), int(record["memory"]))
 
 
 def describe_failure(rank: int, exit_record: dict[str, Any]) -> tuple[int, str]:

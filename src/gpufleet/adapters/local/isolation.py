@@ -54,6 +54,7 @@ class WorkerSpec:
     memory: int = 0
     gpus: tuple[tuple[int, str], ...] = ()  # (index, UUID) of its GPUs on this node
     run_as: str | None = None  # the queue's mapped user, if an administrator set one
+    resize_count: int = 0  # how many times the attempt was resized before this worker started
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +169,9 @@ class Isolation:
         )
         folders: list[str] = []
         if self.cgroups.usable:
-            folders = self.cgroups.create(f"{safe_name(spec.job_id)}.{spec.attempt}.{spec.rank}", limits)
+            generation = f".r{spec.resize_count}" if spec.resize_count > 0 else ""
+            name = f"{safe_name(spec.job_id)}.{spec.attempt}.{spec.rank}{generation}"
+            folders = self.cgroups.create(name, limits)
         return Prepared(
             user=user,
             env=worker_env(base_env(me.name, me.home), {}, spec.env),

@@ -4,11 +4,15 @@ jobs/<job>/                               the job's default working folder when 
                                           plane's own user (kept across attempts, so checkpoints written
                                           there survive a preemption); jobs of per-queue users have theirs
                                           in their user's home (`isolation.py`)
-run/<job>/attempt-<n>/attempt.json        what was launched (job id, attempt, workers, MASTER_PORT)
+run/<job>/attempt-<n>/attempt.json        what runs now (job id, attempt, workers, MASTER_PORT, resize count)
 run/<job>/attempt-<n>/stop.json           a stop was asked for (signal, reason, kill deadline)
 run/<job>/attempt-<n>/worker-<r>/         spec.json (command, environment, user, cgroup), shim.pid,
                                           child.pid, exit.reserve then exit.json
-logs/<job>/attempt-<n>/worker-<r>.log     the worker's stdout and stderr (under `--log-dir` when given)
+run/<job>/attempt-<n>/resize.json         a resize under way: its count, the new placement, the deadline
+run/<job>/attempt-<n>/resize-<k>/         the workers after the k-th resize of the attempt: their own
+                                          stop.json and worker-<r>/ folders, as above
+logs/<job>/attempt-<n>/worker-<r>.log     the worker's stdout and stderr (under `--log-dir` when given); after
+                                          a resize, rank r's new worker appends to the same file
 """
 
 from __future__ import annotations
@@ -54,8 +58,13 @@ class Layout:
     def attempt_dir(self, job_id: str, attempt: int) -> Path:
         return self.run_dir(job_id) / f"attempt-{attempt}"
 
-    def worker_dir(self, job_id: str, attempt: int, rank: int) -> Path:
-        return self.attempt_dir(job_id, attempt) / f"worker-{rank}"
+    def generation_dir(self, job_id: str, attempt: int, resize_count: int = 0) -> Path:
+        """The folder of the attempt's workers after its `resize_count`-th resize (0: as launched)."""
+        folder = self.attempt_dir(job_id, attempt)
+        return folder / f"resize-{resize_count}" if resize_count > 0 else folder
+
+    def worker_dir(self, job_id: str, attempt: int, rank: int, resize_count: int = 0) -> Path:
+        return self.generation_dir(job_id, attempt, resize_count) / f"worker-{rank}"
 
     def log_dir(self, job_id: str) -> Path:
         return self.log_root / safe_name(job_id)

@@ -105,14 +105,40 @@ class WorkerSupervisor:
         write_json(folder / "attempt.json", info)
         return folder
 
-    def mark_stopping(self, job_id: str, attempt: int, info: dict[str, Any]) -> None:
-        """Persist that the attempt is stopping (`stop.json`): a shim that has not started its command yet
-        does not start it, and after a restart the stop still holds. A full disk only loses the record."""
-        with contextlib.suppress(OSError):
-            write_json(self.layout.attempt_dir(job_id, attempt) / "stop.json", info)
+    def begin_generation(self, job_id: str, attempt: int, resize_count: int, info: dict[str, Any]) -> Path:
+        """Record that the attempt now runs its workers after resize `resize_count` (`attempt.json`, rewritten
+        with `info`), before they start; raises OSError (disk full). A restart that finds the record but not
+        every worker of it reports the attempt lost: no worker of it is started twice."""
+        self.layout.attempt_dir(job_id, attempt).mkdir(parents=True, exist_ok=True)  # a node new to the attempt
+        write_json(self.layout.attempt_dir(job_id, attempt) / "attempt.json", info)
+        folder = self.layout.generation_dir(job_id, attempt, resize_count)
+        folder.mkdir(exist_ok=True)
+        return folder
 
-    def stop_record(self, job_id: str, attempt: int) -> dict[str, Any] | None:
-        return read_json(self.layout.attempt_dir(job_id, attempt) / "stop.json")
+    def attempt_record(self, job_id: str, attempt: int) -> dict[str, Any] | None:
+        return read_json(self.layout.attempt_dir(job_id, attempt) / "attempt.json")
+
+    def mark_stopping(self, job_id: str, attempt: int, info: dict[str, Any], resize_count: int = 0) -> None:
+        """Persist that the attempt's workers (those after resize `resize_count`) are stopping (`stop.json`):
+        a shim that has not started its command yet does not start it, and after a restart the stop still
+        holds. A full disk only loses the record."""
+        with contextlib.suppress(OSError):
+            write_json(self.layout.generation_dir(job_id, attempt, resize_count) / "stop.json", info)
+
+    def stop_record(self, job_id: str, attempt: int, resize_count: int = 0) -> dict[str, Any] | None:
+        return read_json(self.layout.generation_dir(job_id, attempt, resize_count) / "stop.json")
+
+    def record_resize(self, job_id: str, attempt: int, info: dict[str, Any]) -> None:
+        """Persist a resize under way (`resize.json`: its count, the new placement, the old workers' deadline),
+        so that a restart before the new workers are recorded completes it. Raises OSError (disk full)."""
+        write_json(self.layout.attempt_dir(job_id, attempt) / "resize.json", info)
+
+    def resize_record(self, job_id: str, attempt: int) -> dict[str, Any] | None:
+        return read_json(self.layout.attempt_dir(job_id, attempt) / "resize.json")
+
+    def clear_resize(self, job_id: str, attempt: int) -> None:
+        with contextlib.suppress(OSError):
+            (self.layout.attempt_dir(job_id, attempt) / "resize.json").unlink(missing_ok=True)
 
     # --- one worker -------------------------------------------------------------------------------------
 
@@ -120,10 +146,9 @@ class WorkerSupervisor:
         """Start one worker under its shim. Returns at once; a worker that cannot be started (its user, its
         cgroup) is returned ended, with the reason in `exit["error"]` and its log. Raises OSError only
         when its own files cannot be written (disk full)."""
-        worker_dir = self.layout.worker_dir(spec.job_id, spec.attempt, spec.rank)
+        worker_dir = self.layout.worker_dir(spec.job_id, spec.attempt, spec.rank, spec.resize_count)
         worker_dir.mkdir()
-        log = self.layout.log_path(spec.job_id, spec.attempt, spec.rank)
-        log.parent.mkdir(parents=True, exist_ok=True)
+        log = self._open_log(spec)
         worker = Worker(spec.rank, worker_dir)
         try:
             prepared = self.isolation.prepare(spec, self.layout.job_dir(spec.job_id))
@@ -169,11 +194,19 @@ class WorkerSupervisor:
         """Record a worker that will not be started (its node cannot run it, e.g. its working folder is
         missing there): returned ended with exit code 126, the reason in `exit["error"]` and in its log.
         Raises OSError only when its own files cannot be written."""
-        worker_dir = self.layout.worker_dir(spec.job_id, spec.attempt, spec.rank)
+        worker_dir = self.layout.worker_dir(spec.job_id, spec.attempt, spec.rank, spec.resize_count)
         worker_dir.mkdir()
+        return self._not_started(Worker(spec.rank, worker_dir), self._open_log(spec), message)
+
+    def _open_log(self, spec: WorkerSpec) -> Path:
+        """The worker's log path, its folder made. After a resize, rank r's new worker writes on in rank r's
+        log of the attempt, below a line that says so: the earlier workers' output stays."""
         log = self.layout.log_path(spec.job_id, spec.attempt, spec.rank)
         log.parent.mkdir(parents=True, exist_ok=True)
-        return self._not_started(Worker(spec.rank, worker_dir), log, message)
+        if spec.resize_count > 0:
+            world = spec.env.get("WORLD_SIZE", "?")
+            _append(log, f"[gpufleet: resize {spec.resize_count}: worker {spec.rank} of {world} starts here]\n")
+        return log
 
     def _not_started(self, worker: Worker, log: Path, message: str) -> Worker:
         _append(log, f"gpufleet: {message}\n")
@@ -181,9 +214,9 @@ class WorkerSupervisor:
         write_json(worker.dir / "exit.json", worker.exit)
         return worker
 
-    def find(self, job_id: str, attempt: int, rank: int) -> Worker:
+    def find(self, job_id: str, attempt: int, rank: int, resize_count: int = 0) -> Worker:
         """A worker started earlier (by this or an earlier supervisor), as its files say."""
-        worker_dir = self.layout.worker_dir(job_id, attempt, rank)
+        worker_dir = self.layout.worker_dir(job_id, attempt, rank, resize_count)
         shim = _shim_record(worker_dir)
         spec = read_json(worker_dir / "spec.json") or {}
         worker = Worker(
@@ -262,11 +295,13 @@ class WorkerSupervisor:
         for attempt_dir in self.layout.run_root().glob("*/attempt-*"):
             if attempt_dir in keep:
                 continue
-            for worker_dir in attempt_dir.glob("worker-*"):
+            # The workers as launched, and those after each resize (normally ended, but a restart in the
+            # middle of one may find both).
+            for worker_dir in [*attempt_dir.glob("worker-*"), *attempt_dir.glob("resize-*/worker-*")]:
                 if (worker_dir / "exit.json").exists():
                     continue
                 with contextlib.suppress(OSError):
-                    write_json(attempt_dir / "stop.json", {"lost": detail, "signal": int(signal.SIGKILL)})
+                    write_json(worker_dir.parent / "stop.json", {"lost": detail, "signal": int(signal.SIGKILL)})
                 rank = worker_dir.name.removeprefix("worker-")
                 if rank.isdigit():
                     found = self._found(worker_dir, int(rank))

@@ -41,10 +41,12 @@ def allocator_env(
     master_port: int,
     emulated: bool,
     node_addresses: Mapping[str, str] | None = None,
+    resize_count: int = 0,
 ) -> dict[str, str]:
     """The variables the allocator sets for worker `rank` of `launch`. `node_addresses`: each node's address
-    (default: `master_addr` for every node, all on this machine). Raises GpufleetError when the placement
-    names a node or GPU this backend does not have."""
+    (default: `master_addr` for every node, all on this machine). `resize_count`: how many times the attempt
+    was resized (GPUFLEET_RESIZE_COUNT: a job resumes from its checkpoint when it is above 0). Raises
+    GpufleetError when the placement names a node or GPU this backend does not have."""
     job = launch.job
     placement = launch.workers[rank]
     node = nodes.get(placement.node)
@@ -85,6 +87,7 @@ def allocator_env(
         "GPUFLEET_JOB_NAME": job.name or job.id,
         "GPUFLEET_QUEUE": job.queue,
         "GPUFLEET_ATTEMPT": str(launch.attempt),
+        "GPUFLEET_RESIZE_COUNT": str(resize_count),
     }
     if launch.checkpoint_interval_s is not None:
         env[CHECKPOINT_INTERVAL_ENV] = f"{launch.checkpoint_interval_s:.0f}"

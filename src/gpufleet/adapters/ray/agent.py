@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 
 ORPHAN_DETAIL = "killed by its node's agent: the control plane no longer runs it here"
 DEFAULT_PORT_RANGE = (29500, 30499)
-# (job id, attempt, rank, command started at (wall), command pid, exit record or None)
-WorkerState = tuple[str, int, int, float | None, int | None, dict[str, Any] | None]
+# (job id, attempt, rank, command started at (wall), command pid, exit record or None, resizes of the attempt
+# before this worker started)
+WorkerState = tuple[str, int, int, float | None, int | None, dict[str, Any] | None, int]
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class _Attempt:
     stop_signal: int | None = None
     kill_at: float | None = None  # time.monotonic() after which the workers get SIGKILL
     lost: bool = False
+    resize_count: int = 0  # the workers are those started after this many resizes of the attempt
 
 
 class PortLeases:
@@ -189,20 +191,31 @@ class NodeAgent:
     def start(self, specs: Sequence[WorkerSpec], info: Mapping[str, Any], reserve_port: bool) -> int | None:
         """Start the workers of one attempt that run on this node. With `reserve_port`, first lease a free
         MASTER_PORT on this node and give it to them (the node of rank 0). Returns the port (None without).
-        Idempotent: an attempt started before is only watched again. Raises GpufleetError when no port is
-        free, OSError when the agent's files cannot be written."""
-        job_id, attempt = specs[0].job_id, specs[0].attempt
+        After a resize (`resize_count` of the specs above 0) the workers start anew beside the ended ones
+        of the same attempt (the control plane has `forget`-ten those). Idempotent: an attempt (after the
+        same resize) started before is only watched again. Raises GpufleetError when no port is free,
+        OSError when the agent's files cannot be written."""
+        job_id, attempt, resize_count = specs[0].job_id, specs[0].attempt, specs[0].resize_count
         key = (job_id, attempt)
         with self._lock:
             known = self._attempts.get(key)
-            if known is not None:
+            if known is not None and known.resize_count >= resize_count:
                 return known.port
-            if self.supervisor.attempt_dir(job_id, attempt).exists():
+            if known is not None:
+                self.forget(job_id, attempt)
+            recorded = self.supervisor.attempt_record(job_id, attempt)
+            if (recorded is not None and int(recorded.get("resize_count") or 0) >= resize_count) or (
+                resize_count == 0 and self.supervisor.attempt_dir(job_id, attempt).exists()
+            ):
                 return self._adopt_one(job_id, attempt, [s.rank for s in specs]).port
             port = self.ports.acquire(_owner(self.name, job_id, attempt)) if reserve_port else None
-            tracked = _Attempt(job_id, attempt, port=port)
+            tracked = _Attempt(job_id, attempt, port=port, resize_count=resize_count)
             self._attempts[key] = tracked
-            self.supervisor.begin_attempt(job_id, attempt, {**info, "port": port, "node": self.name})
+            record = {**info, "port": port, "node": self.name, "resize_count": resize_count}
+            if resize_count == 0:
+                self.supervisor.begin_attempt(job_id, attempt, record)
+            else:
+                self.supervisor.begin_generation(job_id, attempt, resize_count, record)
             for given in specs:
                 spec = (
                     given if port is None else dataclasses.replace(given, env={**given.env, "MASTER_PORT": str(port)})
@@ -218,14 +231,17 @@ class NodeAgent:
         """Every worker this agent tracks, as last refreshed by its watcher."""
         with self._lock:
             return [
-                (a.job_id, a.attempt, rank, _started_at(w), _pid(w), w.exit)
+                (a.job_id, a.attempt, rank, _started_at(w), _pid(w), w.exit, a.resize_count)
                 for a in self._attempts.values()
                 for rank, w in a.workers.items()
             ]
 
-    def stop(self, job_id: str, attempt: int, signum: int, grace_s: float, reason: str | None) -> None:
+    def stop(
+        self, job_id: str, attempt: int, signum: int, grace_s: float, reason: str | None, resize: int | None = None
+    ) -> None:
         """Send `signum` to the attempt's workers here, and SIGKILL what is left after `grace_s`. A stop
-        already under way keeps its earlier deadline. Persisted first (a command not yet started is not)."""
+        already under way keeps its earlier deadline. Persisted first (a command not yet started is not).
+        `resize`: the workers stop to make room for that resize of the attempt (recorded so)."""
         with self._lock:
             tracked = self._attempts.get((job_id, attempt))
             if tracked is None:
@@ -235,8 +251,10 @@ class NodeAgent:
                 deadline = min(deadline, tracked.kill_at)
             tracked.stop_signal, tracked.kill_at = signum, deadline
             left = max(0.0, deadline - time.monotonic())
-            record = {"reason": reason, "signal": signum, "kill_at": time.time() + left}
-            self.supervisor.mark_stopping(job_id, attempt, record)
+            record: dict[str, Any] = {"reason": reason, "signal": signum, "kill_at": time.time() + left}
+            if resize is not None:
+                record["resize"] = resize
+            self.supervisor.mark_stopping(job_id, attempt, record, tracked.resize_count)
             for worker in tracked.workers.values():
                 self.supervisor.signal(worker, signum)
 
@@ -248,17 +266,21 @@ class NodeAgent:
             if tracked is None:
                 return
             tracked.lost = True
-            self.supervisor.mark_stopping(job_id, attempt, {"lost": detail, "signal": int(signal.SIGKILL)})
+            lost = {"lost": detail, "signal": int(signal.SIGKILL)}
+            self.supervisor.mark_stopping(job_id, attempt, lost, tracked.resize_count)
             for worker in tracked.workers.values():
                 if not worker.done or worker.vanished:
                     self.supervisor.abandon(worker)
 
-    def forget(self, job_id: str, attempt: int) -> None:
-        """The control plane has taken the attempt's end: tidy its cgroups, release its port, stop tracking."""
+    def forget(self, job_id: str, attempt: int, resize_count: int | None = None) -> None:
+        """The control plane has taken the attempt's end: tidy its cgroups, release its port, stop tracking.
+        With `resize_count`, only the workers after that many resizes: a late call (this actor runs calls on
+        several threads, so not always in the order sent) never drops the set a later resize started."""
         with self._lock:
-            tracked = self._attempts.pop((job_id, attempt), None)
-            if tracked is None:
+            tracked = self._attempts.get((job_id, attempt))
+            if tracked is None or (resize_count is not None and tracked.resize_count != resize_count):
                 return
+            del self._attempts[(job_id, attempt)]
             for worker in tracked.workers.values():
                 self.supervisor.tidy(worker)
             self.ports.release(tracked.port, _owner(self.name, job_id, attempt))
@@ -287,7 +309,8 @@ class NodeAgent:
                     self.ports.release(port, owner)
             stops = []
             for job_id, attempt, _ in keep:
-                record = self.supervisor.stop_record(job_id, attempt)
+                found = self._attempts.get((job_id, attempt))
+                record = self.supervisor.stop_record(job_id, attempt, found.resize_count if found else 0)
                 if record is not None:
                     stops.append((job_id, attempt, record))
         return self.status(), stops
@@ -295,10 +318,11 @@ class NodeAgent:
     def _adopt_one(self, job_id: str, attempt: int, ranks: Sequence[int]) -> _Attempt:
         info = read_json(self.supervisor.attempt_dir(job_id, attempt) / "attempt.json") or {}
         port = info.get("port")
-        tracked = _Attempt(job_id, attempt, port=int(port) if port is not None else None)
+        resize_count = int(info.get("resize_count") or 0)
+        tracked = _Attempt(job_id, attempt, port=int(port) if port is not None else None, resize_count=resize_count)
         for rank in ranks:
-            tracked.workers[rank] = self.supervisor.find(job_id, attempt, rank)
-        stop = self.supervisor.stop_record(job_id, attempt)
+            tracked.workers[rank] = self.supervisor.find(job_id, attempt, rank, resize_count)
+        stop = self.supervisor.stop_record(job_id, attempt, resize_count)
         if stop is not None and stop.get("lost"):
             tracked.lost = True
         elif stop is not None:

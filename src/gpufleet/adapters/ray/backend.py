@@ -26,11 +26,12 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.adapters.inbox import ObservationInbox
 from gpufleet.adapters.local.executor import describe_failure
 from gpufleet.adapters.local.isolation import WorkerSpec
 from gpufleet.adapters.local.logs import LogRetention
@@ -79,6 +80,9 @@ class _Job:
     lost: str | None = None
     checkpoint_at: float | None = None  # wall clock, for a job lost with its node
     lost_with_node: bool = False  # its LOST waits one poll (the loop reads the node as down first)
+    resize_count: int = 0  # resizes of this attempt so far: `workers` are those after the last
+    resizing: tuple[Launch, int] | None = None  # a resize under way (new placement, count): workers stopping
+    resized_reported: bool = True  # False from the start of a resize's new workers until RESIZED
 
     @property
     def key(self) -> Key:
@@ -88,15 +92,27 @@ class _Job:
 class RayBackend:
     """Runs jobs on the nodes of `fleet`. Observation times come from `clock`."""
 
-    def __init__(self, fleet: RayFleet, clock: Clock, *, gang_grace_s: float = 5.0, status_every_s: float = 0.05):
+    def __init__(
+        self,
+        fleet: RayFleet,
+        clock: Clock,
+        *,
+        gang_grace_s: float = 5.0,
+        status_every_s: float = 0.05,
+        job_env: Callable[[JobId, int], Mapping[str, str]] | None = None,
+    ):
+        """`job_env(job id, attempt)`: variables the control plane gives every worker of that attempt (its
+        progress-report URL and job token), set after the job's own and the allocator's, as on the local
+        executor."""
+        self.job_env = job_env
         self.fleet = fleet
         self.ray = fleet.ray
         self.clock = clock
         self.gang_grace_s = gang_grace_s
         self.status_every_s = status_every_s
         self._live: dict[Key, _Job] = {}
-        self._finished: set[Key] = set()
-        self._inbox: list[Observation] = []
+        self._inbox = ObservationInbox(clock)
+        self._finished = self._inbox.finished
         self._held: list[Observation] = []  # LOST for a lost node: reported one poll later
         self._calls: dict[Any, tuple[str, str, Key | None]] = {}  # ref -> (what, node, job)
         self._status_due: dict[str, float] = {}
@@ -109,7 +125,7 @@ class RayBackend:
     @property
     def capabilities(self) -> BackendCapabilities:
         isolated = self.fleet.gpu_isolation()
-        return BackendCapabilities(multi_node=True, gpu_isolation=isolated, checkpoint_signal=True)
+        return BackendCapabilities(multi_node=True, gpu_isolation=isolated, checkpoint_signal=True, resize=True)
 
     # --- the port -------------------------------------------------------------------------------------
 
@@ -121,73 +137,102 @@ class RayBackend:
         run = job.run
         if run is None:
             self._finished.add(key)
-            self._emit(key, ObservationKind.EXITED, exit_code=127, detail="the job has no command to run")
+            self._inbox.emit(key, ObservationKind.EXITED, exit_code=127, detail="the job has no command to run")
             return
         nodes = list(dict.fromkeys(w.node for w in launch.workers))
-        agents = {name: self.fleet.agent(name) for name in nodes}
-        missing = [name for name, agent in agents.items() if agent is None]
-        if missing:
-            self._lose(key, f"node {missing[0]} lost")
-            return
-        addresses = {name: self.fleet.address(name) for name in nodes}
-        signum = int(signal.Signals[run.checkpoint_signal])
-        argv = ("/bin/sh", "-c", run.command[0]) if run.shell else tuple(run.command)
         try:
-            specs = [
-                WorkerSpec(
-                    job_id=job.id,
-                    attempt=launch.attempt,
-                    rank=rank,
-                    queue=job.queue,
-                    argv=argv,
-                    env={
-                        **dict(run.env),
-                        **allocator_env(
-                            launch,
-                            rank,
-                            self.fleet.nodes_by_name(),
-                            master_addr=addresses[nodes[0]],
-                            master_port=0,  # set by rank 0's agent, which checks it is free on its node
-                            emulated=self.fleet.is_emulated(placement.node),
-                            node_addresses=addresses,
-                        ),
-                    },
-                    workdir=run.workdir,
-                    cpu_milli=placement.cpu_milli,
-                    memory=placement.memory,
-                    gpus=tuple((s.index, self.fleet.gpu_uuid(placement.node, s.index)) for s in placement.gpus),
-                    run_as=launch.run_as,
-                )
-                for rank, placement in enumerate(launch.workers)
-            ]
+            specs = self._specs(launch, 0)
         except GpufleetError as exc:
-            self._lose(key, str(exc))
+            self._inbox.lose(key, str(exc))
             return
+        signum = int(signal.Signals[run.checkpoint_signal])
         tracked = _Job(launch, signum, [_Worker(r, w.node) for r, w in enumerate(launch.workers)], nodes)
-        tracked_specs = {name: [s for s in specs if launch.workers[s.rank].node == name] for name in nodes}
         self._live[key] = tracked
-        self._pending_specs[key] = tracked_specs
-        info = {"job_id": job.id, "attempt": launch.attempt, "workers": len(specs), "nodes": nodes}
-        master = agents[nodes[0]]
-        assert master is not None
-        self._call("start", nodes[0], key, master.start.remote(tracked_specs[nodes[0]], info, True))
+        self._start(tracked, specs)
+
+    def _specs(self, launch: Launch, resize_count: int) -> list[WorkerSpec]:
+        """Every worker's spec (MASTER_PORT still to come from rank 0's agent). Raises GpufleetError (a node
+        lost, a placement this fleet cannot run)."""
+        job, run = launch.job, launch.job.run
+        assert run is not None
+        nodes = list(dict.fromkeys(w.node for w in launch.workers))
+        missing = [name for name in nodes if self.fleet.agent(name) is None]
+        if missing:
+            raise GpufleetError(f"node {missing[0]} lost")
+        addresses = {name: self.fleet.address(name) for name in nodes}
+        argv = ("/bin/sh", "-c", run.command[0]) if run.shell else tuple(run.command)
+        granted = dict(self.job_env(job.id, launch.attempt)) if self.job_env is not None else {}
+        return [
+            WorkerSpec(
+                job_id=job.id,
+                attempt=launch.attempt,
+                rank=rank,
+                queue=job.queue,
+                argv=argv,
+                env={
+                    **dict(run.env),
+                    **allocator_env(
+                        launch,
+                        rank,
+                        self.fleet.nodes_by_name(),
+                        master_addr=addresses[nodes[0]],
+                        master_port=0,  # set by rank 0's agent, which checks it is free on its node
+                        emulated=self.fleet.is_emulated(placement.node),
+                        node_addresses=addresses,
+                        resize_count=resize_count,
+                    ),
+                    **granted,
+                },
+                workdir=run.workdir,
+                cpu_milli=placement.cpu_milli,
+                memory=placement.memory,
+                gpus=tuple((s.index, self.fleet.gpu_uuid(placement.node, s.index)) for s in placement.gpus),
+                run_as=launch.run_as,
+                resize_count=resize_count,
+            )
+            for rank, placement in enumerate(launch.workers)
+        ]
+
+    def _start(self, job: _Job, specs: list[WorkerSpec]) -> None:
+        """Ask rank 0's agent to start its workers; the other nodes start theirs once the port is known."""
+        key = job.key
+        self._pending_specs[key] = {name: [s for s in specs if job.workers[s.rank].node == name] for name in job.nodes}
+        info = {"job_id": key[0], "attempt": key[1], "workers": len(specs), "nodes": job.nodes}
+        master = self.fleet.agent(job.nodes[0])
+        if master is None:
+            job.lost = f"node {job.nodes[0]} lost"
+            return
+        self._call("start", job.nodes[0], key, master.start.remote(self._pending_specs[key][job.nodes[0]], info, True))
+
+    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
+        """Restart the attempt with `launch.workers` (see the port): the checkpoint signal to its workers on
+        every node, SIGKILL after `grace_s`, then the new set started as a launch is (rank 0's node first).
+        Ignored for an attempt not running here, stopping or failed, and for a count not above the last."""
+        if not launch.workers:
+            raise GpufleetError(
+                f"cannot resize job {launch.job.id!r} to no workers", "stop it instead, or give at least one worker"
+            )
+        job = self._live.get((launch.job.id, launch.attempt))
+        if job is None or job.stop_reason is not None or job.failure is not None or job.lost is not None:
+            return
+        if resize_count <= (job.resizing[1] if job.resizing is not None else job.resize_count):
+            return
+        if job.resizing is None and job.workers and all(w.done for w in job.workers):
+            return  # it ended by itself first: the next poll reports that
+        first = job.resizing is None
+        job.resizing = (launch, resize_count)
+        if first:
+            self._begin_stop(job, job.signal, grace_s, resize=resize_count)
 
     def stop(self, job_id: JobId, attempt: int, grace_s: float, reason: str) -> None:
         job = self._live.get((job_id, attempt))
         if job is None or job.stop_reason is not None:
             return
-        if job.workers and all(w.done for w in job.workers):
+        if job.resizing is None and job.workers and all(w.done for w in job.workers):
             return
+        job.resizing = None  # a stop wins over a resize under way
         job.stop_reason = reason or "stopped"
         self._begin_stop(job, job.signal, grace_s)
-
-    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
-        """Not implemented by this executor (`capabilities.resize` is False, so the control loop never asks):
-        elastic jobs keep the size they started at."""
-        raise GpufleetError(
-            f"this executor cannot resize job {launch.job.id!r}",
-            "run elastic jobs at a fixed size here, or use an executor whose capabilities include resize",
-        )
 
     def poll(self) -> Sequence[Observation]:
         out, self._held = self._held, []
@@ -202,8 +247,7 @@ class RayBackend:
             for w in job.workers
             if w.pid is not None and not w.done
         }
-        out, self._inbox = out + self._inbox, []
-        return out
+        return out + self._inbox.take()
 
     def adopt(self, live: Sequence[Launch]) -> None:
         """Every agent is told which attempts to keep (and kills the rest); jobs on nodes that are gone are
@@ -225,13 +269,21 @@ class RayBackend:
                     ranks = [r for r, w in enumerate(launch.workers) if w.node == name]
                     keep[name].append((launch.job.id, launch.attempt, ranks))
         answers = {name: self.fleet.agent_or_raise(name).adopt.remote(kept) for name, kept in keep.items()}
+        answered = []
         for name, ref in answers.items():
             try:
-                states, stops = self.ray.get(ref, timeout=60)
+                answered.append(self.ray.get(ref, timeout=60))
             except Exception as exc:  # an agent that cannot answer: its node is as good as lost
                 log.warning("agent of node %s did not answer adoption: %s", name, exc)
                 self.fleet.report_unreachable(name)
-                continue
+        for states, _ in answered:
+            for job_id, attempt, *_, resize_count in states:
+                resized = self._live.get((job_id, attempt))
+                if resized is not None and resize_count > resized.resize_count:
+                    # Resized before the restart: its workers are those after the last resize (RESIZED again:
+                    # it may not have been seen).
+                    resized.resize_count, resized.resized_reported = resize_count, False
+        for states, stops in answered:
             self._apply_states(states)
             for job_id, attempt, record in stops:
                 stopping = self._live.get((job_id, attempt))
@@ -239,6 +291,9 @@ class RayBackend:
                     continue
                 if record.get("lost"):
                     stopping.lost = str(record["lost"])
+                elif record.get("resize") is not None and record.get("reason") is None:
+                    # The new workers' placement went with the control plane: retried from its checkpoint.
+                    stopping.lost = f"resize {record['resize']} was under way when the control plane stopped"
                 elif record.get("reason") and stopping.stop_reason is None:
                     stopping.stop_reason = str(record["reason"])
                     stopping.stop_signal = int(record.get("signal", signal.SIGTERM))
@@ -415,12 +470,12 @@ class RayBackend:
             self._call("status", name, None, ref)
 
     def _apply_states(
-        self, states: Sequence[tuple[str, int, int, float | None, int | None, dict[str, Any] | None]]
+        self, states: Sequence[tuple[str, int, int, float | None, int | None, dict[str, Any] | None, int]]
     ) -> None:
-        for job_id, attempt, rank, started_at, pid, exit_record in states:
+        for job_id, attempt, rank, started_at, pid, exit_record, resize_count in states:
             job = self._live.get((job_id, attempt))
-            if job is None or rank >= len(job.workers):
-                continue
+            if job is None or rank >= len(job.workers) or resize_count != job.resize_count:
+                continue  # (a worker of the attempt before its last resize)
             worker = job.workers[rank]
             if worker.done:
                 continue
@@ -447,6 +502,13 @@ class RayBackend:
 
     def _watch(self, job: _Job) -> None:
         key = job.key
+        if not job.resized_reported and job.lost is None:
+            refused = [w for w in job.workers if w.exit is not None and "error" in w.exit]
+            if refused:  # a resize's new worker could not be started: the attempt cannot go on
+                first = min(refused, key=lambda w: w.rank)
+                assert first.exit is not None
+                detail = describe_failure(first.rank, first.exit)[1]
+                job.lost = f"resize {job.resize_count}: {detail} on node {first.node}"
         if job.lost is not None:
             self._kill_everywhere(job)
             self._finish(job)
@@ -460,26 +522,33 @@ class RayBackend:
             if job.lost_with_node:
                 self._held.append(observation)  # the loop reads the node as down first
             else:
-                self._inbox.append(observation)
+                self._inbox.add(observation)
             return
         if not job.started_reported and all(w.started_at is not None for w in job.workers):
             job.started_reported = True
-            self._emit(key, ObservationKind.STARTED, wall=max(w.started_at or 0.0 for w in job.workers))
-        if job.stop_reason is None and job.failure is None:
+            self._inbox.emit(key, ObservationKind.STARTED, wall=max(w.started_at or 0.0 for w in job.workers))
+        if not job.resized_reported and all(w.started_at is not None for w in job.workers):
+            job.resized_reported = True
+            up = max(w.started_at or 0.0 for w in job.workers)
+            self._inbox.emit(key, ObservationKind.RESIZED, wall=up, detail=f"resize {job.resize_count}")
+        if job.stop_reason is None and job.failure is None and job.resizing is None:
             self._check_failure(job)
         if not all(w.done for w in job.workers):
+            return
+        if job.resizing is not None:
+            self._start_generation(job, *job.resizing)  # the old workers are gone: how they ended does not count
             return
         self._finish(job)
         ended = max((float(w.exit.get("ended_at", 0.0)) for w in job.workers if w.exit), default=0.0)
         wall = ended or None
         if job.stop_reason == SHUTDOWN_REASON:
-            self._emit(key, ObservationKind.LOST, wall=wall, detail="stopped when the control plane shut down")
+            self._inbox.emit(key, ObservationKind.LOST, wall=wall, detail="stopped when the control plane shut down")
         elif job.stop_reason is not None:
-            self._emit(key, ObservationKind.STOPPED, wall=wall, detail=job.stop_reason)
+            self._inbox.emit(key, ObservationKind.STOPPED, wall=wall, detail=job.stop_reason)
         elif job.failure is not None:
-            self._emit(key, ObservationKind.EXITED, wall=wall, exit_code=job.failure[0], detail=job.failure[1])
+            self._inbox.emit(key, ObservationKind.EXITED, wall=wall, exit_code=job.failure[0], detail=job.failure[1])
         else:
-            self._emit(key, ObservationKind.EXITED, wall=wall, exit_code=0)
+            self._inbox.emit(key, ObservationKind.EXITED, wall=wall, exit_code=0)
 
     def _check_failure(self, job: _Job) -> None:
         failed = [w for w in job.workers if w.exit is not None and int(w.exit.get("code", 0)) != 0]
@@ -492,7 +561,7 @@ class RayBackend:
         if not all(w.done for w in job.workers):
             self._begin_stop(job, int(signal.SIGTERM), self.gang_grace_s)
 
-    def _begin_stop(self, job: _Job, signum: int, grace_s: float) -> None:
+    def _begin_stop(self, job: _Job, signum: int, grace_s: float, resize: int | None = None) -> None:
         grace_s = max(0.0, grace_s)
         if job.kill_at is not None:
             grace_s = min(grace_s, max(0.0, job.kill_at - time.monotonic()))
@@ -501,7 +570,26 @@ class RayBackend:
         for name in job.started_nodes:
             agent = self.fleet.agent(name)
             if agent is not None:
-                agent.stop.remote(job.key[0], job.key[1], signum, grace_s, job.stop_reason)
+                agent.stop.remote(job.key[0], job.key[1], signum, grace_s, job.stop_reason, resize)
+
+    def _start_generation(self, job: _Job, launch: Launch, resize_count: int) -> None:
+        """Start the new workers of a resize, every old one ended: the agents that ran the old ones tidy them
+        up (only those: an agent may take the calls in another order), then the new set starts as a launch."""
+        key = job.key
+        for name in job.started_nodes:
+            agent = self.fleet.agent(name)
+            if agent is not None:
+                agent.forget.remote(key[0], key[1], job.resize_count)
+        job.launch, job.resizing, job.resize_count, job.resized_reported = launch, None, resize_count, False
+        job.workers = [_Worker(r, w.node) for r, w in enumerate(launch.workers)]
+        job.nodes = list(dict.fromkeys(w.node for w in launch.workers))
+        job.started_nodes, job.port, job.stop_signal, job.kill_at = set(), None, None, None
+        try:
+            specs = self._specs(launch, resize_count)
+        except GpufleetError as exc:
+            job.lost = f"resize {resize_count}: {exc}"
+            return
+        self._start(job, specs)
 
     def _kill_everywhere(self, job: _Job) -> None:
         for name in job.started_nodes:
@@ -518,23 +606,6 @@ class RayBackend:
         self._live.pop(key, None)
         self._pending_specs.pop(key, None)
         self._finished.add(key)
-
-    def _lose(self, key: Key, detail: str) -> None:
-        self._finished.add(key)
-        self._emit(key, ObservationKind.LOST, detail=detail)
-
-    def _emit(
-        self,
-        key: Key,
-        kind: ObservationKind,
-        *,
-        wall: float | None = None,
-        exit_code: int | None = None,
-        detail: str = "",
-    ) -> None:
-        now = self.clock.now()
-        at = now - max(0.0, time.time() - wall) if wall is not None else now
-        self._inbox.append(Observation(key[0], key[1], kind, at, exit_code=exit_code, detail=detail))
 
 
 def _with_port(spec: WorkerSpec, port: int | None) -> WorkerSpec:

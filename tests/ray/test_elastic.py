@@ -1,0 +1,152 @@
+"""Elastic jobs on a real Ray cluster: workers get their attempt's report token as on the local executor, and
+the Ray backend resizes a running attempt across nodes (checkpoint signal on every node, then the new set
+with the new WORLD_SIZE under the same attempt)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpufleet.domain import GpuShare, Job, WorkerPlacement, WorkerRequest
+from gpufleet.domain.jobs import RunSpec
+from gpufleet.ports import Launch, Observation, ObservationKind
+from tests.kit.jobusers import JOB_PYTHON, reachable_by_jobs, share, users_created_here
+from tests.ray.conftest import RayPlane, within
+
+K = ObservationKind
+
+# Writes its environment to OUT-<resize count>-<rank>.json; on SIGTERM writes OUT-ckpt-<count>-<rank>, exits 0.
+ELASTIC = r"""
+import json, os, signal, sys, time
+out = sys.argv[1]
+me = os.environ["GPUFLEET_RESIZE_COUNT"] + "-" + os.environ["RANK"]
+def save(signum, frame):
+    open(out + "-ckpt-" + me, "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+with open(out + "-" + me + ".tmp", "w") as f:
+    json.dump({"env": dict(os.environ), "pid": os.getpid()}, f)
+os.replace(out + "-" + me + ".tmp", out + "-" + me + ".json")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_ray_workers_get_their_attempts_report_token_and_reports_with_it_are_taken(plane: RayPlane) -> None:
+    live = plane.live
+    with plane.client() as client:
+        job = live.submit(client, "sleep", "600", gpus=1)
+        [started] = live.wait_events("start", job, timeout_s=120)
+        env = started["env"]
+        token, url = env["GPUFLEET_REPORT_TOKEN"], env["GPUFLEET_REPORT_URL"]
+        assert url.startswith(live.url)
+        assert job in url
+        report = {"reports": [{"kind": "progress", "step": 7, "samples": 448, "loss": 1.25}]}
+        taken = httpx.post(url, json=report, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert taken.status_code < 300, taken.text
+        refused = httpx.post(url, json=report, headers={"Authorization": "Bearer job-1.forged"}, timeout=10)
+        assert refused.status_code == 401, refused.text
+        progress = client.get(f"/v1/jobs/{job}/progress").json()
+        assert progress["step"] == 7
+        client.post(f"/v1/jobs/{job}/cancel")
+        live.wait_state(client, job, "cancelled", timeout_s=60)
+
+
+def test_the_ray_backend_resizes_an_attempt_across_nodes(ray_cluster: Any, tmp_path: Path) -> None:
+    from gpufleet.adapters.ray.agent import AgentOptions
+    from gpufleet.adapters.ray.backend import RayBackend
+    from gpufleet.adapters.ray.ray_inventory import RayFleet
+
+    cluster = ray_cluster
+    shared = reachable_by_jobs(tmp_path / "elastic")
+    program = share(shared / "elastic.py", ELASTIC)
+    out = str(shared / "found")
+    options = AgentOptions(root=str(tmp_path / "agents"), jobs_home=str(reachable_by_jobs(tmp_path / "homes")))
+    with users_created_here():
+        # Agents of their own (their own namespace and folders) beside the plane's, driven from this process.
+        nodes = tuple(cluster.specs.values())  # the emulated nodes' GPUs
+        fleet = within(120, "joining the Ray cluster", lambda: RayFleet(cluster.address, options, emulated=nodes))
+        try:
+            within(120, "finding the nodes", lambda: fleet.first_scan((), wait_for=3))
+            token = {"GPUFLEET_REPORT_TOKEN": "tok-ray-el"}
+            backend = RayBackend(fleet, _Clock(), job_env=lambda job_id, attempt: token)
+            assert backend.capabilities.resize
+            within(120, "adopting nothing", lambda: backend.adopt([]))
+            run = RunSpec((JOB_PYTHON, str(program), out))
+            job = Job("ray-elastic", "default", WorkerRequest(gpus=1), workers=2, run=run)
+            launch = Launch(job, 1, (_at("node-1", 6), _at("node-2", 6)))
+            backend.launch(launch)
+            seen = within(240, "the start", lambda: _wait(backend, lambda s: _has(s, K.STARTED)))
+            before = [_read(f"{out}-0-{rank}.json") for rank in (0, 1)]
+
+            bigger = replace(launch, workers=(_at("node-2", 7), _at("node-3", 6), _at("node-3", 7)))
+            asked = time.monotonic()
+            backend.resize(bigger, grace_s=30.0, resize_count=1)
+            seen += within(240, "the resize", lambda: _wait(backend, lambda s: _has(s, K.RESIZED)))
+            latency = time.monotonic() - asked
+            assert all(Path(f"{out}-ckpt-0-{rank}").exists() for rank in (0, 1))  # both saved, each on its node
+            after = [_read(f"{out}-1-{rank}.json")["env"] for rank in range(3)]
+            assert [e["WORLD_SIZE"] for e in after] == ["3", "3", "3"]
+            assert [e["RANK"] for e in after] == ["0", "1", "2"]
+            assert {e["GPUFLEET_RESIZE_COUNT"] for e in after} == {"1"}
+            assert {e["GPUFLEET_ATTEMPT"] for e in after} == {"1"}
+            assert {e["GPUFLEET_REPORT_TOKEN"] for e in after} == {"tok-ray-el"}
+            assert [e["NODE_RANK"] for e in after] == ["0", "1", "1"]
+            assert len({e["MASTER_PORT"] for e in after}) == 1  # one rendezvous, leased on rank 0's node
+            assert after[0]["CUDA_VISIBLE_DEVICES"].startswith("GPU-emulated-node-2-")
+            assert before[0]["env"]["WORLD_SIZE"] == "2"
+            assert [o.kind for o in seen] == [K.STARTED, K.RESIZED]  # the old workers' ends are not reported
+
+            backend.stop("ray-elastic", 1, 30.0, "done")
+            seen += within(240, "the stop", lambda: _wait(backend, lambda s: _has(s, K.STOPPED)))
+            assert [o.detail for o in seen if o.kind is K.STOPPED] == ["done"]
+            assert all(Path(f"{out}-ckpt-1-{rank}").exists() for rank in range(3))
+            print(json.dumps({"ray_resize_latency_s": round(latency, 3)}))
+        finally:
+            for _, agent in fleet.agents():  # every worker they started dies with them (they outlive agents)
+                with contextlib.suppress(Exception):
+                    fleet.ray.get(agent.adopt.remote([]), timeout=60)
+                fleet.ray.kill(agent, no_restart=True)
+            fleet.close()
+
+
+class _Clock:
+    def now(self) -> float:
+        return time.time()
+
+
+def _at(node: str, gpu: int) -> WorkerPlacement:
+    return WorkerPlacement(node, (GpuShare(gpu),))
+
+
+def _has(seen: list[Observation], kind: ObservationKind) -> bool:
+    return any(o.kind is kind for o in seen)
+
+
+def _wait(backend: Any, done: Callable[[list[Observation]], bool], timeout_s: float = 200.0) -> list[Observation]:
+    seen: list[Observation] = []
+    deadline = time.monotonic() + timeout_s
+    while not done(seen):
+        seen.extend(backend.poll())
+        assert not _has(seen, K.LOST), seen
+        if time.monotonic() > deadline:
+            jobs = {key: (job.workers, job.started_nodes, job.resize_count) for key, job in backend._live.items()}
+            raise AssertionError(f"after {timeout_s} s: observed {seen}; the backend's jobs: {jobs}")
+        time.sleep(0.02)
+    return seen
+
+
+def _read(path: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while not Path(path).exists():
+        assert time.monotonic() < deadline, f"no {path} after {timeout_s} s"
+        time.sleep(0.05)
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    return data
