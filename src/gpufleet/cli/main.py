@@ -108,7 +108,7 @@ def bench_resize(
     as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
 ) -> None:
     """Resize latency of the local executor: checkpoint signal to every worker up at the new size."""
-    from gpufleet.bench import resize
+    from gpufleet.bench import resize_latency
 
     try:
         counts = tuple(int(part) for part in sizes.split(",") if part.strip())
@@ -116,7 +116,7 @@ def bench_resize(
         fail(GpufleetError(f"--sizes {sizes!r} is not a list of numbers", "give e.g. --sizes 2,4,1"))
         return
     try:
-        result = resize.run(counts, rounds)
+        result = resize_latency.run(counts, rounds)
     except GpufleetError as error:
         fail(error)
         return

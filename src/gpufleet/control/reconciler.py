@@ -20,16 +20,23 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from gpufleet.control.changes import (
+    Changes,
+    attained_until,
+    attempt_loss,
+    back_to_queue,
+    collapse,
+)
 from gpufleet.control.learning import Learning
 from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
 from gpufleet.control.resize import ProgressReader, Resizer, is_elastic
-from gpufleet.domain.checkpoints import AttemptLoss, LossCause, ObservedPool, plan_checkpoints
+from gpufleet.domain.checkpoints import LossCause, ObservedPool, plan_checkpoints
 from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
-from gpufleet.domain.lifecycle import JobState, Transition, transition
+from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.records import JobRecord, StopCause
 from gpufleet.domain.snapshot import ClusterSnapshot
 from gpufleet.ports import (
@@ -78,27 +85,6 @@ class StepReport:
     decided: int = 0
     core_seconds: float = 0.0
     resized: int = 0  # resizes of running elastic jobs asked of the backend
-
-
-@dataclass
-class _Changes:
-    records: list[JobRecord] = field(default_factory=list)
-    transitions: list[Transition] = field(default_factory=list)
-    latest: dict[JobId, JobRecord] = field(default_factory=dict)
-
-    def add(self, record: JobRecord) -> None:
-        self.records.append(record)
-        self.latest[record.id] = record
-
-    def move(self, record: JobRecord, target: JobState, reason: str, at: float, **changes: object) -> JobRecord:
-        self.transitions.append(transition(record.id, record.state, target, reason, at))
-        new = record.evolve(state=target, reason=reason, **changes)
-        self.add(new)
-        return new
-
-
-def _gpus(record: JobRecord) -> float:
-    return sum(s.milli for w in record.workers for s in w.gpus) / 1000.0
 
 
 class Reconciler:
@@ -218,7 +204,7 @@ class Reconciler:
         """Stop every job that holds resources and put it back in its queue (the control plane is
         going down and was asked to stop its jobs). Returns how many were asked to stop."""
         now = self.clock.now()
-        changes = _Changes()
+        changes = Changes()
         stops = [
             self._stop(record, StopCause.PREEMPTED, reason, now, changes)
             for record in self.store.active()
@@ -309,7 +295,7 @@ class Reconciler:
     def _checkpoints(self, requests: Sequence[Request]) -> None:
         """Checkpoints jobs reported (through the API's report channel): each one's time and cost go into its
         record, and the time into the running job the core ranks victims by (work lost since it)."""
-        changes = _Changes()
+        changes = Changes()
         for request in requests:
             if request.kind is not RequestKind.CHECKPOINT:
                 continue
@@ -331,7 +317,7 @@ class Reconciler:
     def _requests(self, now: float, report: StepReport, requests: Sequence[Request]) -> None:
         if not requests:
             return
-        changes = _Changes()
+        changes = Changes()
         stops: list[JobRecord] = []
         killed: set[JobId] = set()
         for request in requests:
@@ -364,7 +350,7 @@ class Reconciler:
         record: JobRecord,
         request: Request,
         now: float,
-        changes: _Changes,
+        changes: Changes,
         stops: list[JobRecord],
         *,
         force: bool = False,
@@ -389,7 +375,7 @@ class Reconciler:
     def _timeouts(self, now: float, report: StepReport) -> None:
         if not self._deadlines or self._deadlines[0][0] > now:
             return
-        changes = _Changes()
+        changes = Changes()
         stops: list[JobRecord] = []
         while self._deadlines and self._deadlines[0][0] <= now:
             _, job_id, attempt = heapq.heappop(self._deadlines)
@@ -402,7 +388,7 @@ class Reconciler:
         self._write(changes)
         self._send_stops(stops, report)
 
-    def _stop(self, record: JobRecord, cause: StopCause, reason: str, now: float, changes: _Changes) -> JobRecord:
+    def _stop(self, record: JobRecord, cause: StopCause, reason: str, now: float, changes: Changes) -> JobRecord:
         evicting = changes.move(record, S.EVICTING, reason, now, stop_cause=cause, evicting_for=None)
         self.base.set_evicting(record.id, "")
         return evicting
@@ -428,7 +414,7 @@ class Reconciler:
         observations = self._unwritten = [*self._unwritten, *fresh]
         if not observations:
             return
-        changes = _Changes()
+        changes = Changes()
         released_queues: set[str] = set()
         requeued: list[JobRecord] = []
         outcomes: list[tuple[JobRecord, Observation, JobRecord]] = []
@@ -463,20 +449,20 @@ class Reconciler:
             self.pending.wake(Wake.RELEASE)
             self.pending.wake(Wake.QUOTA, self._cohort_mates(released_queues))
 
-    def _current(self, obs: Observation, changes: _Changes) -> JobRecord | None:
+    def _current(self, obs: Observation, changes: Changes) -> JobRecord | None:
         record = self._latest(obs.job_id, changes)
         if record is None or record.attempt != obs.attempt or record.state.terminal:
             return None  # stale: an earlier attempt, or already finished
         return record
 
-    def _observed(self, record: JobRecord, obs: Observation, changes: _Changes) -> JobRecord | None:
+    def _observed(self, record: JobRecord, obs: Observation, changes: Changes) -> JobRecord | None:
         at = obs.at
         checkpoint = obs.checkpoint_at if obs.checkpoint_at is not None else record.last_checkpoint_at
         if obs.kind is ObservationKind.STARTED:
             if record.state is S.LAUNCHING:
                 return changes.move(record, S.RUNNING, "all workers started", at, started_at=at)
             return None
-        attained = _attained(record, at)
+        attained = attained_until(record, at)
         if obs.kind is ObservationKind.RESIZED:
             return self._resized(record, obs, attained, changes)
         if obs.kind is ObservationKind.EXITED:
@@ -495,11 +481,11 @@ class Reconciler:
             what = "lost while being stopped" if record.state is S.EVICTING else "lost"
             reason = f"{what} ({obs.detail or 'no reason given'}); retried"
             preemptions = record.preemptions + (record.state is S.EVICTING)
-            loss = _attempt_loss(record, LossCause.LOST, at, checkpoint)
-            return _back_to_queue(changes, record, reason, at, attained, checkpoint, preemptions, attempt_loss=loss)
+            loss = attempt_loss(record, LossCause.LOST, at, checkpoint)
+            return back_to_queue(changes, record, reason, at, attained, checkpoint, preemptions, attempt_loss=loss)
         return None
 
-    def _resized(self, record: JobRecord, obs: Observation, attained: float, changes: _Changes) -> JobRecord | None:
+    def _resized(self, record: JobRecord, obs: Observation, attained: float, changes: Changes) -> JobRecord | None:
         """Every new worker of a resize is up: a shrink now holds only the workers it kept."""
         if record.state is not S.RUNNING or not record.resizing:
             return None
@@ -540,7 +526,7 @@ class Reconciler:
             for job in sorted(self.pending.jobs.values(), key=lambda j: (j.submit_seq, j.id))
             if (record := known.get(job.id)) is not None
         ]
-        changes = _Changes()
+        changes = Changes()
         started: list[tuple[JobRecord, tuple[WorkerPlacement, ...]]] = []
         for job_id, workers in sorted(resizer.sizes(now, self.base, running, waiting).items()):
             record = known[job_id]
@@ -549,7 +535,7 @@ class Reconciler:
                 "resizes": record.resizes + 1,
                 "resized_at": now,
                 "resizing": True,
-                "attained_gpu_seconds": _attained(record, now),
+                "attained_gpu_seconds": attained_until(record, now),
             }
             if workers < current:
                 target = record.workers[:workers]
@@ -573,7 +559,7 @@ class Reconciler:
             report.resized += 1
 
     def _exited(
-        self, record: JobRecord, obs: Observation, attained: float, checkpoint: float | None, changes: _Changes
+        self, record: JobRecord, obs: Observation, attained: float, checkpoint: float | None, changes: Changes
     ) -> JobRecord:
         at = obs.at
         code = obs.exit_code if obs.exit_code is not None else 0
@@ -588,7 +574,7 @@ class Reconciler:
         failed = f"a worker exited {code}" + (f": {obs.detail}" if obs.detail else "")
         if record.state is S.EVICTING and record.stop_cause is StopCause.CANCELLED:
             return changes.move(record, S.CANCELLED, f"{record.reason} ({failed})", at, evicting_for=None, **ended)
-        ended["attempt_loss"] = _attempt_loss(record, LossCause.FAILED, at, checkpoint)
+        ended["attempt_loss"] = attempt_loss(record, LossCause.FAILED, at, checkpoint)
         run = record.job.run
         if record.state is S.RUNNING and run is not None and record.failures < run.retries:
             return changes.move(
@@ -609,7 +595,7 @@ class Reconciler:
         return changes.move(record, S.FAILED, failed, at, evicting_for=None, failures=record.failures + 1, **ended)
 
     def _stopped(
-        self, record: JobRecord, obs: Observation, attained: float, checkpoint: float | None, changes: _Changes
+        self, record: JobRecord, obs: Observation, attained: float, checkpoint: float | None, changes: Changes
     ) -> JobRecord:
         at = obs.at
         if record.stop_cause in (StopCause.CANCELLED, StopCause.TIMEOUT):
@@ -639,8 +625,8 @@ class Reconciler:
             where = f"at the back of queue {job.queue}"
         more: dict[str, object] = {"job": job}
         if record.stop_cause is not StopCause.RECLAIMED:  # reserved but idle: it was doing no work
-            more["attempt_loss"] = _attempt_loss(record, LossCause.PREEMPTED, at, checkpoint)
-        return _back_to_queue(
+            more["attempt_loss"] = attempt_loss(record, LossCause.PREEMPTED, at, checkpoint)
+        return back_to_queue(
             changes, record, f"{why}; {where}", at, attained, checkpoint, record.preemptions + 1, **more
         )
 
@@ -652,7 +638,7 @@ class Reconciler:
     # --- apply ------------------------------------------------------------------------------------
 
     def _apply(self, now: float, result: CycleResult, report: StepReport) -> None:
-        changes = _Changes()
+        changes = Changes()
         launches: list[Launch] = []
         stops: list[tuple[JobRecord, str]] = []
         for placement in result.placements:
@@ -732,7 +718,7 @@ class Reconciler:
             checkpoint_interval_s=plan.interval_s if plan is not None else None,
         )
 
-    def _latest(self, job_id: JobId, changes: _Changes) -> JobRecord | None:
+    def _latest(self, job_id: JobId, changes: Changes) -> JobRecord | None:
         record = changes.latest.get(job_id)
         if record is not None:
             return record
@@ -740,10 +726,10 @@ class Reconciler:
         record = self._known.get(job_id)
         return record if record is not None else self.store.get(job_id)
 
-    def _write(self, changes: _Changes) -> None:
+    def _write(self, changes: Changes) -> None:
         if not changes.records:
             return
-        self.store.write(_collapse(changes.records), changes.transitions)
+        self.store.write(collapse(changes.records), changes.transitions)
         for record in changes.latest.values():
             if record.state.terminal:
                 self._known.pop(record.id, None)
@@ -753,66 +739,3 @@ class Reconciler:
         if self.events is not None:
             for t in changes.transitions:
                 self.events.emit(t)
-
-
-def _attained(record: JobRecord, at: float) -> float:
-    """GPU-seconds received up to `at`: what was counted until its holdings last changed, and its GPUs since."""
-    attained = record.attained_gpu_seconds
-    if record.started_at is not None and record.state in (S.RUNNING, S.EVICTING, S.LAUNCHING):
-        since = max(record.started_at, record.resized_at if record.resized_at is not None else record.started_at)
-        attained += _gpus(record) * max(0.0, at - since)
-    return attained
-
-
-def _back_to_queue(
-    changes: _Changes,
-    record: JobRecord,
-    reason: str,
-    at: float,
-    attained: float,
-    checkpoint: float | None,
-    preemptions: int,
-    **more: object,
-) -> JobRecord:
-    """The job stopped holding resources and waits again: what it received and saved so far is kept."""
-    return changes.move(
-        record,
-        S.PENDING,
-        reason,
-        at,
-        workers=(),
-        started_at=None,
-        attained_gpu_seconds=attained,
-        last_checkpoint_at=checkpoint,
-        evicting_for=None,
-        stop_cause=None,
-        preemptions=preemptions,
-        resize_to=(),
-        resizing=False,
-        **more,
-    )
-
-
-def _attempt_loss(record: JobRecord, cause: LossCause, at: float, checkpoint: float | None) -> AttemptLoss | None:
-    """The work the attempt of `record` loses ending at `at`, counted as victim choice counts it."""
-    if record.started_at is None:
-        return None
-    running = dataclasses.replace(record.as_running(), last_checkpoint_at=checkpoint)
-    return AttemptLoss(
-        record.attempt,
-        cause,
-        record.started_at,
-        at,
-        running.lost_work_seconds(at),
-        _gpus(record) or len(record.workers),
-    )
-
-
-def _collapse(records: Sequence[JobRecord]) -> list[tuple[int, JobRecord]]:
-    """Several versions of one record written at once: the last one, with the version it started from."""
-    first: dict[JobId, int] = {}
-    latest: dict[JobId, JobRecord] = {}
-    for record in records:
-        first.setdefault(record.id, record.version - 1)
-        latest[record.id] = record
-    return [(first[job_id], record) for job_id, record in latest.items()]
