@@ -3,6 +3,8 @@ ends come back as job states; a restart of the control plane adopts what still r
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 
 from gpufleet.adapters.local.executor import LocalBackend
@@ -10,6 +12,7 @@ from gpufleet.adapters.storage.memory import InMemoryStore
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings
 from gpufleet.domain import Job, JobState, WorkerRequest
 from gpufleet.policies.catalog import profile
+from gpufleet.policies.resize.goodput import GoodputResize
 from gpufleet.ports import RequestKind
 from tests.local.conftest import TIMEOUT_S, Harness, WallClock
 
@@ -69,3 +72,43 @@ def test_a_cancel_reaches_the_process_as_its_checkpoint_signal(harness: Harness)
     store.request("c", RequestKind.CANCEL, "not needed any more", clock.now())
     run_until(loop, store, lambda: store.get("c").state is S.CANCELLED)
     assert saved.read_text() == "saved on SIGINT"
+
+
+def test_the_loop_grows_an_elastic_job_into_idle_gpus_through_the_local_executor(harness: Harness) -> None:
+    """End to end: the goodput policy decides, the reconciler records the resize on the same attempt, and the
+    real executor checkpoints the workers and starts the grown set with the new WORLD_SIZE."""
+    clock = WallClock()
+    store = InMemoryStore([harness.node])
+    out = harness.root / "elastic-out"
+    out.mkdir()
+    gate = harness.root / "release"
+    store.submit(Job("fixed", "team-a", WorkerRequest(gpus=1), workers=6, run=harness.run("wait", str(gate), "0")), 0)
+    elastic = Job("el", "team-a", WorkerRequest(gpus=1), workers=4, min_workers=1, run=harness.run("elastic", str(out)))
+    store.submit(elastic, clock.now())
+    # The default profile with its resize policy asked often and allowed to resize a job every second.
+    often = dataclasses.replace(profile("default"), resize_every_s=0.2, resize=GoodputResize(min_interval_s=1.0))
+    loop = Reconciler(store, harness.backend(), clock, often, settings=ReconcilerSettings(grace_s=5.0))
+
+    def settled_at(size: int) -> bool:
+        record = store.get("el")
+        return record.state is S.RUNNING and len(record.workers) == size and not record.resizing
+
+    run_until(loop, store, lambda: settled_at(2) and store.get("fixed").state is S.RUNNING, timeout=60.0)
+    before = store.get("el").resizes  # it may have started at its minimum and grown into the 2 GPUs left
+    gate.touch()  # the fixed job ends: 6 GPUs idle
+    run_until(loop, store, lambda: settled_at(4), timeout=60.0)
+    record = store.get("el")
+    count = record.resizes
+    assert (record.attempt, record.failures) == (1, 0)
+    assert count > before  # grown as a resize of the same attempt, not a retry
+    paths = [out / f"env-{count}-{rank}.json" for rank in range(4)]
+    run_until(loop, store, lambda: all(path.exists() for path in paths))
+    envs = [json.loads(path.read_text())["env"] for path in paths]
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"}
+    assert {e["GPUFLEET_RESIZE_COUNT"] for e in envs} == {str(count)}
+    assert {e["GPUFLEET_ATTEMPT"] for e in envs} == {"1"}
+    assert f"ckpt-{count - 1}-0" in {p.name for p in out.glob("ckpt-*")}  # the set before saved on the signal
+    held = sorted(i for w in record.workers for i in w.gpu_indices)
+    assert held == sorted(int(e["GPUFLEET_GPU_INDICES"]) for e in envs)
+    store.request("el", RequestKind.CANCEL, "done", clock.now())
+    run_until(loop, store, lambda: store.get("el").state is S.CANCELLED)
