@@ -22,6 +22,7 @@ from gpufleet.adapters.storage.sql_base import (
     ACTIVE_STATES,
     CHUNK,
     QUEUE_NAMES,
+    DriverRows,
     SqlBase,
     first_line,
     in_listed,
@@ -72,7 +73,9 @@ def _replace_statement(sqlite_dialect: bool) -> sa.Update:
     )
 
 
-_INSERT_TRANSITIONS = sa.insert(t.transitions)
+_INSERT_TRANSITIONS = sa.insert(t.transitions).values(
+    {name: sa.bindparam(name) for name in ("job_id", "source", "target", "reason", "at")}
+)
 _T = t.transitions.c
 _HISTORY = (
     sa.select(_T.job_id, _T.source, _T.target, _T.reason, _T.at).where(_T.job_id == sa.bindparam("id")).order_by(_T.id)
@@ -109,7 +112,8 @@ class JobTables(SqlBase):
             .order_by(_J.id)
             .with_for_update()
         )
-        self._replace_row = _replace_statement(self._sqlite)
+        self._replace_rows = DriverRows(_replace_statement(self._sqlite), engine.dialect)
+        self._insert_transitions = DriverRows(_INSERT_TRANSITIONS, engine.dialect)
 
     # --- StateStore: jobs ---------------------------------------------------------------------------------
 
@@ -261,7 +265,7 @@ class JobTables(SqlBase):
                 if latest:
                     self._replace(c, [(stored[i], r) for i, r in latest.items()])
                 if transitions:
-                    c.execute(_INSERT_TRANSITIONS, [_transition_row(tr) for tr in transitions])
+                    self._insert_transitions.run(c, [_transition_row(tr) for tr in transitions])
                     self._charge_started(c, latest, transitions)
         except sa.exc.IntegrityError as error:
             # Only the transitions' foreign key can fail here: a transition of a job the store does not have.
@@ -288,7 +292,7 @@ class JobTables(SqlBase):
             }
             for expected, r in changes
         ]
-        result = c.execute(self._replace_row, params)
+        result = self._replace_rows.run(c, params)
         # The rows are locked and checked above; the count is a second check where the driver reports it.
         if result.supports_sane_multi_rowcount() and result.rowcount != len(params):
             raise StaleWriteError(f"{len(params) - result.rowcount} of {len(params)} jobs changed under the write")
