@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.adapters.storage import codec
@@ -267,3 +267,18 @@ def test_a_job_stored_before_a_field_existed_is_encoded_afresh() -> None:
     fresh = codec.encode_record(record)
     parts = codec.EncodedParts()
     assert parts.job(parts.read_record(fresh).job) is fresh["job"]  # as the encoder writes it: reused
+
+
+# A loaded machine must not make it fail: no deadline, and slow generation of records is not an error.
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records, st.integers(1, 3))
+def test_a_record_text_is_the_text_of_its_encoding(record: JobRecord, writes: int) -> None:
+    """The loop writes `encode_record_text`, built from kept texts of the job and workers: it must be the very
+    text the engine's serialiser writes for `encode_record`, on the first write and on the ones after it."""
+    parts = codec.EncodedParts()
+    read = parts.read_record(through_json(codec.encode_record(record)))
+    for attempt in range(writes):
+        moved = dataclasses.replace(read, version=read.version + attempt, attempt=attempt)
+        text = codec.encode_record_text(moved, parts)
+        assert text == codec.json_text(codec.encode_record(moved))
+        assert codec.decode_record(json.loads(text)) == moved

@@ -64,6 +64,7 @@ def test_the_steady_loop_keeps_the_store_consistent_and_preempts(store: loop.Tim
     assert finished > 0
     assert preempted > 0  # higher-priority arrivals stop lower ones, as in a real fleet
     assert store.write_seconds > 0
+    assert store.write_cpu_seconds > 0
     assert max(backlog) < 2 * min(backlog)  # arrivals and departures balance: the backlog holds steady
 
 
@@ -75,6 +76,8 @@ def test_bench_loop_prints_its_figures() -> None:
     assert figures["decisions_per_s"] > 0
     assert 0 < figures["cycle_p50_s"] <= figures["cycle_p99_s"] <= figures["cycle_max_s"]
     assert 0 <= figures["store_write_share"] <= 1
+    assert 0 < figures["store_write_cpu_p50_s"] <= figures["store_write_cpu_p99_s"] <= figures["cycle_cpu_p99_s"]
+    assert 0 < figures["store_write_cpu_share"] < 1
     assert figures["arrivals_per_step"] == NODES // loop.NODES_PER_ARRIVAL
     assert "fake backend" in figures["backend"]
     assert figures["store"].startswith("sqlite")

@@ -20,7 +20,8 @@ preemptions the loop made, per second of loop time), `cycle_p50_s`/`cycle_p99_s`
 observe, intake, decide, write, launch), the store's write time per step (`store_write_*`, inside the step),
 the core's share, and `realtime_factor` (simulated seconds per wall second: >= 1 means the loop keeps up with
 that arrival and departure rate in real time). `cycle_cpu_*` is the process's CPU time per step: on a machine
-shared with other work it says what the step costs when wall time is inflated by waiting for a core.
+shared with other work it says what the step costs when wall time is inflated by waiting for a core;
+`store_write_cpu_*` likewise for the store's write (`store_write_cpu_share`: its part of the steps' CPU time).
 """
 
 from __future__ import annotations
@@ -57,18 +58,21 @@ BACKEND = "in-process fake backend (gpufleet.sim SimulatedBackend: jobs run for 
 
 
 class TimedStore(SqlStore):
-    """The SQL store, with the time spent in `write` (what the loop writes each step) added up."""
+    """The SQL store, with the time spent in `write` (what the loop writes each step) added up: wall-clock, and
+    the process's CPU time (what the write costs when a loaded machine inflates its wall time)."""
 
     def __init__(self, engine: sa.Engine, url: str) -> None:
         super().__init__(engine, url)
         self.write_seconds = 0.0
+        self.write_cpu_seconds = 0.0
 
     def write(self, updates: Sequence[tuple[int, JobRecord]], transitions: Sequence[Transition]) -> None:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         try:
             super().write(updates, transitions)
         finally:
             self.write_seconds += time.perf_counter() - started
+            self.write_cpu_seconds += time.process_time() - cpu
 
 
 @dataclass
@@ -76,6 +80,7 @@ class _Steps:
     seconds: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     writes: list[float] = field(default_factory=list)
+    write_cpu: list[float] = field(default_factory=list)
     core: list[float] = field(default_factory=list)
     decided: list[int] = field(default_factory=list)
     placed: int = 0
@@ -83,10 +88,11 @@ class _Steps:
     finished: int = 0
     submit_seconds: float = 0.0
 
-    def add(self, report: StepReport, seconds: float, cpu: float, writes: float) -> None:
+    def add(self, report: StepReport, seconds: float, cpu: float, writes: float, write_cpu: float) -> None:
         self.seconds.append(seconds)
         self.cpu.append(cpu)
         self.writes.append(writes)
+        self.write_cpu.append(write_cpu)
         self.core.append(report.core_seconds)
         self.decided.append(report.decided)
         self.placed += report.placed
@@ -214,9 +220,10 @@ def run(
             world.submit_seconds = 0.0
             measured = _Steps()
             for _ in range(steps):
-                writes_before = store.write_seconds
+                writes_before, write_cpu_before = store.write_seconds, store.write_cpu_seconds
                 report, seconds, cpu = world.step()
-                measured.add(report, seconds, cpu, store.write_seconds - writes_before)
+                writes, write_cpu = store.write_seconds - writes_before, store.write_cpu_seconds - write_cpu_before
+                measured.add(report, seconds, cpu, writes, write_cpu)
             measured.submit_seconds = world.submit_seconds
             figures = _figures(
                 measured, steps, rate, pending_before, len(world.loop.pending), fill_report, fill_seconds
@@ -272,6 +279,9 @@ def _figures(
         "store_write_p50_s": round(float(np.percentile(writes, 50)), 4),
         "store_write_p99_s": round(float(np.percentile(writes, 99)), 4),
         "store_write_share": round(float(writes.sum()) / wall, 3) if wall else 0.0,
+        "store_write_cpu_p50_s": round(float(np.percentile(m.write_cpu, 50)), 4),
+        "store_write_cpu_p99_s": round(float(np.percentile(m.write_cpu, 99)), 4),
+        "store_write_cpu_share": round(sum(m.write_cpu) / sum(m.cpu), 3) if sum(m.cpu) else 0.0,
         "submit_s_per_step": round(m.submit_seconds / steps, 4),
         "realtime_factor": round(steps * STEP_S / wall, 2) if wall else 0.0,
         "pending_before": pending_before,

@@ -96,13 +96,8 @@ class _RunningFacts:
 
     running: RunningJob
     holding: Holding
-    nodes: list[int]
-    cpus: list[int]
-    mems: list[int]
-    share_nodes: list[int]
-    share_gpus: list[int]
-    share_milli: list[int]
-    share_mems: list[int]
+    workers: IntArray  # [workers, 3]: node, CPU, memory
+    shares: IntArray  # [GPU shares, 4]: node, GPU, milli, memory
 
 
 def _running_id(running: RunningJob) -> JobId:
@@ -217,7 +212,9 @@ class CycleState:
                 share_mems.append(share.memory)
         usage = self.usage_of(running.workers)
         holding = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
-        return _RunningFacts(running, holding, nodes, cpus, mems, share_nodes, share_gpus, share_milli, share_mems)
+        workers = np.array([nodes, cpus, mems], dtype=np.int64).T.reshape(len(nodes), 3)
+        shares = np.array([share_nodes, share_gpus, share_milli, share_mems], dtype=np.int64).T.reshape(-1, 4)
+        return _RunningFacts(running, holding, workers, shares)
 
     def _take_running(self, ordered: list[RunningJob], inventory: InventoryCache) -> list[_RunningFacts]:
         """Apply what running jobs hold to the table, refusing a snapshot that overcommits a node.
@@ -573,26 +570,25 @@ class CycleState:
 
 
 def _worker_arrays(facts: list[_RunningFacts]) -> WorkerArrays:
-    """What running jobs hold, laid out as flat arrays; job `k` of `facts` is owner `k`."""
-    owner: list[int] = []
-    nodes: list[int] = []
-    cpus: list[int] = []
-    mems: list[int] = []
-    share_owner: list[int] = []
-    share_nodes: list[int] = []
-    share_gpus: list[int] = []
-    share_milli: list[int] = []
-    share_mems: list[int] = []
-    for k, fact in enumerate(facts):
-        owner.extend([k] * len(fact.nodes))
-        nodes.extend(fact.nodes)
-        cpus.extend(fact.cpus)
-        mems.extend(fact.mems)
-        share_owner.extend([k] * len(fact.share_nodes))
-        share_nodes.extend(fact.share_nodes)
-        share_gpus.extend(fact.share_gpus)
-        share_milli.extend(fact.share_milli)
-        share_mems.extend(fact.share_mems)
-    return WorkerArrays.from_lists(
-        owner, nodes, cpus, mems, share_owner, share_nodes, share_gpus, share_milli, share_mems
+    """What running jobs hold, laid out as flat arrays; job `k` of `facts` is owner `k`. Each job's rows are
+    arrays made when it started: joining them is one concatenation per table, not a Python step per row."""
+    owners = np.arange(len(facts), dtype=np.int64)
+    workers = np.concatenate([f.workers for f in facts]) if facts else np.zeros((0, 3), dtype=np.int64)
+    shares = np.concatenate([f.shares for f in facts]) if facts else np.zeros((0, 4), dtype=np.int64)
+    worker_owner = np.repeat(owners, [len(f.workers) for f in facts])
+    share_owner = np.repeat(owners, [len(f.shares) for f in facts])
+
+    def column(rows: IntArray, k: int) -> IntArray:
+        return np.ascontiguousarray(rows[:, k])
+
+    return WorkerArrays(
+        worker_owner,
+        column(workers, 0),
+        column(workers, 1),
+        column(workers, 2),
+        share_owner,
+        column(shares, 0),
+        column(shares, 1),
+        column(shares, 2),
+        column(shares, 3),
     )

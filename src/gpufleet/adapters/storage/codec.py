@@ -11,6 +11,7 @@ bare `Infinity` that Python's json module would write).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -201,10 +202,33 @@ def encode_record(record: JobRecord, parts: EncodedParts | None = None) -> Json:
     """`parts`: what encoded the record's job and workers before, to reuse (see `EncodedParts`)."""
     return {
         "job": encode_job(record.job) if parts is None else parts.job(record.job),
-        "state": record.state.value,
-        "version": record.version,
-        "attempt": record.attempt,
+        **_record_head(record),
         "workers": encode_workers(record.workers) if parts is None else parts.workers(record.workers),
+        **_record_tail(record),
+    }
+
+
+def json_text(value: Any) -> str:
+    """`value` as the store writes a JSON column: compact, strict (no NaN or infinities)."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def encode_record_text(record: JobRecord, parts: EncodedParts) -> str:
+    """`json_text(encode_record(record, parts))`, the same text, without serialising the record's job and
+    workers again: their texts are kept by `parts` while the loop rewrites the record step after step."""
+    head = json_text(_record_head(record))
+    tail = json_text(_record_tail(record))
+    return (
+        f'{{"job":{parts.job_text(record.job)},{head[1:-1]},"workers":{parts.workers_text(record.workers)},{tail[1:]}'
+    )
+
+
+def _record_head(record: JobRecord) -> Json:
+    return {"state": record.state.value, "version": record.version, "attempt": record.attempt}
+
+
+def _record_tail(record: JobRecord) -> Json:
+    return {
         "submitted_at": _float_out(record.submitted_at),
         "started_at": _opt_float_out(record.started_at),
         "first_started_at": _opt_float_out(record.first_started_at),
@@ -239,6 +263,8 @@ class EncodedParts:
         self.limit = limit
         self._jobs: dict[int, tuple[Job, Json]] = {}
         self._workers: dict[int, tuple[tuple[WorkerPlacement, ...], list[Json]]] = {}
+        self._job_texts: dict[int, tuple[Job, str]] = {}
+        self._worker_texts: dict[int, tuple[tuple[WorkerPlacement, ...], str]] = {}
 
     def job(self, job: Job) -> Json:
         hit = self._jobs.get(id(job))
@@ -249,6 +275,30 @@ class EncodedParts:
         encoded = encode_job(job)
         self._jobs[id(job)] = (job, encoded)
         return encoded
+
+    def job_text(self, job: Job) -> str:
+        """`json_text(self.job(job))`, kept as `job` is."""
+        hit = self._job_texts.get(id(job))
+        if hit is not None and hit[0] is job:
+            return hit[1]
+        if len(self._job_texts) >= self.limit:
+            self._job_texts.clear()
+        text = json_text(self.job(job))
+        self._job_texts[id(job)] = (job, text)
+        return text
+
+    def workers_text(self, workers: tuple[WorkerPlacement, ...]) -> str:
+        """`json_text(self.workers(workers))`, kept as `workers` are."""
+        if not workers:
+            return "[]"
+        hit = self._worker_texts.get(id(workers))
+        if hit is not None and hit[0] is workers:
+            return hit[1]
+        if len(self._worker_texts) >= self.limit:
+            self._worker_texts.clear()
+        text = json_text(self.workers(workers))
+        self._worker_texts[id(workers)] = (workers, text)
+        return text
 
     def read_record(self, data: Mapping[str, Any]) -> JobRecord:
         """`decode_record`, remembering the stored job as the decoded job's encoding when it is exactly what
@@ -474,7 +524,9 @@ __all__ = [
     "encode_queue",
     "encode_quota",
     "encode_record",
+    "encode_record_text",
     "encode_request",
     "encode_run",
     "encode_workers",
+    "json_text",
 ]

@@ -16,6 +16,7 @@ from gpufleet.adapters.storage import schema as t
 from gpufleet.adapters.storage.codec import decode_node
 from gpufleet.adapters.storage.sql_base import SqlBase
 from gpufleet.domain.checkpoints import AttemptLoss, LossCause
+from gpufleet.domain.cluster import Node
 from gpufleet.domain.costs import (
     Budget,
     BudgetAction,
@@ -36,8 +37,18 @@ from gpufleet.domain.throughput_table import model_key
 HOLDING = frozenset({JobState.ADMITTED, JobState.LAUNCHING, JobState.RUNNING, JobState.EVICTING})
 
 
+_CLUSTER_VERSION = sa.select(t.meta.c.value).where(t.meta.c.key == t.CLUSTER_VERSION)
+_NODE_SPECS = sa.select(t.nodes.c.spec)
+
+
 class CostTables(SqlBase):
     """`prices`, `charges` and `budgets`."""
+
+    def __init__(self, engine: sa.Engine, url: str) -> None:
+        super().__init__(engine, url)
+        # The nodes as stored at a cluster version (every change of a node bumps it), decoded once for all the
+        # writes that price attempts until the next change, instead of once per write.
+        self._priced_nodes: tuple[int, dict[str, Node]] = (-1, {})
 
     # --- prices ---------------------------------------------------------------------------------------------
 
@@ -81,23 +92,31 @@ class CostTables(SqlBase):
         ]
         if not starts:
             return
-        nodes = {n.name: n for n in (decode_node(s) for s in c.execute(sa.select(t.nodes.c.spec)).scalars())}
+        nodes = self._nodes_at_version(c)
         prices = _price_table(c)
-        rows = []
+        rows: dict[tuple[str, float, str, str], dict[str, Any]] = {}  # by primary key: the last one wins
         for tr in starts:
             for charge in charges_for(records[tr.job_id].workers, nodes, prices):
-                rows.append(
-                    {
-                        "job_id": tr.job_id,
-                        "started_at": tr.at,
-                        "model": charge.model,
-                        "pool": charge.pool.value,
-                        "gpus": charge.gpus,
-                        "usd_per_gpu_hour": charge.usd_per_gpu_hour,
-                    }
-                )
-        for row in rows:
-            self._upsert(c, t.charges, row)
+                rows[(tr.job_id, tr.at, charge.model, charge.pool.value)] = {
+                    "job_id": tr.job_id,
+                    "started_at": tr.at,
+                    "model": charge.model,
+                    "pool": charge.pool.value,
+                    "gpus": charge.gpus,
+                    "usd_per_gpu_hour": charge.usd_per_gpu_hour,
+                }
+        self._upsert_many(c, t.charges, list(rows.values()))
+
+    def _nodes_at_version(self, c: sa.Connection) -> dict[str, Node]:
+        """The stored nodes by name, decoded again only when the cluster version has moved. The version is read
+        before the nodes: a change committed between the two reads is seen at the next write, which finds a
+        newer version than the one kept."""
+        version = int(c.execute(_CLUSTER_VERSION).scalar_one())
+        kept_version, nodes = self._priced_nodes
+        if version != kept_version:
+            nodes = {n.name: n for n in (decode_node(s) for s in c.execute(_NODE_SPECS).scalars())}
+            self._priced_nodes = (version, nodes)
+        return nodes
 
     def charges(self, job_ids: Sequence[str]) -> dict[str, dict[float, tuple[Charge, ...]]]:
         """Per job, per the start time of each attempt, what it held and at what price."""

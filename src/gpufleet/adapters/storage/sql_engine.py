@@ -14,7 +14,6 @@ transaction reads and then writes what it read.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 
+from gpufleet.adapters.storage.codec import json_text
 from gpufleet.domain.errors import GpufleetError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -62,10 +62,6 @@ def is_disk_full(error: BaseException) -> bool:
         return True
     text = str(cause).lower()
     return "database or disk is full" in text or "no space left on device" in text
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
 def parse_url(url: str) -> URL:
@@ -108,7 +104,7 @@ def make_engine(url: URL) -> Engine:
         pool_timeout=BUSY_TIMEOUT_S,
         pool_pre_ping=True,  # a restarted server must not surface as an error on the next call
         pool_recycle=1800,
-        json_serializer=_dumps,
+        json_serializer=json_text,
         connect_args={"connect_timeout": 10},
     )
 
@@ -130,7 +126,7 @@ def _sqlite_engine(url: URL) -> Engine:
         pool_size=8,
         max_overflow=24,
         pool_timeout=BUSY_TIMEOUT_S,
-        json_serializer=_dumps,
+        json_serializer=json_text,
     )
 
     @event.listens_for(engine, "connect")

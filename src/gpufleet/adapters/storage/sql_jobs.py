@@ -17,8 +17,17 @@ from typing import Any
 import sqlalchemy as sa
 
 from gpufleet.adapters.storage import schema as t
-from gpufleet.adapters.storage.codec import EncodedParts, decode_record, encode_record
-from gpufleet.adapters.storage.sql_base import ACTIVE_STATES, CHUNK, QUEUE_NAMES, SqlBase, first_line, names
+from gpufleet.adapters.storage.codec import EncodedParts, decode_record, encode_record, encode_record_text
+from gpufleet.adapters.storage.sql_base import (
+    ACTIVE_STATES,
+    CHUNK,
+    QUEUE_NAMES,
+    DriverRows,
+    SqlBase,
+    first_line,
+    in_listed,
+    names,
+)
 from gpufleet.domain.errors import FieldProblem, GpufleetError, LimitError, SpecError, UnknownNameError
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition
@@ -43,24 +52,30 @@ _GET = sa.select(_J.record).where(_J.id == sa.bindparam("id"))
 _EXISTS = sa.select(_J.id).where(_J.id == sa.bindparam("id"))
 _ACTIVE = sa.select(_J.record).where(_J.state.in_(ACTIVE_STATES)).order_by(_J.seq)
 _SUBMITTED_AFTER = sa.select(_J.seq, _J.record).where(_J.seq > sa.bindparam("cursor")).order_by(_J.seq)
-# Rows locked in id order, so that two writers cannot deadlock.
-_LOCK_VERSIONS = (
-    sa.select(_J.id, _J.version).where(_J.id.in_(sa.bindparam("ids", expanding=True))).order_by(_J.id).with_for_update()
-)
-_REPLACE = (
-    sa.update(t.jobs)
-    .where(_J.id == sa.bindparam("b_id"), _J.version == sa.bindparam("b_expected"))
-    .values(
-        queue=sa.bindparam("b_queue"),
-        name=sa.bindparam("b_name"),
-        priority=sa.bindparam("b_priority"),
-        username=sa.bindparam("b_username"),
-        state=sa.bindparam("b_state"),
-        version=sa.bindparam("b_version"),
-        record=sa.bindparam("b_record", type_=sa.JSON()),
+_REPLACED_COLUMNS: dict[str, sa.BindParameter[Any]] = {
+    "queue": sa.bindparam("b_queue"),
+    "name": sa.bindparam("b_name"),
+    "priority": sa.bindparam("b_priority"),
+    "username": sa.bindparam("b_username"),
+    "state": sa.bindparam("b_state"),
+    "version": sa.bindparam("b_version"),
+}
+
+
+def _replace_statement(sqlite_dialect: bool) -> sa.Update:
+    """The loop's rewrite of a job's row, its record bound as the JSON text `encode_record_text` made (no
+    serialiser runs per row): stored as it is by SQLite, cast to JSON by PostgreSQL."""
+    text = sa.bindparam("b_record", type_=sa.Text())
+    return (
+        sa.update(t.jobs)
+        .where(_J.id == sa.bindparam("b_id"), _J.version == sa.bindparam("b_expected"))
+        .values(**_REPLACED_COLUMNS, record=text if sqlite_dialect else sa.cast(text, sa.JSON()))
     )
+
+
+_INSERT_TRANSITIONS = sa.insert(t.transitions).values(
+    {name: sa.bindparam(name) for name in ("job_id", "source", "target", "reason", "at")}
 )
-_INSERT_TRANSITIONS = sa.insert(t.transitions)
 _T = t.transitions.c
 _HISTORY = (
     sa.select(_T.job_id, _T.source, _T.target, _T.reason, _T.at).where(_T.job_id == sa.bindparam("id")).order_by(_T.id)
@@ -90,6 +105,15 @@ class JobTables(SqlBase):
     def __init__(self, engine: sa.Engine, url: str) -> None:
         super().__init__(engine, url)
         self._encoded_parts = EncodedParts()  # the loop rewrites the same jobs' records step after step
+        # Rows locked in id order, so that two writers cannot deadlock.
+        self._lock_versions_of = (
+            sa.select(_J.id, _J.version)
+            .where(in_listed(_J.id, "ids", sqlite_dialect=self._sqlite))
+            .order_by(_J.id)
+            .with_for_update()
+        )
+        self._replace_rows = DriverRows(_replace_statement(self._sqlite), engine.dialect)
+        self._insert_transitions = DriverRows(_INSERT_TRANSITIONS, engine.dialect)
 
     # --- StateStore: jobs ---------------------------------------------------------------------------------
 
@@ -239,27 +263,22 @@ class JobTables(SqlBase):
                             f"job {record.id}: expected version {expected}, store has {stored.get(record.id)}"
                         )
                 if latest:
-                    self._replace(c, [(stored[i], r) for i, r in latest.items()], self._encoded_parts)
+                    self._replace(c, [(stored[i], r) for i, r in latest.items()])
                 if transitions:
-                    c.execute(_INSERT_TRANSITIONS, [_transition_row(tr) for tr in transitions])
+                    self._insert_transitions.run(c, [_transition_row(tr) for tr in transitions])
                     self._charge_started(c, latest, transitions)
                     self._record_losses(c, latest, transitions)
         except sa.exc.IntegrityError as error:
             # Only the transitions' foreign key can fail here: a transition of a job the store does not have.
             raise StaleWriteError(f"a transition names a job the store does not have: {first_line(error)}") from None
 
-    @staticmethod
-    def _lock_versions(c: sa.Connection, ids: list[JobId]) -> dict[JobId, int]:
+    def _lock_versions(self, c: sa.Connection, ids: list[JobId]) -> dict[JobId, int]:
         """Stored versions of `ids`, their rows locked."""
-        ids.sort()
-        stored: dict[JobId, int] = {}
-        for start in range(0, len(ids), CHUNK):
-            rows = c.execute(_LOCK_VERSIONS, {"ids": ids[start : start + CHUNK]})
-            stored.update((row.id, row.version) for row in rows)
-        return stored
+        rows = c.execute(self._lock_versions_of, {"ids": self._listed(sorted(ids))})
+        return {row.id: row.version for row in rows}
 
-    @staticmethod
-    def _replace(c: sa.Connection, changes: list[tuple[int, JobRecord]], parts: EncodedParts) -> None:
+    def _replace(self, c: sa.Connection, changes: list[tuple[int, JobRecord]]) -> None:
+        parts = self._encoded_parts
         params = [
             {
                 "b_id": r.id,
@@ -270,11 +289,11 @@ class JobTables(SqlBase):
                 "b_username": r.job.user,
                 "b_state": r.state.value,
                 "b_version": r.version,
-                "b_record": encode_record(r, parts),
+                "b_record": encode_record_text(r, parts),
             }
             for expected, r in changes
         ]
-        result = c.execute(_REPLACE, params)
+        result = self._replace_rows.run(c, params)
         # The rows are locked and checked above; the count is a second check where the driver reports it.
         if result.supports_sane_multi_rowcount() and result.rowcount != len(params):
             raise StaleWriteError(f"{len(params) - result.rowcount} of {len(params)} jobs changed under the write")
