@@ -3,6 +3,8 @@ parking and strict FIFO, observed through the store and the backend calls."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpufleet.adapters.storage.memory import InMemoryStore
@@ -183,3 +185,45 @@ def test_the_base_state_stays_equal_to_one_built_from_the_store() -> None:
     fresh = Reconciler(store, ScriptedBackend(), clock, profile("default")).base
     assert fingerprint(loop.base.state) == fingerprint(fresh.state)
     assert isinstance(fresh.state, CycleState)
+
+
+class MoveAt:
+    """Moves `job_id` in the cycles run at `when` (a policy's move, as data)."""
+
+    name = "move-at"
+
+    def __init__(self, job_id: str, when: float) -> None:
+        self.job_id = job_id
+        self.when = when
+
+    def migrations(self, cluster: object) -> list[tuple[str, str]]:
+        now = getattr(cluster, "now", None)
+        return [(self.job_id, "the test moves it")] if now == self.when else []
+
+
+def test_a_moved_job_stops_with_grace_goes_back_to_its_queue_and_starts_again() -> None:
+    store, backend, clock, loop = setup(nodes=2)
+    loop.profile = dataclasses.replace(loop.profile, migrate=MoveAt("a", 10.0))
+    store.submit(make_job("a").gpus(8).build(), at=0.0)
+    loop.step()
+    backend.started("a", 0.0)
+    clock.t = 10.0
+    store.submit(make_job("b").gpus(8).build(), at=10.0)  # a cycle runs at 10 s: the policy is asked then
+    report = loop.step()
+    assert report.migrated == 1
+    assert report.preempted == 0
+    moved = store.get("a")
+    assert moved.state is S.EVICTING
+    assert moved.reason == "moved: the test moves it"
+    assert moved.evicting_for is None
+    assert backend.stops == [("a", 1, 12.0)]  # the checkpoint signal and the grace period of any stop
+    assert store.get("b").state is S.LAUNCHING  # nobody waits for its room
+    clock.t = 20.0
+    backend.stopped("a", 20.0)
+    loop.step()
+    again = store.get("a")
+    assert again.state is S.LAUNCHING
+    assert again.attempt == 2  # a restart: the simulator charges its restart cost on this attempt
+    assert again.preemptions == 1
+    assert again.attained_gpu_seconds == pytest.approx(8 * 20.0)
+    assert not loop.base.evicting

@@ -57,13 +57,17 @@ def advance(
     now: float | None = None,
     stop_victims: bool = False,
 ) -> ClusterSnapshot:
-    """The next snapshot: placements run; victims are marked evicting, or gone with `stop_victims`.
+    """The next snapshot: placements run; victims and moved jobs are marked evicting, or gone with `stop_victims`.
 
     Jobs that preempted in this cycle are nominated (they go first next cycle), as are the earlier
     nominees that are still pending.
     """
     at = snapshot.now if now is None else now
-    victims: Mapping[JobId, JobId] = {p.victim: p.for_job for p in result.preemptions}
+    # Moved jobs stop for nobody in particular (the reconciler's `set_evicting(job, "")`).
+    victims: Mapping[JobId, JobId] = {
+        **{m.job: "" for m in result.migrations},
+        **{p.victim: p.for_job for p in result.preemptions},
+    }
     kept: list[RunningJob] = []
     for r in snapshot.running:
         if r.id in victims:

@@ -332,6 +332,22 @@ def check_spot(snapshot: ClusterSnapshot, pending: Sequence[Job], result: CycleR
             )
 
 
+def check_migrations(snapshot: ClusterSnapshot, result: CycleResult) -> None:
+    """Moved jobs: running, preemptible, not stopping already, moved once, neither a victim nor placed."""
+    running = {r.id: r for r in snapshot.running}
+    victims = {p.victim for p in result.preemptions}
+    placed = {p.job for p in result.placements}
+    seen: set[JobId] = set()
+    for m in result.migrations:
+        assert m.job not in seen, f"{m.job} moved twice"
+        seen.add(m.job)
+        assert m.job in running, f"moved job {m.job} is not running"
+        assert m.reason, f"move of {m.job} has no reason"
+        assert not running[m.job].evicting, f"{m.job} is already evicting"
+        assert m.job not in victims, f"{m.job} moved and preempted at once"
+        assert m.job not in placed, f"{m.job} moved and placed at once"
+
+
 def check_all(
     snapshot: ClusterSnapshot, pending: Sequence[Job], result: CycleResult, profile: Profile | None = None
 ) -> None:
@@ -342,4 +358,5 @@ def check_all(
     check_targets(snapshot, pending, result)
     check_quotas(snapshot, pending, result)
     check_victims(snapshot, pending, result, profile)
+    check_migrations(snapshot, result)
     check_spot(snapshot, pending, result)

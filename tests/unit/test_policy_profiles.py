@@ -44,7 +44,8 @@ NEW = {
     "sjf": f"order=sjf, {STANDARD}, score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=none",
     "srtf": f"order=srtf, {STANDARD}, score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=none",
     "gavel": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits+spot, "
-    "score=throughput*2+bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=rounds, learner=rounds",
+    "score=throughput*2+bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=rounds, migrate=rounds, "
+    "learner=rounds",
     "gavel-mmf": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits+spot, "
     "score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=rounds, learner=rounds",
     "max-min": "order=rounds, admit=gang+quota+rounds, filter=node_health+gpu_model+fits+spot, "

@@ -78,6 +78,7 @@ class ReconcilerSettings:
 class StepReport:
     placed: int = 0
     preempted: int = 0
+    migrated: int = 0  # running jobs stopped to start again where their policy plans them (`Profile.migrate`)
     finished: int = 0
     stopped: int = 0  # cancels, requeues and timeouts asked of the backend
     observed: int = 0  # observations the backend reported
@@ -689,6 +690,13 @@ class Reconciler:
             self.nominated.add(preemption.for_job)
             stops.append((evicting, preemption.reason))
             report.preempted += 1
+        for migration in result.migrations:
+            record = self._latest(migration.job, changes)
+            if record is None or record.state not in (S.RUNNING, S.LAUNCHING):
+                continue
+            reason = f"moved: {migration.reason}"
+            stops.append((self._stop(record, StopCause.PREEMPTED, reason, now, changes), reason))
+            report.migrated += 1
         refresh = self.settings.reason_refresh_s
         for job_id, status in result.waiting.items():
             record = self._latest(job_id, changes)

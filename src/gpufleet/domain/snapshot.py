@@ -55,3 +55,13 @@ class Preemption:
     victim: JobId
     for_job: JobId
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """A decision: stop `job` (checkpoint signal, grace period) so that it starts again elsewhere, on the GPUs its
+    policy plans for it (a round allocator moving a job to the GPU model of its share). It goes back to its queue
+    with what it saved, as a preempted job does; no other job claims its room."""
+
+    job: JobId
+    reason: str

@@ -36,8 +36,9 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
                    service received inside a queue (bands 0.5, 2 and 10 h: weights 64, 16, 4, 1) and queue
                    weight; a running job keeps its GPUs unless another lags by more than 360 s; keeps every
                    GPU busy; jobs that lag their share run next round, others are preempted with the
-                   checkpoint signal at the round's end; for a throughput table (`PolicyData.throughput`;
-                   without one every model counts the same)
+                   checkpoint signal at the round's end; with one queue, a running job the plan puts on
+                   another GPU model moves there at the round's start (at most once a round); for a
+                   throughput table (`PolicyData.throughput`; without one every model counts the same)
     gavel-mmf      Gavel's own `max_min_fairness_perf`: the round allocator with equal weights and one LP
     max-min        Gavel's heterogeneity-agnostic `max_min_fairness`: the round allocator with every GPU model
                    counted the same (preemptive time-sharing)
@@ -93,7 +94,7 @@ from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.policies.preempt.priority import PriorityPreemption
 from gpufleet.policies.resize.goodput import GoodputResize
 from gpufleet.policies.rounds.plan import Planner, WeightBands
-from gpufleet.policies.rounds.plugins import RoundAdmit, RoundOrder, RoundPreempt, ServiceLearner
+from gpufleet.policies.rounds.plugins import RoundAdmit, RoundMigrate, RoundOrder, RoundPreempt, ServiceLearner
 from gpufleet.policies.score.best_fit import BestFit
 from gpufleet.policies.score.bin_pack import BinPack
 from gpufleet.policies.score.fgd import FgdScore
@@ -307,6 +308,7 @@ def round_profile(
     round_s: float = ROUND_S,
     min_run_s: float = ROUND_MIN_RUN_S,
     restart_s: float = 0.0,
+    migrate: bool = False,
 ) -> Profile:
     """A round allocator profile: max-min fair shares of GPU models by LP each round, realised by preemption
     at round ends; placement inside the planned model packs, with topology for multi-GPU jobs; GPUs filled
@@ -319,6 +321,7 @@ def round_profile(
         efficient=efficient,
         fill=fill,
         restart_s=restart_s,
+        migrate=migrate,
     )
     scores: tuple[tuple[str | ScorePlugin, float], ...] = (("bin_pack", 1.0), ("topology", 1.0))
     if fill and not agnostic:
@@ -334,6 +337,7 @@ def round_profile(
         profile,
         admit=(*profile.admit, RoundAdmit(planner)),
         round_s=round_s,
+        migrate=RoundMigrate(planner, min_run_s=min_run_s) if migrate else None,
         job_specific=True,
         preemption_searches_per_queue=1 << 30,
     )
@@ -374,7 +378,7 @@ PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
     # Round allocators: Gavel's max-min fairness over normalised throughput (LP each round). `gavel` is ours
     # (service-weighted bands, every GPU kept busy); `gavel-mmf` Gavel's max_min_fairness_perf as published
     # (equal weights, one LP); `max-min` Gavel's heterogeneity-agnostic max_min_fairness (every GPU the same).
-    "gavel": lambda data: round_profile("gavel", data, bands=GAVEL_BANDS, restart_s=GAVEL_KEEP_S),
+    "gavel": lambda data: round_profile("gavel", data, bands=GAVEL_BANDS, restart_s=GAVEL_KEEP_S, migrate=True),
     "gavel-mmf": lambda data: round_profile("gavel-mmf", data, efficient=False, fill=False),
     "max-min": lambda data: round_profile("max-min", data, agnostic=True, efficient=False, fill=False),
     "gavel-greedy": _gavel_greedy,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
-from gpufleet.domain.snapshot import ClusterSnapshot, Placement, Preemption
+from gpufleet.domain.snapshot import ClusterSnapshot, Migration, Placement, Preemption
 from gpufleet.scheduling.classes import JobClass, PlacementClass, RequestClass, placement_class
 from gpufleet.scheduling.ledger import job_usage
 from gpufleet.scheduling.placer import evaluate, fits, place_gang, place_worker
@@ -35,11 +35,14 @@ class CycleResult:
     placements: tuple[Placement, ...]
     preemptions: tuple[Preemption, ...]
     waiting: Mapping[JobId, Status]
+    migrations: tuple[Migration, ...] = ()  # running jobs the profile moves (`Profile.migrate`)
 
     def to_json(self) -> str:
-        """Canonical serialisation: equal results give equal strings."""
+        """Canonical serialisation: equal results give equal strings (`migrations` only when there are any)."""
+        moved = {"migrations": [dataclasses.asdict(m) for m in self.migrations]} if self.migrations else {}
         return json.dumps(
             {
+                **moved,
                 "placements": [
                     {
                         "job": p.job,
@@ -379,8 +382,29 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
         queues = _ordered(cycle, by_queue)  # keyed before anything is decided: keys see the cycle's input
         _decide_claims(cycle, claims)
         _decide_in_order(cycle, queues)
+        migrations = _migrations(cycle)
         waiting = cycle.waiting
-        return CycleResult(tuple(cycle.placements), tuple(cycle.preemptions), {j: waiting[j] for j in sorted(waiting)})
+        return CycleResult(
+            tuple(cycle.placements), tuple(cycle.preemptions), {j: waiting[j] for j in sorted(waiting)}, migrations
+        )
+
+
+def _migrations(cycle: _Cycle) -> tuple[Migration, ...]:
+    """The running jobs the profile moves, asked once every pending job was decided (so a move never takes GPUs a
+    preemption counted on): each is marked stopping, once, unless it is stopping already or was placed in this
+    cycle."""
+    plugin = cycle.profile.migrate
+    if plugin is None:
+        return ()
+    state = cycle.state
+    placed = {p.job for p in cycle.placements}
+    moved: list[Migration] = []
+    for job_id, reason in plugin.migrations(state.view):
+        if job_id in state.evicting or job_id in placed or job_id not in state.holdings:
+            continue
+        state.evicting.add(job_id)
+        moved.append(Migration(job_id, reason))
+    return tuple(moved)
 
 
 def _intake(

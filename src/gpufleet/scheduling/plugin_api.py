@@ -76,6 +76,7 @@ __all__ = [
     "IntArray",
     "JobView",
     "Learner",
+    "MigratePlugin",
     "NodeInfo",
     "OrderPlugin",
     "PreemptPlugin",
@@ -420,6 +421,18 @@ class PreemptPlugin(Protocol):
         ...
 
 
+class MigratePlugin(Protocol):
+    """Running jobs to move: asked once per cycle, after every pending job was decided. A job it names is stopped
+    with the checkpoint signal (a `Migration`) and goes back to its queue, to start again where its policy plans
+    it; jobs already being stopped are ignored. Profiles without one never move a job on their own."""
+
+    name: ClassVar[str]
+
+    def migrations(self, cluster: ClusterView) -> Sequence[tuple[JobId, str]]:
+        """The running jobs to stop now, each with the reason (in job-id order, for determinism)."""
+        ...
+
+
 class Learner(Protocol):
     """Learns from what jobs did, outside the cycle. The control loop (live and simulated alike) tells it when a
     job starts holding resources and when it stops, and whether it ran to its own end (`finished`) or was
@@ -507,6 +520,7 @@ class Profile:
     scores: tuple[tuple[ScorePlugin, float], ...]
     select: SelectPlugin
     preempt: PreemptPlugin | None = None
+    migrate: MigratePlugin | None = None
     strict_fifo: bool = False
     elastic_grow: bool = True
     preemption_searches_per_queue: int = 4
@@ -528,6 +542,8 @@ class Profile:
         parts.append("score=" + "+".join(f"{s.name}*{w:g}" for s, w in self.scores))
         parts.append(f"select={self.select.name}")
         parts.append(f"preempt={self.preempt.name if self.preempt else 'none'}")
+        if self.migrate is not None:
+            parts.append(f"migrate={self.migrate.name}")
         if self.learner is not None:
             parts.append(f"learner={self.learner.name}")
         if self.resize is not None:

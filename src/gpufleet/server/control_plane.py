@@ -331,7 +331,7 @@ class LoopThread(threading.Thread):
                 except Exception:
                     log.exception("loop observer failed; the loop carries on")
             now = time.monotonic()
-            if report.placed or report.preempted or report.stopped or report.observed:
+            if report.placed or report.preempted or report.migrated or report.stopped or report.observed:
                 # Started/exited observations follow launches and stops within moments: look often.
                 self._busy_until = now + 2.0
             self._wake.wait(self.busy_tick_s if now < self._busy_until else self.idle_tick_s)

@@ -577,8 +577,10 @@ def reproduce_gavel(
         "weights, one LP per round, 360 s rounds); gavel is ours (service-weighted bands, a second LP that keeps "
         "every GPU busy), compared with the published policy it aims to beat. All three realise their allocation "
         "with our round mechanism, not Gavel's: jobs are ranked by their lag in normalised service (Gavel: share "
-        "wanted over share received), and a running job moves to another GPU model only when a job planned for "
-        "the round needs its GPUs (Gavel re-places every job each round).",
+        "wanted over share received). In gavel-mmf and max-min a running job moves to another GPU model only when "
+        "a job planned for the round needs its GPUs (Gavel re-places every job each round); gavel also moves a "
+        "running job to the GPU model its plan gives it at a round's start (at most once a round, restart cost "
+        "charged; with one queue, as here), unless it lags there by no more than 360 s more than where it runs.",
         "tiresias (preemptive 2D-LAS, event-driven) has no published counterpart on this trace: no published column.",
         "Heterogeneity-agnostic event-driven profiles (fifo, tiresias) break placement ties by node name, so at low "
         "load jobs land on the K80s first (the slowest GPUs, named first).",

@@ -10,6 +10,8 @@
   hands only at round boundaries (in the steps within `Planner.boundary_s` of a round's start: the control
   loop decides every waiting job then), and only jobs that started before the round began and have run
   `min_run_s` may be stopped, so a job started in a round keeps its GPUs to the round's end.
+- `RoundMigrate` (migrate): with `Planner.migrate`, at a round's start a running job the plan puts on another GPU
+  model is stopped with the checkpoint signal, once per round at most, and starts again on its planned model.
 - `ServiceLearner` (learner): records on which nodes each job received its GPU time, which the plan turns into
   time received per GPU model (the control loop feeds it; it reaches the cycle as data, `RunEstimate.service`).
 
@@ -218,6 +220,37 @@ class RoundPreempt:
             for job_id in chosen
         )
         return VictimChoice(victims, wait(NAME, f"waiting for {len(victims)} job(s) to stop at the round's end"))
+
+
+class RoundMigrate:
+    """At a round's start, stop each running job the plan moves to another GPU model (`RoundPlan.moves`), so it
+    starts again there, as Gavel's mechanism does, even when no waiting job asks for its GPUs. Only jobs that
+    `RoundPreempt` could stop (started before the round began, `min_run_s` run) are moved: a job moves at most
+    once per round."""
+
+    name: ClassVar[str] = NAME
+
+    def __init__(self, planner: Planner, *, min_run_s: float = 0.0) -> None:
+        self.planner = planner
+        self.min_run_s = min_run_s
+
+    def migrations(self, cluster: ClusterView) -> list[tuple[JobId, str]]:
+        if not self.planner.at_boundary(cluster.now):
+            return []
+        plan = current_plan(self.planner, cluster)
+        moved: list[tuple[JobId, str]] = []
+        for job_id, target in sorted(plan.moves.items()):
+            holding = cluster.holdings.get(job_id)
+            if holding is None or job_id in cluster.evicting:
+                continue
+            running = holding.running
+            if running is None or not holding.job.preemptible:
+                continue
+            if running.started_at >= plan.round_start or cluster.now - running.started_at < self.min_run_s:
+                continue
+            source = plan.jobs[job_id].running_on
+            moved.append((job_id, f"the round's plan moves it from {source} to {target} (its share of {target})"))
+        return moved
 
 
 def _also(blocked_by: Status, reason: str) -> Status:
