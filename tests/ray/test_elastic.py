@@ -39,26 +39,9 @@ while True:
 """
 
 
-def test_ray_workers_get_their_attempts_report_token_and_reports_with_it_are_taken(plane: RayPlane) -> None:
-    live = plane.live
-    with plane.client() as client:
-        job = live.submit(client, "sleep", "600", gpus=1)
-        [started] = live.wait_events("start", job, timeout_s=120)
-        env = started["env"]
-        token, url = env["GPUFLEET_REPORT_TOKEN"], env["GPUFLEET_REPORT_URL"]
-        assert url.startswith(live.url)
-        assert job in url
-        report = {"reports": [{"kind": "progress", "step": 7, "samples": 448, "loss": 1.25}]}
-        taken = httpx.post(url, json=report, headers={"Authorization": f"Bearer {token}"}, timeout=10)
-        assert taken.status_code < 300, taken.text
-        refused = httpx.post(url, json=report, headers={"Authorization": "Bearer job-1.forged"}, timeout=10)
-        assert refused.status_code == 401, refused.text
-        progress = client.get(f"/v1/jobs/{job}/progress").json()
-        assert progress["step"] == 7
-        client.post(f"/v1/jobs/{job}/cancel")
-        live.wait_state(client, job, "cancelled", timeout_s=60)
-
-
+# This test drives agents of its own beside the control plane's. It runs first, before the session's control
+# plane starts: run after it, the cleanup of its own agents was followed by a failure of the node-loss test
+# (the plane's surviving gang worker not stopped), a cross-talk not yet understood.
 def test_the_ray_backend_resizes_an_attempt_across_nodes(ray_cluster: Any, tmp_path: Path) -> None:
     from gpufleet.adapters.ray.agent import AgentOptions
     from gpufleet.adapters.ray.backend import RayBackend
@@ -115,6 +98,26 @@ def test_the_ray_backend_resizes_an_attempt_across_nodes(ray_cluster: Any, tmp_p
                     fleet.ray.get(agent.adopt.remote([]), timeout=60)
                 fleet.ray.kill(agent, no_restart=True)
             fleet.close()
+
+
+def test_ray_workers_get_their_attempts_report_token_and_reports_with_it_are_taken(plane: RayPlane) -> None:
+    live = plane.live
+    with plane.client() as client:
+        job = live.submit(client, "sleep", "600", gpus=1)
+        [started] = live.wait_events("start", job, timeout_s=120)
+        env = started["env"]
+        token, url = env["GPUFLEET_REPORT_TOKEN"], env["GPUFLEET_REPORT_URL"]
+        assert url.startswith(live.url)
+        assert job in url
+        report = {"reports": [{"kind": "progress", "step": 7, "samples": 448, "loss": 1.25}]}
+        taken = httpx.post(url, json=report, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert taken.status_code < 300, taken.text
+        refused = httpx.post(url, json=report, headers={"Authorization": "Bearer job-1.forged"}, timeout=10)
+        assert refused.status_code == 401, refused.text
+        progress = client.get(f"/v1/jobs/{job}/progress").json()
+        assert progress["step"] == 7
+        client.post(f"/v1/jobs/{job}/cancel")
+        live.wait_state(client, job, "cancelled", timeout_s=60)
 
 
 class _Clock:
