@@ -1,18 +1,46 @@
 """Session fixtures shared by every test folder: a private PostgreSQL server (see tests/kit/postgres.py), our
 fake NVML library (tests/telemetry/fakenvml), the removal of the job users the session created, and the
-closing banner when tests went without the public traces (tests/kit/traces.py)."""
+closing banner when tests went without the public traces (tests/kit/traces.py).
+
+Hypothesis profiles, for every folder: `ci` (the default: derandomized, no deadline and no "too slow" health
+check, since a loaded two-core machine makes timings meaningless) keeps the property suite at about 10 s;
+`thorough` (`HYPOTHESIS_PROFILE=thorough pytest tests/property`, ~1.5 min) and `deep` (~5 min) search further
+with fresh random examples each run."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.kit import traces
 from tests.kit.jobusers import job_users_and_folders
 from tests.kit.postgres import OPT_OUT, PostgresServer, PostgresUnavailableError, opted_out
 from tests.telemetry.fakenvml import build_library
+
+settings.register_profile(
+    "ci",
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=(HealthCheck.too_slow, HealthCheck.data_too_large),
+)
+settings.register_profile(
+    "thorough",
+    max_examples=600,
+    deadline=None,
+    suppress_health_check=(HealthCheck.too_slow, HealthCheck.data_too_large),
+)
+settings.register_profile(
+    "deep",
+    max_examples=2500,
+    deadline=None,
+    suppress_health_check=(HealthCheck.too_slow, HealthCheck.data_too_large),
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session", autouse=True)
