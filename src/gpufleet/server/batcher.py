@@ -75,12 +75,13 @@ class SubmitBatcher:
             for *_, future in batch:
                 future.set_exception(error)
             return
+        # Woken before any caller is answered, so a submit that has returned has always woken the loop.
+        self.wake()
         for (*_, future), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
                 future.set_exception(result)
             else:
                 future.set_result(result)
-        self.wake()
 
     def _prune(self, now: float) -> None:
         self._pruned_at = time.monotonic()
