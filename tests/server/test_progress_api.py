@@ -35,7 +35,9 @@ def test_a_running_job_reports_and_its_team_reads_throughput_loss_and_checkpoint
     got = api.client.get(f"/v1/jobs/{job['id']}/progress", headers=api.h(api.team_a))
     assert got.status_code == 200, got.text
     body = got.json()
-    assert body["throughput"] == [{"gpus": 2, "samples": 1280.0, "seconds": 20.0, "reports": 2, "samples_per_s": 64.0}]
+    # Measured on the model its GPUs are.
+    measured = {"gpus": 2, "model": "A100-80GB", "samples": 1280.0, "seconds": 20.0, "reports": 2}
+    assert body["throughput"] == [{**measured, "samples_per_s": 64.0}]
     assert body["loss_curve"] == [[0.0, 4.0], [640.0, 3.0], [1280.0, 2.5]]
     assert (body["step"], body["samples"], body["loss"]) == (20, 1280.0, 2.5)
     assert (body["grad_sqr"], body["grad_var"], body["metrics"]) == (2.0, 0.5, {"lr": 0.1})

@@ -51,9 +51,11 @@ def test_full_spec_converts_every_field_to_base_units() -> None:
             "retries": 3,
             "checkpoint_interval": "10m",
             "expected_duration": "1h30m",
+            "job_type": " resnet50-bs64 ",
         }
     )
     job = spec.to_job("j-1", spec.queue or "", submitted_at=5.0)
+    assert job.job_type == "resnet50-bs64"
     assert job.request.gpus == 2
     assert job.request.gpu_milli == 1000
     assert job.request.gpu_memory == 20 * GiB

@@ -35,7 +35,8 @@ def summary_lines(progress: dict[str, Any] | None, now: float | None = None) -> 
         parts.append(f"loss {progress['loss']:.4g}")
     lines = [f"progress: {', '.join(parts) or 'no progress report yet'} ({_ago(progress['last_at'], now)})"]
     rates = [
-        f"{entry['gpus']} GPU{'s' if entry['gpus'] != 1 else ''} {entry['samples_per_s']:,.1f}/s"
+        f"{entry['gpus']} GPU{'s' if entry['gpus'] != 1 else ''}{' ' + entry['model'] if entry.get('model') else ''}"
+        f" {entry['samples_per_s']:,.1f}/s"
         for entry in progress["throughput"]
         if entry["samples_per_s"] is not None
     ]

@@ -18,6 +18,7 @@ from collections.abc import Set as AbstractSet
 from gpufleet.domain.jobs import JobId, RunningJob
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.snapshot import ClusterSnapshot
+from gpufleet.domain.throughput_table import ThroughputTable
 from gpufleet.scheduling.plugin_api import ClusterView, Holding, RunEstimate
 from gpufleet.scheduling.state import CycleState, InventoryCache
 from gpufleet.scheduling.table import NodeTable
@@ -33,10 +34,14 @@ class LoopState:
     fork as data). Observers (metrics, the simulator's recorder) read `table`, `holdings` and `evicting`."""
 
     def __init__(
-        self, snapshot: ClusterSnapshot, inventory: InventoryCache, estimates: Mapping[JobId, RunEstimate]
+        self,
+        snapshot: ClusterSnapshot,
+        inventory: InventoryCache,
+        estimates: Mapping[JobId, RunEstimate],
+        throughput: ThroughputTable | None = None,
     ) -> None:
         self.inventory = inventory
-        self.state = CycleState(snapshot, inventory, estimates)
+        self.state = CycleState(snapshot, inventory, estimates, throughput)
         self._fork: CycleState | None = None
         self._forked_at = 0  # the state's table clock when the last fork was made
 
@@ -80,6 +85,13 @@ class LoopState:
 
     def set_checkpoint(self, job_id: JobId, at: float) -> None:
         self.state.set_checkpoint(job_id, at)
+
+    def set_throughput(self, table: ThroughputTable | None) -> None:
+        """The measured throughput table cycles read from now on. Scores depend on it, so no evaluation made with
+        the previous one is kept."""
+        self.state.throughput = table
+        self.state.evaluations.clear()
+        self._fork = None
 
     # --- one cycle ----------------------------------------------------------------------------------
 

@@ -33,12 +33,14 @@ from gpufleet.control.learning import Learning
 from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
 from gpufleet.control.resize import ProgressReader, Resizer, is_elastic
+from gpufleet.control.throughput_learner import ThroughputLearner
 from gpufleet.domain.checkpoints import LossCause, ObservedPool, plan_checkpoints
 from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.records import JobRecord, StopCause
 from gpufleet.domain.snapshot import ClusterSnapshot
+from gpufleet.domain.throughput_table import ThroughputTable
 from gpufleet.ports import (
     Clock,
     EventSink,
@@ -72,6 +74,9 @@ class ReconcilerSettings:
     # reason ("0/1000 nodes fit: 700 too few free GPUs") change nearly every cycle, and writing every pending
     # job's record each step made two thirds of the store's writes under a steady load.
     reason_refresh_s: float = 10.0
+    # How often the throughputs of job types are learned from their progress reports (`throughput_learner.py`);
+    # None: never (the profile's table only). The live control plane learns; the simulator's jobs report no model.
+    learn_throughput_s: float | None = None
 
 
 @dataclass
@@ -98,9 +103,11 @@ class Reconciler:
         events: EventSink | None = None,
         settings: ReconcilerSettings | None = None,
         observed_pools: Callable[[], Mapping[str, ObservedPool]] = dict,
+        throughput: ThroughputTable | None = None,
     ) -> None:
         """`observed_pools`: what each spot pool's breaker measured (interruptions per node-hour), for the
-        checkpoint interval each launch is given (`domain/checkpoints.py`); live, the spot watch's."""
+        checkpoint interval each launch is given (`domain/checkpoints.py`); live, the spot watch's.
+        `throughput`: the table the profile was built with, which learned throughputs are merged into."""
         self.store = store
         self.backend = backend
         self.clock = clock
@@ -129,6 +136,11 @@ class Reconciler:
         self.resizer = (
             Resizer(profile.resize, profile, store if isinstance(store, ProgressReader) else None)
             if profile.resize is not None and backend.capabilities.resize
+            else None
+        )
+        self.throughput_learner = (
+            ThroughputLearner(throughput, store, self.settings.learn_throughput_s)
+            if self.settings.learn_throughput_s is not None and isinstance(store, ProgressReader)
             else None
         )
         self._rebuild()
@@ -177,6 +189,11 @@ class Reconciler:
         self._requests(now, report, requests)
         self._request_cursor = cursor  # taken only once acted on: a failed step reads them again
         self._timeouts(now, report)
+        if self.throughput_learner is not None and self.throughput_learner.due(now):
+            holding = (self._known[job_id] for job_id in self.base.holdings if job_id in self._known)
+            table = self.throughput_learner.learn(now, holding)
+            if table is not None:
+                self.base.set_throughput(table)
         if self.profile.preempt is not None and now >= self._last_retry_all + self.settings.retry_all_s:
             self.pending.wake_all()
             self._last_retry_all = now
@@ -262,7 +279,8 @@ class Reconciler:
         nodes = self.store.nodes()
         self._nodes = {node.name: node for node in nodes}
         snapshot = ClusterSnapshot(nodes, running, self.store.queues(), now=now)
-        self.base = LoopState(snapshot, self.inventory, self.learning.estimates)
+        learned = self.throughput_learner.table if self.throughput_learner is not None else None
+        self.base = LoopState(snapshot, self.inventory, self.learning.estimates, learned)
         self._deadlines = []
         self._known = {record.id: record for record in records}
         for run in running:

@@ -9,7 +9,7 @@ Adding a kind is adding one entry here and one function in `gpufleet.runtime`; t
 `JobProgress` is immutable and bounded whatever a job sends: the loss curve keeps at most `MAX_LOSS_POINTS`
 points (when full, every other point of the older half is dropped, so the whole run stays drawn, coarser
 where it is older), the GPU count over time keeps its last `MAX_SIZE_POINTS` changes, throughput is one
-entry per size the job ran at, and extra metrics are capped in number and name length.
+entry per size and GPU model the job ran at, and extra metrics are capped in number and name length.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ MAX_THROUGHPUT_GAP_S = 600.0
 
 @dataclass(frozen=True, slots=True)
 class SizeThroughput:
-    """What a job did at one size (workers x GPUs): samples over the seconds between consecutive reports."""
+    """What a job did at one size (workers x GPUs) on one GPU model: samples over the seconds between
+    consecutive reports. `model` is the GPU model it held (upper case; "" when unknown or mixed)."""
 
     gpus: int
     samples: float = 0.0
     seconds: float = 0.0
     reports: int = 0
+    model: str = ""
 
     @property
     def samples_per_s(self) -> float | None:
@@ -62,7 +64,7 @@ class JobProgress:
     loss_curve: tuple[tuple[float, float], ...] = ()
     # (time, GPUs held) each time the size changed.
     sizes: tuple[tuple[float, int], ...] = ()
-    throughput: tuple[SizeThroughput, ...] = ()  # one per size, by GPUs
+    throughput: tuple[SizeThroughput, ...] = ()  # one per size and model, by GPUs then model
     last_checkpoint_at: float | None = None
     checkpoint_duration_s: float | None = None
     checkpoints: int = 0
@@ -70,10 +72,10 @@ class JobProgress:
     anchor: tuple[int, int, float, float] | None = None
 
     def samples_per_s(self, gpus: int) -> float | None:
-        for entry in self.throughput:
-            if entry.gpus == gpus:
-                return entry.samples_per_s
-        return None
+        """Throughput at `gpus` GPUs, over every model the job ran on at that size."""
+        at_size = [entry for entry in self.throughput if entry.gpus == gpus]
+        seconds = sum(entry.seconds for entry in at_size)
+        return sum(entry.samples for entry in at_size) / seconds if seconds > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,7 @@ class ReportContext:
     attempt: int
     gpus: int  # GPUs the job holds in this attempt
     now: float
+    model: str = ""  # the GPU model it holds (upper case; "" when unknown or mixed)
 
 
 Field = tuple[type, float, bool]  # (int or float, lowest accepted value, required)
@@ -140,10 +143,13 @@ def _throughput(progress: JobProgress, at: float, samples: float, ctx: ReportCon
     done = samples - anchor[3]
     if not 0 < seconds <= MAX_THROUGHPUT_GAP_S or done < 0:
         return out  # out of order, a long stall, or a counter that went back (restart): not a measurement
-    table = {entry.gpus: entry for entry in progress.throughput}
-    entry = table.get(ctx.gpus, SizeThroughput(ctx.gpus))
-    table[ctx.gpus] = SizeThroughput(ctx.gpus, entry.samples + done, entry.seconds + seconds, entry.reports + 1)
-    out["throughput"] = tuple(table[g] for g in sorted(table))
+    table = {(entry.gpus, entry.model): entry for entry in progress.throughput}
+    key = (ctx.gpus, ctx.model)
+    entry = table.get(key, SizeThroughput(ctx.gpus, model=ctx.model))
+    table[key] = dataclasses.replace(
+        entry, samples=entry.samples + done, seconds=entry.seconds + seconds, reports=entry.reports + 1
+    )
+    out["throughput"] = tuple(table[k] for k in sorted(table))
     return out
 
 
@@ -260,7 +266,8 @@ def progress_to_dict(progress: JobProgress) -> dict[str, object]:
     out["loss_curve"] = [list(point) for point in progress.loss_curve]
     out["sizes"] = [list(point) for point in progress.sizes]
     out["throughput"] = [
-        {"gpus": e.gpus, "samples": e.samples, "seconds": e.seconds, "reports": e.reports} for e in progress.throughput
+        {"gpus": e.gpus, "model": e.model, "samples": e.samples, "seconds": e.seconds, "reports": e.reports}
+        for e in progress.throughput
     ]
     out["anchor"] = list(progress.anchor) if progress.anchor is not None else None
     return out
@@ -274,7 +281,9 @@ def progress_from_dict(data: Mapping[str, object]) -> JobProgress:
     values["loss_curve"] = tuple((float(s), float(v)) for s, v in data.get("loss_curve") or ())  # type: ignore[attr-defined]
     values["sizes"] = tuple((float(at), int(g)) for at, g in data.get("sizes") or ())  # type: ignore[attr-defined]
     values["throughput"] = tuple(
-        SizeThroughput(int(e["gpus"]), float(e["samples"]), float(e["seconds"]), int(e["reports"]))
+        SizeThroughput(
+            int(e["gpus"]), float(e["samples"]), float(e["seconds"]), int(e["reports"]), str(e.get("model", ""))
+        )
         for e in data.get("throughput") or ()  # type: ignore[attr-defined]
     )
     anchor = data.get("anchor")

@@ -36,6 +36,7 @@ import numpy as np
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.quotas import QueueSpec
+from gpufleet.domain.throughput_table import ThroughputTable
 from gpufleet.scheduling.fragmentation import GENERIC_TARGET, TargetWorkload, TaskLike
 from gpufleet.scheduling.fragmentation_few import FewNodes
 from gpufleet.scheduling.ledger import QuotaVerdict, Usage
@@ -273,6 +274,12 @@ class ClusterView:
     def estimates(self) -> Mapping[JobId, RunEstimate]:
         """What the profile's learner predicted for pending jobs (see `Learner`); empty without one."""
         return self._estimates
+
+    @property
+    def throughput(self) -> ThroughputTable | None:
+        """The cycle's measured throughput table, which plugins built with one read instead of theirs (the live
+        control plane's table learned from progress reports); None: use the one built with."""
+        return self._state.throughput
 
     @property
     def pending(self) -> Sequence[Job]:

@@ -22,6 +22,7 @@ from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.snapshot import ClusterSnapshot
+from gpufleet.domain.throughput_table import ThroughputTable
 from gpufleet.scheduling.classes import FilterClass
 from gpufleet.scheduling.ledger import QuotaLedger, job_usage
 from gpufleet.scheduling.plugin_api import ClusterView, Holding, RunEstimate
@@ -110,6 +111,8 @@ class CycleState:
     from the matching snapshot).
 
     `estimates`: what the profile's learner predicted for pending jobs, read by the cycle as data.
+    `throughput`: a throughput table the caller measured (the live control plane learns one from progress
+    reports), read by the cycle as data in place of the one the profile was built with; None: the profile's.
     `inventory`: shared with other states of the same node inventory (see `InventoryCache`)."""
 
     def __init__(
@@ -117,12 +120,14 @@ class CycleState:
         snapshot: ClusterSnapshot,
         inventory: InventoryCache | None = None,
         estimates: Mapping[JobId, RunEstimate] | None = None,
+        throughput: ThroughputTable | None = None,
     ) -> None:
         inventory = inventory if inventory is not None else InventoryCache()
         self.snapshot = snapshot
         self.now = snapshot.now
         self.seed = snapshot.seed
         self.estimates: Mapping[JobId, RunEstimate] = estimates if estimates is not None else {}
+        self.throughput = throughput
         self.pending: Sequence[Job] = ()  # the jobs a cycle decides on this state (set by `decide`)
         self.queued: Sequence[Job] | None = None  # every waiting job, when the caller knows more than `pending`
         self.table = inventory.table(snapshot.nodes)

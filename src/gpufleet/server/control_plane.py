@@ -32,6 +32,7 @@ from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
 from gpufleet.adapters.storage.sql_engine import StoreFullError
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings, StepReport
 from gpufleet.control.target import RECENT_JOBS, learned_target
+from gpufleet.control.throughput_learner import LEARN_EVERY_S
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.quotas import DEFAULT_QUEUE, QueueSpec
@@ -494,7 +495,7 @@ class ControlPlane:
             if throughput is not None:
                 log.info("throughput table: %d entries from %s", len(throughput.entries), throughput.source)
             policy = profile(settings.policy, PolicyData(target=self.fgd_target.target, throughput=throughput))
-            loop_settings = ReconcilerSettings(max_grace_s=settings.max_grace_s)
+            loop_settings = ReconcilerSettings(max_grace_s=settings.max_grace_s, learn_throughput_s=LEARN_EVERY_S)
             self.reconciler = Reconciler(
                 self.store,
                 self.backend,
@@ -503,6 +504,7 @@ class ControlPlane:
                 settings=loop_settings,
                 # The spot watch is made below (it wakes the loop), before the loop first runs.
                 observed_pools=lambda: self.spot.observed(),  # noqa: PLW0108
+                throughput=throughput,
             )
             self.telemetry = _telemetry(
                 settings,

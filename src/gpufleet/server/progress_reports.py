@@ -19,6 +19,7 @@ from gpufleet.domain.progress import (
     progress_to_dict,
 )
 from gpufleet.domain.records import JobRecord
+from gpufleet.domain.throughput_table import model_key
 from gpufleet.ports import Clock, RequestKind
 from gpufleet.ports.admin import AdminStore
 from gpufleet.server.http_errors import NotFoundError, UnauthorizedError
@@ -36,6 +37,17 @@ class ProgressService:
         self.store = store
         self.clock = clock
         self.tokens = tokens
+        # (cluster version, (node, GPU index) -> GPU model), read again when nodes change
+        self._models: tuple[int, dict[tuple[str, int], str]] = (-1, {})
+
+    def model_held(self, record: JobRecord) -> str:
+        """The GPU model the job's workers hold (upper case), or "" when they hold several, or none we know."""
+        version = self.store.cluster_version()
+        if version != self._models[0]:
+            nodes = self.store.nodes()
+            self._models = (version, {(n.name, g.index): model_key(g.model) for n in nodes for g in n.gpus})
+        models = {self._models[1].get((w.node, share.index), "") for w in record.workers for share in w.gpus}
+        return models.pop() if len(models) == 1 else ""
 
     def receive(self, job_id: str, authorization: str | None, body: Mapping[str, Any]) -> JobProgress:
         """Fold a batch `{"reports": [...]}` into the job's history. Unauthorized (401) for a token that is not
@@ -67,7 +79,7 @@ class ProgressService:
                 problems.extend(error.fields)
         if problems:
             raise SpecError("reports", tuple(problems))
-        ctx = ReportContext(attempt=attempt, gpus=gpus_held(record), now=now)
+        ctx = ReportContext(attempt=attempt, gpus=gpus_held(record), now=now, model=self.model_held(record))
         progress = self.store.update_progress(job_id, now, lambda progress: fold(progress, reports, ctx))
         saved = [r for r in reports if r.kind == "checkpoint"]
         if saved:

@@ -117,6 +117,7 @@ class JobOut(BaseModel):
     preemptible: bool
     workers: int
     min_workers: int | None
+    job_type: str = Field("", description="What the job runs (its measured speeds per GPU model are shared by type).")
     request: RequestOut
     run: RunOut | None
     submit_seq: int
@@ -565,7 +566,8 @@ JobUsageOut.model_rebuild()
 
 class SizeThroughputOut(BaseModel):
     gpus: int = Field(description="GPUs the job held (its workers' count if it holds none).")
-    samples: float = Field(description="Samples counted at this size, between consecutive reports.")
+    model: str = Field("", description="The GPU model it held (upper case); empty when unknown or mixed.")
+    samples: float = Field(description="Samples counted at this size and model, between consecutive reports.")
     seconds: float = Field(description="Seconds over which they were counted.")
     reports: int
     samples_per_s: float | None

@@ -200,6 +200,12 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
     name: str = Field("", max_length=MAX_NAME, description="A label for people; need not be unique.")
+    job_type: str = Field(
+        "",
+        max_length=MAX_NAME,
+        description="What the job runs, e.g. resnet50-bs64: jobs of one type share their measured speed on each "
+        "GPU model (`gpufleet throughput import`, or learned from their progress reports).",
+    )
     queue: str | None = Field(None, max_length=63, description="Team queue; default: the token's queue.")
     command: list[str] | str = Field(description="An argv list, or one string run by /bin/sh -c.")
     workdir: str = Field("", max_length=MAX_PATH, description="Working directory of every worker.")
@@ -497,6 +503,7 @@ class JobSpec(BaseModel):
                     expected_duration=None if self.expected_duration is None else float(self.expected_duration),
                     checkpoint_interval=None if self.checkpoint_interval is None else float(self.checkpoint_interval),
                     name=self.name,
+                    job_type=self.job_type.strip(),
                     run=run,
                     comm=comm,
                 )

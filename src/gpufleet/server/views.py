@@ -105,6 +105,7 @@ def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
         preemptible=job.preemptible,
         workers=job.workers,
         min_workers=job.min_workers,
+        job_type=job.job_type,
         request=RequestOut(
             gpus=request.gpu_milli / MILLI_PER_GPU if request.fractional else float(request.gpus),
             gpu_memory=request.gpu_memory,

@@ -41,9 +41,18 @@ class ThroughputFairShare:
     name: ClassVar[str] = NAME
 
     def __init__(self, table: ThroughputTable | None = None) -> None:
+        self._use(table)
+
+    def _use(self, table: ThroughputTable | None) -> None:
         self.table = table
         self._types = frozenset(table.job_types) if table is not None else frozenset()
         self._speedups: dict[tuple[tuple[tuple[str, int], ...], str, int, bool], dict[str, float]] = {}
+
+    def follow(self, measured: ThroughputTable | None) -> None:
+        """Read the cycle's measured table (`ClusterView.throughput`) when it has one, dropping what was derived
+        from the previous table."""
+        if measured is not None and measured is not self.table:
+            self._use(measured)
 
     def mix(self, cluster: ClusterView) -> tuple[tuple[str, int], ...]:
         """GPUs per model of the cluster (depends on capacity only)."""
@@ -73,6 +82,7 @@ class ThroughputFairShare:
 
     def normalised_rate(self, queue: str, cluster: ClusterView) -> float:
         """Sum over the queue's running jobs (not removed in a what-if) of their normalised rates."""
+        self.follow(cluster.throughput)
         mix = self.mix(cluster)
         rate = 0.0
         for job_id, holding in cluster.holdings.items():

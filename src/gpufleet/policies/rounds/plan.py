@@ -135,6 +135,7 @@ class Planner:
         restart_s: float = 0.0,
         migrate: bool = False,
     ) -> None:
+        self.agnostic = agnostic
         self.table = None if agnostic else table
         self.migrate = migrate
         self.round_s = round_s
@@ -148,6 +149,15 @@ class Planner:
         self._rows: dict[tuple[tuple[str, ...], str, int, bool], tuple[float, ...]] = {}
         self._solved: dict[tuple[object, ...], Allocation] = {}
         self.last_problem: Problem | None = None  # the LP of the latest plan (for benchmarks and tests)
+
+    def follow(self, measured: ThroughputTable | None) -> None:
+        """Read the cycle's measured table (`ClusterView.throughput`) when it has one, dropping the rows derived
+        from the previous table (the LP cache is keyed by the rows, so it follows by itself)."""
+        if measured is None or measured is self.table or self.agnostic:
+            return
+        self.table = measured
+        self._types = frozenset(measured.job_types)
+        self._rows.clear()
 
     def round_start(self, now: float) -> float:
         return float(np.floor(now / self.round_s) * self.round_s)
@@ -218,6 +228,7 @@ class Planner:
     # --- the plan ----------------------------------------------------------------------------------------
 
     def plan(self, cluster: ClusterView) -> RoundPlan:
+        self.follow(cluster.throughput)
         now = cluster.now
         start = np.floor(now / self.round_s) * self.round_s
         models, counts = self.models(cluster)

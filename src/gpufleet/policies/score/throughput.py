@@ -36,11 +36,20 @@ class ThroughputScore:
     node_local: ClassVar[bool] = False
 
     def __init__(self, table: ThroughputTable | None = None) -> None:
+        self._use(table)
+
+    def _use(self, table: ThroughputTable | None) -> None:
         self.table = table
         self._types = frozenset(table.job_types) if table is not None else frozenset()
         self._models = table.models if table is not None else ()
         self._luts: dict[tuple[tuple[str, ...], str, int, bool], FloatArray] = {}
         self._largest: dict[tuple[int, bool], float] = {}
+
+    def follow(self, measured: ThroughputTable | None) -> None:
+        """Read the cycle's measured table (`ClusterView.throughput`) when it has one, dropping what was derived
+        from the previous table."""
+        if measured is not None and measured is not self.table:
+            self._use(measured)
 
     def gains(self, job_type: str, gpus: int, consolidated: bool) -> dict[str, float]:
         """Throughput on each measured model over that on the slowest one the job runs on (> 0)."""
@@ -79,6 +88,7 @@ class ThroughputScore:
     def score(
         self, view: JobView, cluster: ClusterView, evaluation: EvaluationView, candidates: IntArray, gang: GangContext
     ) -> FloatArray:
+        self.follow(cluster.throughput)
         job = view.job
         if job.job_type not in self._types or job.request.gpus == 0 or job.request.fractional:
             return np.zeros(len(candidates), dtype=np.float64)
