@@ -31,6 +31,28 @@ def model_of(store: SqlStore, job_id: str) -> str:
     return "A100-80GB" if node.startswith("a100") else "T4"
 
 
+def run_and_report(
+    store: SqlStore, backend: ScriptedBackend, clock: ManualClock, loop: Reconciler, ids: list[str]
+) -> None:
+    """Start one-GPU bert jobs, then each reports through the report service for 3 minutes at the speed of
+    the model it got, the loop stepping every minute."""
+    for job_id in ids:
+        store.submit(make_job(job_id).gpus(1).job_type("bert").build(), at=clock.t)
+    loop.step()
+    for job_id in ids:
+        backend.started(job_id, clock.t)
+    loop.step()
+    service = ProgressService(store, clock, JobTokens(store))
+    start = clock.t
+    for minute in range(4):
+        clock.t = start + 60.0 * minute
+        for job_id in ids:
+            samples = RATES[model_of(store, job_id)] * 60.0 * minute
+            token = f"Bearer {JobTokens(store).token(job_id, 1)}"
+            service.receive(job_id, token, {"reports": [{"kind": "progress", "at": clock.t, "samples": samples}]})
+        loop.step()
+
+
 @pytest.mark.parametrize("learn", [True, False])
 def test_a_learned_type_goes_to_the_model_it_runs_fastest_on(tmp_path: Path, learn: bool) -> None:
     store = SqlStore.open(default_sqlite_url(tmp_path))
@@ -40,23 +62,10 @@ def test_a_learned_type_goes_to_the_model_it_runs_fastest_on(tmp_path: Path, lea
         clock, backend = ManualClock(t=1_000.0), ScriptedBackend()
         settings = ReconcilerSettings(learn_throughput_s=60.0 if learn else None)
         loop = Reconciler(store, backend, clock, profile("gavel-greedy"), settings=settings)
-        service = ProgressService(store, clock, JobTokens(store))
         # Four bert jobs fill both nodes, and each reports for 3 minutes at its model's speed.
         ids = [f"bert-{i}" for i in range(4)]
-        for job_id in ids:
-            store.submit(make_job(job_id).gpus(1).job_type("bert").build(), at=clock.t)
-        loop.step()
-        for job_id in ids:
-            backend.started(job_id, clock.t)
-        loop.step()
+        run_and_report(store, backend, clock, loop, ids)
         assert sorted(model_of(store, j) for j in ids) == ["A100-80GB", "A100-80GB", "T4", "T4"]
-        for minute in range(4):
-            clock.t = 1_000.0 + 60.0 * minute
-            for job_id in ids:
-                samples = RATES[model_of(store, job_id)] * 60.0 * minute
-                token = f"Bearer {JobTokens(store).token(job_id, 1)}"
-                service.receive(job_id, token, {"reports": [{"kind": "progress", "at": clock.t, "samples": samples}]})
-            loop.step()
         progress = store.job_progress(ids[0])
         assert progress is not None
         assert [(e.model, e.gpus) for e in progress.throughput] == [(model_of(store, ids[0]).upper(), 1)]
@@ -94,21 +103,7 @@ def test_an_imported_table_keeps_its_figures_and_learned_ones_fill_its_gaps(tmp_
         settings = ReconcilerSettings(learn_throughput_s=60.0)
         policy = profile("gavel-greedy", PolicyData(throughput=imported))
         loop = Reconciler(store, backend, clock, policy, settings=settings, throughput=imported)
-        service = ProgressService(store, clock, JobTokens(store))
-        ids = ["bert-0", "bert-1"]
-        for job_id in ids:
-            store.submit(make_job(job_id).gpus(1).job_type("bert").build(), at=clock.t)
-        loop.step()
-        for job_id in ids:
-            backend.started(job_id, clock.t)
-        loop.step()
-        for minute in range(4):
-            clock.t = 1_000.0 + 60.0 * minute
-            for job_id in ids:
-                samples = RATES[model_of(store, job_id)] * 60.0 * minute
-                token = f"Bearer {JobTokens(store).token(job_id, 1)}"
-                service.receive(job_id, token, {"reports": [{"kind": "progress", "at": clock.t, "samples": samples}]})
-            loop.step()
+        run_and_report(store, backend, clock, loop, ["bert-0", "bert-1"])
         table = loop.throughput_learner.table if loop.throughput_learner is not None else None
         assert table is not None
         # The import's A100 figure stands (8 steps/s); T4 is learned and put in its unit: 8 x 50 / 400.
