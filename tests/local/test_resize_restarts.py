@@ -13,10 +13,9 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -25,10 +24,10 @@ from gpufleet.adapters.local.proc import is_running
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings
 from gpufleet.domain import Job, JobState, QueueSpec, WorkerRequest
-from gpufleet.domain.jobs import JobId, RunSpec
+from gpufleet.domain.jobs import RunSpec
 from gpufleet.policies.catalog import profile
 from gpufleet.ports import ObservationKind, RequestKind
-from gpufleet.scheduling.plugin_api import ResizeInput
+from tests.kit.scripted_resize import ScriptedResize
 from tests.local.conftest import TIMEOUT_S, Harness, WallClock
 
 S = JobState
@@ -59,17 +58,6 @@ while True:
 
 class CrashError(Exception):
     """The first control plane dies here (not an error of the code under test)."""
-
-
-@dataclass
-class ScriptedResize:
-    """The resize policy, scripted: the size (GPUs) each job should have; nothing until the test says."""
-
-    name: ClassVar[str] = "scripted"
-    want: dict[JobId, int] = field(default_factory=dict)
-
-    def resize(self, given: ResizeInput) -> Mapping[JobId, int]:
-        return {j.id: self.want[j.id] for j in given.jobs if j.id in self.want and self.want[j.id] != j.gpus}
 
 
 Arm = Callable[[Reconciler, LocalBackend], None]
