@@ -286,18 +286,23 @@ class NodeAgent:
             self.ports.release(tracked.port, _owner(self.name, job_id, attempt))
 
     def adopt(
-        self, keep: Sequence[tuple[str, int, Sequence[int]]]
-    ) -> tuple[list[WorkerState], list[tuple[str, int, dict[str, Any]]]]:
+        self, keep: Sequence[tuple[str, int, Sequence[int] | None]]
+    ) -> tuple[list[WorkerState], list[tuple[str, int, dict[str, Any]]], list[tuple[str, int, dict[str, Any]]]]:
         """After the control plane (or this agent) restarted: watch again the attempts in `keep` (job id,
-        attempt, ranks on this node), kill every other worker found under this node's folder (no job may
-        run twice, nor hold GPUs given to another). Returns the status and the stop records of the kept
-        attempts (a stop asked for before the restart still holds)."""
+        attempt, ranks on this node; None: the ranks its files show here, if it ran here at all), kill every
+        other worker found under this node's folder (no job may run twice, nor hold GPUs given to another).
+        Returns the status, the stop records and the attempt records (`attempt.json`: its resize count, its
+        workers and nodes) of the kept attempts found here (a stop asked for before the restart still holds)."""
         with self._lock:
             wanted: set[Path] = set()
             for job_id, attempt, ranks in keep:
                 wanted.add(self.supervisor.attempt_dir(job_id, attempt))
-                if (job_id, attempt) not in self._attempts:
+                if (job_id, attempt) in self._attempts:
+                    continue
+                if ranks is not None:
                     self._adopt_one(job_id, attempt, ranks)
+                elif self.supervisor.attempt_record(job_id, attempt) is not None:
+                    self._adopt_one(job_id, attempt, self._ranks_here(job_id, attempt))
             for key in [k for k in self._attempts if self.supervisor.attempt_dir(*k) not in wanted]:
                 self.kill(key[0], key[1], ORPHAN_DETAIL)
                 self.forget(*key)
@@ -307,13 +312,23 @@ class NodeAgent:
                 leased_job, _, leased_attempt = owner.removeprefix(mine).rpartition("#")
                 if (leased_job, int(leased_attempt or 0)) not in self._attempts:
                     self.ports.release(port, owner)
-            stops = []
+            stops, attempts = [], []
             for job_id, attempt, _ in keep:
                 found = self._attempts.get((job_id, attempt))
                 record = self.supervisor.stop_record(job_id, attempt, found.resize_count if found else 0)
                 if record is not None:
                     stops.append((job_id, attempt, record))
-        return self.status(), stops
+                info = self.supervisor.attempt_record(job_id, attempt) if found is not None else None
+                if info is not None:
+                    attempts.append((job_id, attempt, info))
+        return self.status(), stops, attempts
+
+    def _ranks_here(self, job_id: str, attempt: int) -> list[int]:
+        """The ranks of the attempt's latest workers on this node, as their folders show."""
+        info = self.supervisor.attempt_record(job_id, attempt) or {}
+        folder = self.supervisor.layout.generation_dir(job_id, attempt, int(info.get("resize_count") or 0))
+        names = (p.name.removeprefix("worker-") for p in folder.glob("worker-*"))
+        return sorted(int(n) for n in names if n.isdigit())
 
     def _adopt_one(self, job_id: str, attempt: int, ranks: Sequence[int]) -> _Attempt:
         info = read_json(self.supervisor.attempt_dir(job_id, attempt) / "attempt.json") or {}
