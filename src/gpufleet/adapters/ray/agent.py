@@ -260,10 +260,12 @@ class NodeAgent:
 
     def kill(self, job_id: str, attempt: int, detail: str) -> None:
         """Give the attempt up here: kill its workers (whole cgroups) at once; it stays given up after a
-        restart."""
+        restart. An attempt this agent no longer tracks is killed as its files show: the control plane sends
+        `kill` then `forget`, and this actor may run the two calls in either order (on several threads)."""
         with self._lock:
             tracked = self._attempts.get((job_id, attempt))
             if tracked is None:
+                self._kill_untracked(job_id, attempt, detail)
                 return
             tracked.lost = True
             lost = {"lost": detail, "signal": int(signal.SIGKILL)}
@@ -271,6 +273,17 @@ class NodeAgent:
             for worker in tracked.workers.values():
                 if not worker.done or worker.vanished:
                     self.supervisor.abandon(worker)
+
+    def _kill_untracked(self, job_id: str, attempt: int, detail: str) -> None:
+        info = self.supervisor.attempt_record(job_id, attempt)
+        if info is None:
+            return  # never ran here
+        resize_count = int(info.get("resize_count") or 0)
+        self.supervisor.mark_stopping(job_id, attempt, {"lost": detail, "signal": int(signal.SIGKILL)}, resize_count)
+        for rank in self._ranks_here(job_id, attempt):
+            worker = self.supervisor.find(job_id, attempt, rank, resize_count)
+            if not worker.done:
+                self.supervisor.abandon(worker)
 
     def forget(self, job_id: str, attempt: int, resize_count: int | None = None) -> None:
         """The control plane has taken the attempt's end: tidy its cgroups, release its port, stop tracking.
