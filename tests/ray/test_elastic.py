@@ -116,12 +116,41 @@ def test_the_ray_backend_resizes_an_attempt_across_nodes(ray_cluster: Any, tmp_p
             _dismiss(fleet)
 
 
+def _before_the_backend_is_asked(backend: Any) -> None:
+    backend.resize = _die  # the store says resizing; the agents never heard of it
+
+
+def _once_the_old_workers_were_told(backend: Any) -> None:
+    resize = backend.resize
+
+    def resize_then_die(*args: Any, **kwargs: Any) -> None:
+        resize(*args, **kwargs)
+        raise _Died
+
+    backend.resize = resize_then_die
+
+
+def _before_the_store_takes_resized(backend: Any) -> None:
+    poll = backend.poll
+
+    def polling() -> Any:
+        seen = poll()
+        if any(o.kind is K.RESIZED for o in seen):
+            raise _Died
+        return seen
+
+    backend.poll = polling
+
+
+@pytest.mark.parametrize(
+    "die", [_before_the_backend_is_asked, _once_the_old_workers_were_told, _before_the_store_takes_resized]
+)
 def test_a_restart_of_the_control_plane_mid_resize_on_ray_completes_the_resize(
-    ray_cluster: Any, tmp_path: Path
+    ray_cluster: Any, tmp_path: Path, die: Callable[[Any], None]
 ) -> None:
     """The real loop on a real SQLite store grows a job from 2 nodes to 3 (a worker is a whole node) and dies
-    once the old workers were told to save; a new loop on the same store and agents completes the resize
-    under the same attempt instead of losing it."""
+    at a point of the resize; a new loop on the same store and agents completes the resize under the same
+    attempt instead of losing it."""
     from gpufleet.adapters.ray.agent import AgentOptions
     from gpufleet.adapters.ray.backend import RayBackend
     from gpufleet.adapters.ray.ray_inventory import RayFleet
@@ -159,13 +188,7 @@ def test_a_restart_of_the_control_plane_mid_resize_on_ray_completes_the_resize(
             )
             old = [_read(f"{out}-0-{rank}.json")["pid"] for rank in (0, 1)]
 
-            resize = first.resize
-
-            def resize_then_die(*args: Any, **kwargs: Any) -> None:
-                resize(*args, **kwargs)
-                raise _Died
-
-            first.resize = resize_then_die  # type: ignore[method-assign]
+            die(first)
             policy.want[job.id] = 24
             with pytest.raises(_Died):
                 within(120, "the resize", lambda: _step_until(loop, lambda: False))
@@ -197,6 +220,10 @@ def test_a_restart_of_the_control_plane_mid_resize_on_ray_completes_the_resize(
 
 class _Died(Exception):  # noqa: N818 - not an error: the control plane dies here on purpose
     pass
+
+
+def _die(*_: Any, **__: Any) -> None:
+    raise _Died
 
 
 def _record(store: Any) -> Any:
