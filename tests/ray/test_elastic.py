@@ -130,6 +130,18 @@ def _once_the_old_workers_were_told(backend: Any) -> None:
     backend.resize = resize_then_die
 
 
+def _once_rank_0s_node_started_the_new_set(backend: Any) -> None:
+    started = backend._started
+
+    def starting(key: Any, node: str, port: int | None) -> None:
+        job = backend._live.get(key)
+        if job is not None and job.resize_count > 0 and node == job.nodes[0]:
+            raise _Died  # before the other nodes are asked to start theirs
+        started(key, node, port)
+
+    backend._started = starting
+
+
 def _before_the_store_takes_resized(backend: Any) -> None:
     poll = backend.poll
 
@@ -143,7 +155,13 @@ def _before_the_store_takes_resized(backend: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "die", [_before_the_backend_is_asked, _once_the_old_workers_were_told, _before_the_store_takes_resized]
+    "die",
+    [
+        _before_the_backend_is_asked,
+        _once_the_old_workers_were_told,
+        _once_rank_0s_node_started_the_new_set,
+        _before_the_store_takes_resized,
+    ],
 )
 def test_a_restart_of_the_control_plane_mid_resize_on_ray_completes_the_resize(
     ray_cluster: Any, tmp_path: Path, die: Callable[[Any], None]

@@ -19,8 +19,9 @@ poll, so the loop has read the node as down before it puts the job back in its q
 on the dead node again).
 
 A restart of the control plane adopts what the agents' files say runs (which workers, after how many resizes),
-so a resize under way goes on: workers stopping for it keep stopping, and the new set starts once the loop has
-asked for the resize again, as it does at start for every job its store says is resizing.
+so a resize under way goes on: workers stopping for it keep stopping, and the new set starts (or, started on
+rank 0's node only, starts on the others, with the port leased there) once the loop has asked for the resize
+again, as it does at start for every job its store says is resizing.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class _Job:
     resized_reported: bool = True  # False from the start of a resize's new workers until RESIZED
     # After a restart, workers found stopping for this resize: its new placement comes when the loop asks again.
     awaiting_resize: int | None = None
+    half_started: bool = False  # after a restart, a resize's new set found started on only some of its nodes
 
     @property
     def key(self) -> Key:
@@ -232,6 +234,9 @@ class RayBackend:
         job = self._live.get((launch.job.id, launch.attempt))
         if job is None or job.stop_reason is not None or job.failure is not None or job.lost is not None:
             return
+        if job.half_started and resize_count == job.resize_count:
+            self._start_the_rest(job, launch)
+            return
         if resize_count <= (job.resizing[1] if job.resizing is not None else job.resize_count):
             return
         if job.resizing is None and job.awaiting_resize is None and job.workers and all(w.done for w in job.workers):
@@ -248,6 +253,11 @@ class RayBackend:
         if job.resizing is None and job.awaiting_resize is None and job.workers and all(w.done for w in job.workers):
             return
         job.resizing, job.awaiting_resize = None, None  # a stop wins over a resize under way
+        if job.half_started:  # the workers not started yet never will be
+            job.half_started = False
+            for worker in job.workers:
+                if not worker.node:
+                    worker.exit = {"code": 0, "not_started": True, "ended_at": time.time()}
         job.stop_reason = reason or "stopped"
         self._begin_stop(job, job.signal, grace_s)
 
@@ -317,7 +327,7 @@ class RayBackend:
         nodes = [str(n) for n in record.get("nodes") or dict.fromkeys(w.node for w in launch.workers)]
         on = {int(state[2]): name for name, h in current.items() for state in h.states}
         size = int(record.get("workers") or len(launch.workers))
-        workers = [_Worker(r, on.get(r, nodes[0])) for r in range(size)]
+        workers = [_Worker(r, on.get(r, "")) for r in range(size)]  # "": not found on any node
         job = _Job(launch, signum, workers, nodes)
         job.started_nodes = set(current)
         job.resize_count, job.resized_reported = generation, generation == 0
@@ -328,11 +338,17 @@ class RayBackend:
         elif not current:
             job.lost = "never started (control plane stopped before launch)"
         elif len(on) < size:
-            job.lost = (
-                f"resize {generation}: its workers were being started when the control plane stopped"
-                if generation
-                else "never started on every node (control plane stopped during launch)"
-            )
+            master = current.get(nodes[0])
+            if generation and master is not None and master.record.get("port") is not None:
+                # A resize's new set, started on rank 0's node and not yet on the others: they start when the
+                # loop asks for the resize again, with the rendezvous rank 0's node leased.
+                job.port, job.half_started = int(master.record["port"]), True
+            else:
+                job.lost = (
+                    f"resize {generation}: its workers were being started when the control plane stopped"
+                    if generation
+                    else "never started on every node (control plane stopped during launch)"
+                )
         for h in current.values():
             self._apply_states(h.states)
             stop = h.stop
@@ -650,6 +666,32 @@ class RayBackend:
             job.lost = f"resize {resize_count}: {exc}"
             return
         self._start(job, specs)
+
+    def _start_the_rest(self, job: _Job, launch: Launch) -> None:
+        """Start the workers of a resize's new set that a restart found not started (their nodes' start calls
+        went with the control plane), at `launch`, with the MASTER_PORT rank 0's node leased for them."""
+        job.half_started = False
+        started = {w.rank for w in job.workers if w.node}
+        if len(launch.workers) != len(job.workers) or any(
+            launch.workers[r].node != job.workers[r].node for r in started
+        ):
+            job.lost = f"resize {job.resize_count}: its workers were being started when the control plane stopped"
+            return
+        try:
+            specs = self._specs(launch, job.resize_count)
+        except GpufleetError as exc:
+            job.lost = f"resize {job.resize_count}: {exc}"
+            return
+        job.launch = launch
+        job.workers = [w if w.rank in started else _Worker(w.rank, launch.workers[w.rank].node) for w in job.workers]
+        info = {"job_id": job.key[0], "attempt": job.key[1], "workers": len(job.workers), "nodes": job.nodes}
+        for name in dict.fromkeys(launch.workers[r].node for r in range(len(job.workers)) if r not in started):
+            agent = self.fleet.agent(name)
+            if agent is None:
+                job.lost = f"node {name} lost"
+                return
+            mine = [_with_port(s, job.port) for s in specs if launch.workers[s.rank].node == name]
+            self._call("start", name, job.key, agent.start.remote(mine, info, False))
 
     def _kill_everywhere(self, job: _Job) -> None:
         for name in job.started_nodes:
