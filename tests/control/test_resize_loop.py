@@ -96,6 +96,41 @@ def test_an_elastic_job_shrinks_to_admit_a_waiting_job_and_holds_its_gpus_until_
     assert matches_the_store(loop, store, clock)
 
 
+def test_a_restart_during_a_shrink_asks_for_it_again_and_only_its_own_resized_ends_it() -> None:
+    store, backend, clock, loop = setup()
+    assert isinstance(backend, ResizingBackend)
+    store.submit(make_job("elastic").gpus(1).elastic(2, 8).build(), at=0.0)
+    step_at(clock, loop, 0.0)
+    backend.started("elastic", 1.0)
+    step_at(clock, loop, 1.0)
+    store.submit(make_job("new").gpus(4).build(), at=30.0)
+    step_at(clock, loop, 30.0)
+    step_at(clock, loop, 60.0)
+    [(asked, _, _)] = backend.resizes
+    # The control plane restarts before RESIZED: the new one adopts the job as it runs (all 8 GPUs) and asks
+    # for the same resize again (the backend does it once per count).
+    again = ResizingBackend(launches=list(backend.launches))
+    loop = Reconciler(store, again, clock, profile("default"), settings=ReconcilerSettings(grace_s=12.0))
+    [adopted] = again.adopted
+    assert len(adopted.workers) == 8
+    assert again.resizes == [(asked, 12.0, 1)]
+    assert len(asked.workers) == 4
+    # A RESIZED of another resize (a backend saying an earlier one again) changes nothing.
+    again.observe_resized("elastic", 62.0, resize_count=0)
+    step_at(clock, loop, 62.0)
+    record = store.get("elastic")
+    assert record is not None
+    assert (record.resizing, gpus(store, "elastic")) == (True, 8)
+    assert store.get("new").state is S.PENDING  # type: ignore[union-attr]
+    again.observe_resized("elastic", 65.0, resize_count=1)
+    step_at(clock, loop, 65.0)
+    record = store.get("elastic")
+    assert record is not None
+    assert (record.resizing, gpus(store, "elastic"), record.resizes) == (False, 4, 1)
+    assert store.get("new").state is S.LAUNCHING  # type: ignore[union-attr]
+    assert matches_the_store(loop, store, clock)
+
+
 def test_a_backend_that_cannot_resize_is_never_asked() -> None:
     store, backend, clock, loop = setup(ScriptedBackend())
     store.submit(make_job("fixed").gpus(4).build(), at=0.0)

@@ -77,3 +77,8 @@ class ResizingBackend(ScriptedBackend):
 
     def resized(self, job_id: JobId, at: float) -> None:
         self.observe(job_id, ObservationKind.RESIZED, at)
+
+    def observe_resized(self, job_id: JobId, at: float, resize_count: int) -> None:
+        """RESIZED that says which resize of the attempt is done."""
+        attempt = self.attempt_of(job_id)
+        self._inbox.append(Observation(job_id, attempt, ObservationKind.RESIZED, at, resize_count=resize_count))

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.domain import GpuShare, WorkerPlacement
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.ports import Launch, ObservationKind
@@ -163,13 +164,22 @@ def test_a_stop_during_a_resize_wins_and_nothing_new_starts(harness: Harness) ->
     assert backend.poll() == []
 
 
-def test_a_restart_in_the_middle_of_a_resize_completes_it_and_leaves_no_worker_behind(harness: Harness) -> None:
-    ready = harness.root / "ready"
-    first = harness.backend()
-    launch = harness.launch("mid", harness.run("ignore-term", str(ready)), gpus=((0,), (1,)))
-    first.launch(launch)
-    wait_for(first, has("mid", K.STARTED))
+def stubborn_job(
+    harness: Harness, job_id: str, gpus: tuple[tuple[int, ...], ...] = ((0,),)
+) -> tuple[LocalBackend, Launch]:
+    """A backend running `job_id`, whose workers ignore the checkpoint signal (only SIGKILL ends them): a
+    resize of it is still under way when its control plane goes away."""
+    ready = harness.root / f"ready-{job_id}"
+    backend = harness.backend()
+    launch = harness.launch(job_id, harness.run("ignore-term", str(ready)), gpus=gpus)
+    backend.launch(launch)
+    wait_for(backend, has(job_id, K.STARTED))
     wait_until(ready.exists, what="the handler")
+    return backend, launch
+
+
+def test_a_restart_in_the_middle_of_a_resize_completes_it_and_leaves_no_worker_behind(harness: Harness) -> None:
+    first, launch = stubborn_job(harness, "mid", ((0,), (1,)))
     old = [harness.child_pid(launch, r) for r in (0, 1)]
     first.resize(resized(launch, (3,), (4,), (5,)), grace_s=1.0, resize_count=1)
     first.poll()
@@ -198,12 +208,7 @@ def test_a_restart_in_the_middle_of_a_resize_completes_it_and_leaves_no_worker_b
 
 
 def test_a_restart_that_does_not_list_a_resizing_job_kills_old_and_new_workers(harness: Harness) -> None:
-    ready = harness.root / "ready"
-    first = harness.backend()
-    launch = harness.launch("gone", harness.run("ignore-term", str(ready)))
-    first.launch(launch)
-    wait_for(first, has("gone", K.STARTED))
-    wait_until(ready.exists, what="the handler")
+    first, launch = stubborn_job(harness, "gone")
     first.resize(resized(launch, (3,), (4,)), grace_s=0.2, resize_count=1)
     wait_for(first, has("gone", K.RESIZED))
     new_dir = harness.state / "run" / "gone" / "attempt-1" / "resize-1"

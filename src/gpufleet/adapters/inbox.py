@@ -27,13 +27,16 @@ class ObservationInbox:
         wall: float | None = None,
         exit_code: int | None = None,
         detail: str = "",
+        resize_count: int | None = None,
     ) -> None:
         """Queue an observation. `wall` (when known) is when it happened on the wall clock: it is carried onto
         the backend's clock as `now - how long ago`, so a job that ended while the control plane was down is
         not billed for the downtime."""
         now = self.clock.now()
         at = now - max(0.0, time.time() - wall) if wall is not None else now
-        self._queued.append(Observation(key[0], key[1], kind, at, exit_code=exit_code, detail=detail))
+        self._queued.append(
+            Observation(key[0], key[1], kind, at, exit_code=exit_code, detail=detail, resize_count=resize_count)
+        )
 
     def lose(self, key: Key, detail: str) -> None:
         """The attempt is lost before anything of it ran (or after it was given up): LOST, and done with."""

@@ -144,7 +144,9 @@ class Reconciler:
             else None
         )
         self._rebuild()
-        self.backend.adopt([self._launch(r) for r in self.store.active() if r.holds_resources])
+        holding = [r for r in self.store.active() if r.holds_resources]
+        self.backend.adopt([self._launch(r) for r in holding])
+        self._resume_resizes(holding)
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -505,8 +507,11 @@ class Reconciler:
         return None
 
     def _resized(self, record: JobRecord, obs: Observation, attained: float, changes: Changes) -> JobRecord | None:
-        """Every new worker of a resize is up: a shrink now holds only the workers it kept."""
+        """Every new worker of a resize is up: a shrink now holds only the workers it kept. A backend that
+        restarted says an earlier resize again: only the one under way ends the mark."""
         if record.state is not S.RUNNING or not record.resizing:
+            return None
+        if obs.resize_count is not None and obs.resize_count != record.resizes:
             return None
         workers = record.resize_to or record.workers
         gpus = len(workers) * record.job.request.gpus
@@ -529,6 +534,19 @@ class Reconciler:
             released.add(record.job.queue)
         if self.resizer is not None:
             self.resizer.record_size(outcome)
+
+    def _resume_resizes(self, holding: Sequence[JobRecord]) -> None:
+        """After a restart: the resizes the store says are under way are asked of the backend again. Asked
+        once per count, so a backend that had taken one goes on with it (or has done it, and says RESIZED
+        again); one the control plane died before asking for starts now. Either way RESIZED ends the mark."""
+        if not self.backend.capabilities.resize:
+            return
+        for record in holding:
+            if record.state is not S.RUNNING or not record.resizing:
+                continue
+            target = record.resize_to or record.workers  # a shrink keeps `resize_to`; a grow holds its target
+            launch = dataclasses.replace(self._launch(record), workers=target)
+            self.backend.resize(launch, self._grace(record), record.resizes)
 
     def _resize(self, now: float, report: StepReport) -> None:
         """Ask the resize plugin for new sizes of running elastic jobs and start those resizes."""

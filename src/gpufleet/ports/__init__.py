@@ -48,6 +48,8 @@ class Observation:
     exit_code: int | None = None
     detail: str = ""
     checkpoint_at: float | None = None  # the job's last checkpoint, when the backend knows it
+    # RESIZED: which resize of the attempt is done (a restart may report an earlier one again); None: not said.
+    resize_count: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,10 @@ hold.
 A resize (`resize`) keeps the attempt: its workers get the checkpoint signal (and SIGKILL after the grace
 period), and once all of them have ended the new set starts in a folder of its own (`layout.py`), with the
 new WORLD_SIZE and GPUFLEET_RESIZE_COUNT, a fresh MASTER_PORT and rank r's log continued. What is under way
-is in `resize.json`, so a restart in the middle of a resize completes it rather than leave workers behind.
+is in `resize.json` until every new worker has started, so a restart at any point of a resize completes it
+(the old workers stop, then the new ones not started yet start) rather than leave workers behind. After a
+restart the files, not the launch the loop passes, say which workers run: the store holds a grow's new
+placement before its workers start, and a shrink's old one until RESIZED.
 
 `poll` is called every few tens of milliseconds by the loop, so per live worker it only tries to open a
 file or two (`exit.json`, and `child.pid` until it exists) and makes one `waitpid` or `/proc` check: it
@@ -191,12 +194,17 @@ class LocalBackend:
             for rank in range(len(launch.workers))
         ]
 
-    def _start_workers(self, job: _Job, launch: Launch, envs: list[dict[str, str]]) -> None:
-        """Start `launch`'s workers for `job` (after its `job.resize_count`-th resize); raises OSError."""
+    def _start_workers(
+        self, job: _Job, launch: Launch, envs: list[dict[str, str]], ranks: Sequence[int] | None = None
+    ) -> None:
+        """Start `launch`'s workers (those of `ranks`; None: all) for `job` (after its `job.resize_count`-th
+        resize); raises OSError."""
         run = launch.job.run
         assert run is not None
         argv = ("/bin/sh", "-c", run.command[0]) if run.shell else tuple(run.command)
         for rank, env in enumerate(envs):
+            if ranks is not None and rank not in ranks:
+                continue
             placement = launch.workers[rank]
             node = self.nodes[placement.node]
             spec = WorkerSpec(
@@ -380,7 +388,13 @@ class LocalBackend:
         if not job.resized_reported and all(w.child is not None for w in job.workers):
             job.resized_reported = True
             started = max(float(w.child["started_at"]) for w in job.workers if w.child is not None)
-            self._inbox.emit(key, ObservationKind.RESIZED, wall=started, detail=f"resize {job.resize_count}")
+            self._inbox.emit(
+                key,
+                ObservationKind.RESIZED,
+                wall=started,
+                detail=f"resize {job.resize_count}",
+                resize_count=job.resize_count,
+            )
         if job.stop_reason is None and job.failure is None and job.resizing is None:
             self._check_failure(job)
         if job.stop_signal is not None:
@@ -484,6 +498,22 @@ class LocalBackend:
             self._say_disk(exc)
         self.workers.clear_resize(*key)
 
+    def _start_rest(self, job: _Job, launch: Launch, ranks: Sequence[int]) -> None:
+        """Start the workers `ranks` of the resize `launch` whose other workers `job` already runs (a restart
+        found it half started), with the rendezvous those have. What goes wrong makes the attempt lost."""
+        try:
+            envs = self._envs(launch, job.port or 0, job.resize_count)
+        except GpufleetError as exc:
+            job.lost = f"resize {job.resize_count}: {exc}"
+            return
+        try:
+            self.layout.generation_dir(job.job_id, job.attempt, job.resize_count).mkdir(parents=True, exist_ok=True)
+            self._start_workers(job, launch, envs, ranks)
+        except OSError as exc:
+            job.lost = f"resize {job.resize_count}: cannot write its files: {_disk_words(exc)}"
+            self._say_disk(exc)
+        job.workers.sort(key=lambda w: w.rank)
+
     def _finish(self, job: _Job) -> None:
         key = (job.job_id, job.attempt)
         for worker in job.workers:
@@ -507,11 +537,20 @@ class LocalBackend:
         signum = int(signal.Signals[run.checkpoint_signal]) if run is not None else int(signal.SIGTERM)
         port = info.get("port")
         job = _Job(launch.job.id, launch.attempt, attempt_dir, signum, int(port) if port is not None else None)
-        # After a resize the files, not the store, say how many workers run now.
+        # The files, not the store, say how many workers run now: the store may hold a resize's placement
+        # (a grow's target) before its workers start, or the one before it (a shrink's).
         job.resize_count = int(info.get("resize_count") or 0)
         job.resized_reported = job.resize_count == 0  # RESIZED again: it may not have been seen before the restart
-        size = int(info.get("workers", len(launch.workers))) if job.resize_count else len(launch.workers)
+        size = int(info.get("workers", len(launch.workers)))
+        resize = self.workers.resize_record(*key)
+        # A resize whose new workers were being started when the control plane stopped: those not started yet
+        # (no folder) start now; a worker is never started twice.
+        finishing = resize if resize is not None and int(resize["resize_count"]) == job.resize_count else None
+        unstarted = []
         for rank in range(size):
+            if finishing is not None and not self.layout.worker_dir(*key, rank, job.resize_count).exists():
+                unstarted.append(rank)
+                continue
             worker = self.workers.find(launch.job.id, launch.attempt, rank, job.resize_count)
             job.workers.append(worker)
             if worker.vanished:
@@ -521,7 +560,12 @@ class LocalBackend:
                     else "never started (control plane stopped during launch)"
                 )
         stop = self.workers.stop_record(*key, job.resize_count)
-        resize = self.workers.resize_record(*key)
+        if finishing is not None:
+            if stop is None and job.lost is None and unstarted:
+                target = dataclasses.replace(launch, workers=tuple(_placement_of(w) for w in finishing["workers"]))
+                self._start_rest(job, target, unstarted)
+            self.workers.clear_resize(*key)
+            resize = None
         if stop is not None and stop.get("lost"):
             job.lost = job.lost or str(stop["lost"])  # given up on before: it stays lost
         elif stop is not None and stop.get("resize") is None:

@@ -108,7 +108,7 @@ class WorkerSupervisor:
     def begin_generation(self, job_id: str, attempt: int, resize_count: int, info: dict[str, Any]) -> Path:
         """Record that the attempt now runs its workers after resize `resize_count` (`attempt.json`, rewritten
         with `info`), before they start; raises OSError (disk full). A restart that finds the record but not
-        every worker of it reports the attempt lost: no worker of it is started twice."""
+        every worker of it starts those whose folder is missing (never started): none is started twice."""
         self.layout.attempt_dir(job_id, attempt).mkdir(parents=True, exist_ok=True)  # a node new to the attempt
         write_json(self.layout.attempt_dir(job_id, attempt) / "attempt.json", info)
         folder = self.layout.generation_dir(job_id, attempt, resize_count)

@@ -260,10 +260,12 @@ class NodeAgent:
 
     def kill(self, job_id: str, attempt: int, detail: str) -> None:
         """Give the attempt up here: kill its workers (whole cgroups) at once; it stays given up after a
-        restart."""
+        restart. An attempt this agent no longer tracks is killed as its files show: the control plane sends
+        `kill` then `forget`, and this actor may run the two calls in either order (on several threads)."""
         with self._lock:
             tracked = self._attempts.get((job_id, attempt))
             if tracked is None:
+                self._kill_untracked(job_id, attempt, detail)
                 return
             tracked.lost = True
             lost = {"lost": detail, "signal": int(signal.SIGKILL)}
@@ -271,6 +273,17 @@ class NodeAgent:
             for worker in tracked.workers.values():
                 if not worker.done or worker.vanished:
                     self.supervisor.abandon(worker)
+
+    def _kill_untracked(self, job_id: str, attempt: int, detail: str) -> None:
+        info = self.supervisor.attempt_record(job_id, attempt)
+        if info is None:
+            return  # never ran here
+        resize_count = int(info.get("resize_count") or 0)
+        self.supervisor.mark_stopping(job_id, attempt, {"lost": detail, "signal": int(signal.SIGKILL)}, resize_count)
+        for rank in self._ranks_here(job_id, attempt):
+            worker = self.supervisor.find(job_id, attempt, rank, resize_count)
+            if not worker.done:
+                self.supervisor.abandon(worker)
 
     def forget(self, job_id: str, attempt: int, resize_count: int | None = None) -> None:
         """The control plane has taken the attempt's end: tidy its cgroups, release its port, stop tracking.
@@ -286,18 +299,23 @@ class NodeAgent:
             self.ports.release(tracked.port, _owner(self.name, job_id, attempt))
 
     def adopt(
-        self, keep: Sequence[tuple[str, int, Sequence[int]]]
-    ) -> tuple[list[WorkerState], list[tuple[str, int, dict[str, Any]]]]:
+        self, keep: Sequence[tuple[str, int, Sequence[int] | None]]
+    ) -> tuple[list[WorkerState], list[tuple[str, int, dict[str, Any]]], list[tuple[str, int, dict[str, Any]]]]:
         """After the control plane (or this agent) restarted: watch again the attempts in `keep` (job id,
-        attempt, ranks on this node), kill every other worker found under this node's folder (no job may
-        run twice, nor hold GPUs given to another). Returns the status and the stop records of the kept
-        attempts (a stop asked for before the restart still holds)."""
+        attempt, ranks on this node; None: the ranks its files show here, if it ran here at all), kill every
+        other worker found under this node's folder (no job may run twice, nor hold GPUs given to another).
+        Returns the status, the stop records and the attempt records (`attempt.json`: its resize count, its
+        workers and nodes) of the kept attempts found here (a stop asked for before the restart still holds)."""
         with self._lock:
             wanted: set[Path] = set()
             for job_id, attempt, ranks in keep:
                 wanted.add(self.supervisor.attempt_dir(job_id, attempt))
-                if (job_id, attempt) not in self._attempts:
+                if (job_id, attempt) in self._attempts:
+                    continue
+                if ranks is not None:
                     self._adopt_one(job_id, attempt, ranks)
+                elif self.supervisor.attempt_record(job_id, attempt) is not None:
+                    self._adopt_one(job_id, attempt, self._ranks_here(job_id, attempt))
             for key in [k for k in self._attempts if self.supervisor.attempt_dir(*k) not in wanted]:
                 self.kill(key[0], key[1], ORPHAN_DETAIL)
                 self.forget(*key)
@@ -307,13 +325,23 @@ class NodeAgent:
                 leased_job, _, leased_attempt = owner.removeprefix(mine).rpartition("#")
                 if (leased_job, int(leased_attempt or 0)) not in self._attempts:
                     self.ports.release(port, owner)
-            stops = []
+            stops, attempts = [], []
             for job_id, attempt, _ in keep:
                 found = self._attempts.get((job_id, attempt))
                 record = self.supervisor.stop_record(job_id, attempt, found.resize_count if found else 0)
                 if record is not None:
                     stops.append((job_id, attempt, record))
-        return self.status(), stops
+                info = self.supervisor.attempt_record(job_id, attempt) if found is not None else None
+                if info is not None:
+                    attempts.append((job_id, attempt, info))
+        return self.status(), stops, attempts
+
+    def _ranks_here(self, job_id: str, attempt: int) -> list[int]:
+        """The ranks of the attempt's latest workers on this node, as their folders show."""
+        info = self.supervisor.attempt_record(job_id, attempt) or {}
+        folder = self.supervisor.layout.generation_dir(job_id, attempt, int(info.get("resize_count") or 0))
+        names = (p.name.removeprefix("worker-") for p in folder.glob("worker-*"))
+        return sorted(int(n) for n in names if n.isdigit())
 
     def _adopt_one(self, job_id: str, attempt: int, ranks: Sequence[int]) -> _Attempt:
         info = read_json(self.supervisor.attempt_dir(job_id, attempt) / "attempt.json") or {}

@@ -17,6 +17,11 @@ workers on its other nodes are killed and the job is reported LOST with `node NA
 up to its last periodic checkpoint (the simulator's accounting). The LOST observations are held back by one
 poll, so the loop has read the node as down before it puts the job back in its queue (it is never placed
 on the dead node again).
+
+A restart of the control plane adopts what the agents' files say runs (which workers, after how many resizes),
+so a resize under way goes on: workers stopping for it keep stopping, and the new set starts (or, started on
+rank 0's node only, starts on the others, with the port leased there) once the loop has asked for the resize
+again, as it does at start for every job its store says is resizing.
 """
 
 from __future__ import annotations
@@ -83,10 +88,24 @@ class _Job:
     resize_count: int = 0  # resizes of this attempt so far: `workers` are those after the last
     resizing: tuple[Launch, int] | None = None  # a resize under way (new placement, count): workers stopping
     resized_reported: bool = True  # False from the start of a resize's new workers until RESIZED
+    # After a restart, workers found stopping for this resize: its new placement comes when the loop asks again.
+    awaiting_resize: int | None = None
+    half_started: bool = False  # after a restart, a resize's new set found started on only some of its nodes
 
     @property
     def key(self) -> Key:
         return (self.launch.job.id, self.launch.attempt)
+
+
+@dataclass
+class _FoundOnNode:
+    """What one node's agent holds of an attempt after a restart: its latest workers (after `resize_count`
+    resizes), the attempt's record there, those workers' states and their stop record."""
+
+    resize_count: int
+    record: dict[str, Any]
+    states: list[Any] = field(default_factory=list)
+    stop: dict[str, Any] | None = None
 
 
 class RayBackend:
@@ -215,12 +234,15 @@ class RayBackend:
         job = self._live.get((launch.job.id, launch.attempt))
         if job is None or job.stop_reason is not None or job.failure is not None or job.lost is not None:
             return
+        if job.half_started and resize_count == job.resize_count:
+            self._start_the_rest(job, launch)
+            return
         if resize_count <= (job.resizing[1] if job.resizing is not None else job.resize_count):
             return
-        if job.resizing is None and job.workers and all(w.done for w in job.workers):
+        if job.resizing is None and job.awaiting_resize is None and job.workers and all(w.done for w in job.workers):
             return  # it ended by itself first: the next poll reports that
         first = job.resizing is None
-        job.resizing = (launch, resize_count)
+        job.resizing, job.awaiting_resize = (launch, resize_count), None
         if first:
             self._begin_stop(job, job.signal, grace_s, resize=resize_count)
 
@@ -228,9 +250,14 @@ class RayBackend:
         job = self._live.get((job_id, attempt))
         if job is None or job.stop_reason is not None:
             return
-        if job.resizing is None and job.workers and all(w.done for w in job.workers):
+        if job.resizing is None and job.awaiting_resize is None and job.workers and all(w.done for w in job.workers):
             return
-        job.resizing = None  # a stop wins over a resize under way
+        job.resizing, job.awaiting_resize = None, None  # a stop wins over a resize under way
+        if job.half_started:  # the workers not started yet never will be
+            job.half_started = False
+            for worker in job.workers:
+                if not worker.node:
+                    worker.exit = {"code": 0, "not_started": True, "ended_at": time.time()}
         job.stop_reason = reason or "stopped"
         self._begin_stop(job, job.signal, grace_s)
 
@@ -251,56 +278,96 @@ class RayBackend:
 
     def adopt(self, live: Sequence[Launch]) -> None:
         """Every agent is told which attempts to keep (and kills the rest); jobs on nodes that are gone are
-        LOST. Waits for the agents' answers (at start, before the loop runs)."""
-        keep: dict[str, list[tuple[str, int, list[int]]]] = {name: [] for name in self.fleet.alive()}
-        for launch in live:
-            key = (launch.job.id, launch.attempt)
-            nodes = list(dict.fromkeys(w.node for w in launch.workers))
-            gone = [n for n in nodes if n not in keep]
-            run = launch.job.run
-            signum = int(signal.Signals[run.checkpoint_signal]) if run is not None else int(signal.SIGTERM)
-            job = _Job(launch, signum, [_Worker(r, w.node) for r, w in enumerate(launch.workers)], nodes)
-            job.started_nodes = set(nodes)
-            self._live[key] = job
-            if gone:
-                job.lost = f"node {gone[0]} lost while the control plane was down"
-            for name in nodes:
-                if name in keep:
-                    ranks = [r for r, w in enumerate(launch.workers) if w.node == name]
-                    keep[name].append((launch.job.id, launch.attempt, ranks))
-        answers = {name: self.fleet.agent_or_raise(name).adopt.remote(kept) for name, kept in keep.items()}
-        answered = []
+        LOST. Waits for the agents' answers (at start, before the loop runs).
+
+        Where an attempt's workers run, and after how many resizes, is what the agents' files say, not the
+        launch: the store may hold a resize's placement before its workers start (a grow's) or the one before
+        it (a shrink's). Workers stopping for a resize keep stopping; the resize goes on when the loop asks
+        for it again (it does at start, for every job its store says is resizing)."""
+        alive = self.fleet.alive()
+        keep = [(launch.job.id, launch.attempt, None) for launch in live]
+        answers = {name: self.fleet.agent_or_raise(name).adopt.remote(keep) for name in alive}
+        answered: dict[str, Any] = {}
         for name, ref in answers.items():
             try:
-                answered.append(self.ray.get(ref, timeout=60))
+                answered[name] = self.ray.get(ref, timeout=60)
             except Exception as exc:  # an agent that cannot answer: its node is as good as lost
                 log.warning("agent of node %s did not answer adoption: %s", name, exc)
                 self.fleet.report_unreachable(name)
-        for states, _ in answered:
-            for job_id, attempt, *_, resize_count in states:
-                resized = self._live.get((job_id, attempt))
-                if resized is not None and resize_count > resized.resize_count:
-                    # Resized before the restart: its workers are those after the last resize (RESIZED again:
-                    # it may not have been seen).
-                    resized.resize_count, resized.resized_reported = resize_count, False
-        for states, stops in answered:
-            self._apply_states(states)
+        # What each node holds of each attempt: its latest workers' resize count, attempt record, states, stop.
+        held: dict[Key, dict[str, _FoundOnNode]] = {}
+        for name, (states, stops, records) in answered.items():
+            for job_id, attempt, record in records:
+                held.setdefault((job_id, attempt), {})[name] = _FoundOnNode(
+                    int(record.get("resize_count") or 0), record
+                )
+            for state in states:
+                found = held.get((state[0], state[1]), {}).get(name)
+                if found is not None and state[6] == found.resize_count:
+                    found.states.append(state)
             for job_id, attempt, record in stops:
-                stopping = self._live.get((job_id, attempt))
-                if stopping is None or stopping.lost is not None:
-                    continue
-                if record.get("lost"):
-                    stopping.lost = str(record["lost"])
-                elif record.get("resize") is not None and record.get("reason") is None:
-                    # The new workers' placement went with the control plane: retried from its checkpoint.
-                    stopping.lost = f"resize {record['resize']} was under way when the control plane stopped"
-                elif record.get("reason") and stopping.stop_reason is None:
-                    stopping.stop_reason = str(record["reason"])
-                    stopping.stop_signal = int(record.get("signal", signal.SIGTERM))
-        for job in self._live.values():
-            for worker in job.workers:
-                if worker.exit is not None and worker.exit.get("vanished") and job.lost is None:
-                    job.lost = "worker died while the control plane was down"
+                found = held.get((job_id, attempt), {}).get(name)
+                if found is not None:
+                    found.stop = record
+        for launch in live:
+            self._adopt_one(launch, held.get((launch.job.id, launch.attempt), {}), set(answered))
+
+    def _adopt_one(self, launch: Launch, held: dict[str, _FoundOnNode], alive: set[str]) -> None:
+        key = (launch.job.id, launch.attempt)
+        run = launch.job.run
+        signum = int(signal.Signals[run.checkpoint_signal]) if run is not None else int(signal.SIGTERM)
+        generation = max((h.resize_count for h in held.values()), default=0)
+        current = {name: h for name, h in held.items() if h.resize_count == generation}
+        for name, h in held.items():
+            if h.resize_count < generation:  # the workers before the last resize, ended: not watched any more
+                agent = self.fleet.agent(name)
+                if agent is not None:
+                    agent.forget.remote(key[0], key[1], h.resize_count)
+        record = next(iter(current.values())).record if current else {}
+        nodes = [str(n) for n in record.get("nodes") or dict.fromkeys(w.node for w in launch.workers)]
+        on = {int(state[2]): name for name, h in current.items() for state in h.states}
+        size = int(record.get("workers") or len(launch.workers))
+        workers = [_Worker(r, on.get(r, "")) for r in range(size)]  # "": not found on any node
+        job = _Job(launch, signum, workers, nodes)
+        job.started_nodes = set(current)
+        job.resize_count, job.resized_reported = generation, generation == 0
+        self._live[key] = job
+        gone = [n for n in nodes if n not in alive]
+        if gone:
+            job.lost = f"node {gone[0]} lost while the control plane was down"
+        elif not current:
+            job.lost = "never started (control plane stopped before launch)"
+        elif len(on) < size:
+            master = current.get(nodes[0])
+            if generation and master is not None and master.record.get("port") is not None:
+                # A resize's new set, started on rank 0's node and not yet on the others: they start when the
+                # loop asks for the resize again, with the rendezvous rank 0's node leased.
+                job.port, job.half_started = int(master.record["port"]), True
+            else:
+                job.lost = (
+                    f"resize {generation}: its workers were being started when the control plane stopped"
+                    if generation
+                    else "never started on every node (control plane stopped during launch)"
+                )
+        for h in current.values():
+            self._apply_states(h.states)
+            stop = h.stop
+            if stop is None or job.lost is not None:
+                continue
+            if stop.get("lost"):
+                job.lost = str(stop["lost"])
+            elif stop.get("reason"):
+                if job.stop_reason is None:
+                    job.stop_reason = str(stop["reason"])
+                    job.stop_signal = int(stop.get("signal", signal.SIGTERM))
+            elif stop.get("resize") is not None:
+                # Stopping for a resize: they go on stopping (their agents hold the deadline), and the new set
+                # starts once the loop has said again where it goes.
+                job.stop_signal = int(stop.get("signal", signum))
+                job.awaiting_resize = int(stop["resize"])
+        for worker in job.workers:
+            if worker.exit is not None and worker.exit.get("vanished") and job.lost is None:
+                job.lost = "worker died while the control plane was down"
 
     # --- beyond the port ------------------------------------------------------------------------------
 
@@ -530,14 +597,23 @@ class RayBackend:
         if not job.resized_reported and all(w.started_at is not None for w in job.workers):
             job.resized_reported = True
             up = max(w.started_at or 0.0 for w in job.workers)
-            self._inbox.emit(key, ObservationKind.RESIZED, wall=up, detail=f"resize {job.resize_count}")
-        if job.stop_reason is None and job.failure is None and job.resizing is None:
+            self._inbox.emit(
+                key,
+                ObservationKind.RESIZED,
+                wall=up,
+                detail=f"resize {job.resize_count}",
+                resize_count=job.resize_count,
+            )
+        resizing = job.resizing is not None or job.awaiting_resize is not None
+        if job.stop_reason is None and job.failure is None and not resizing:
             self._check_failure(job)
         if not all(w.done for w in job.workers):
             return
         if job.resizing is not None:
             self._start_generation(job, *job.resizing)  # the old workers are gone: how they ended does not count
             return
+        if job.awaiting_resize is not None:
+            return  # the new placement is not known yet
         self._finish(job)
         ended = max((float(w.exit.get("ended_at", 0.0)) for w in job.workers if w.exit), default=0.0)
         wall = ended or None
@@ -590,6 +666,32 @@ class RayBackend:
             job.lost = f"resize {resize_count}: {exc}"
             return
         self._start(job, specs)
+
+    def _start_the_rest(self, job: _Job, launch: Launch) -> None:
+        """Start the workers of a resize's new set that a restart found not started (their nodes' start calls
+        went with the control plane), at `launch`, with the MASTER_PORT rank 0's node leased for them."""
+        job.half_started = False
+        started = {w.rank for w in job.workers if w.node}
+        if len(launch.workers) != len(job.workers) or any(
+            launch.workers[r].node != job.workers[r].node for r in started
+        ):
+            job.lost = f"resize {job.resize_count}: its workers were being started when the control plane stopped"
+            return
+        try:
+            specs = self._specs(launch, job.resize_count)
+        except GpufleetError as exc:
+            job.lost = f"resize {job.resize_count}: {exc}"
+            return
+        job.launch = launch
+        job.workers = [w if w.rank in started else _Worker(w.rank, launch.workers[w.rank].node) for w in job.workers]
+        info = {"job_id": job.key[0], "attempt": job.key[1], "workers": len(job.workers), "nodes": job.nodes}
+        for name in dict.fromkeys(launch.workers[r].node for r in range(len(job.workers)) if r not in started):
+            agent = self.fleet.agent(name)
+            if agent is None:
+                job.lost = f"node {name} lost"
+                return
+            mine = [_with_port(s, job.port) for s in specs if launch.workers[s.rank].node == name]
+            self._call("start", name, job.key, agent.start.remote(mine, info, False))
 
     def _kill_everywhere(self, job: _Job) -> None:
         for name in job.started_nodes:
