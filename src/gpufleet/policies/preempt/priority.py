@@ -181,11 +181,13 @@ class PriorityPreemption:
             entry = indexed.get(group)
             if entry is None:
                 entry = indexed[group] = _Group(members, cluster)
-            for k in entry.useful(capable, frees_quota):
-                holding = entry.holdings[k]
-                if holding.job.id not in evicting:
-                    reasons[holding.job.id] = why
-                    candidates.append(holding)
+            useful = entry.useful(capable, frees_quota)
+            ids = entry.ids
+            if evicting:
+                useful = [k for k in useful if ids[k] not in evicting]
+            holdings = entry.holdings
+            candidates.extend([holdings[k] for k in useful])
+            reasons.update(dict.fromkeys([ids[k] for k in useful], why))
         return candidates, reasons
 
     def eligible(
@@ -225,7 +227,8 @@ class PriorityPreemption:
         # cycle, when a search first meets it. (cost, id) is a total order: sorting the candidates by it gives
         # their order among all preemptible jobs.
         costs = self._costs(candidates, cluster)
-        candidates.sort(key=lambda h: (*costs[h.job.id], h.job.id))
+        order = self._order(candidates, costs, cluster)
+        candidates.sort(key=lambda h: order[h.job.id])
         chosen: list[str] | None = None
         search = _Search(job, cluster, what_if)
         if job.gang_size == 1 and quota_ok:
@@ -251,6 +254,17 @@ class PriorityPreemption:
             if job_id not in costs:
                 costs[job_id] = self.cost(holding, cluster)
         return costs
+
+    def _order(
+        self, holdings: list[Holding], costs: dict[str, tuple[float, ...]], cluster: ClusterView
+    ) -> dict[str, tuple[object, ...]]:
+        """The cycle's sort keys (cost, id) by job id, with those of `holdings` added where not known yet."""
+        order: dict[str, tuple[object, ...]] = cluster.per_cycle(("preempt.order", self), dict)
+        for holding in holdings:
+            job_id = holding.job.id
+            if job_id not in order:
+                order[job_id] = (*costs[job_id], job_id)
+        return order
 
     def _greedy(self, search: _Search, ordered: list[str]) -> list[str]:
         removed: list[str] = []
@@ -365,7 +379,7 @@ class _Group:
     running jobs hold for the cycle), so which of them free a node a job could use is one vectorised test
     instead of a walk over every worker of every member per victim search."""
 
-    __slots__ = ("everyone", "holdings", "node", "owner")
+    __slots__ = ("everyone", "holdings", "ids", "node", "owner")
 
     def __init__(self, members: Sequence[str], cluster: ClusterView) -> None:
         holdings = cluster.holdings
@@ -385,6 +399,7 @@ class _Group:
         self.node = np.asarray(nodes, dtype=np.int64)
         self.owner = np.asarray(owners, dtype=np.int64)
         self.everyone = list(range(len(self.holdings)))
+        self.ids = [h.job.id for h in self.holdings]
 
     def useful(self, capable: BoolArray, frees_quota: bool) -> list[int]:
         """Members (by position, in job-id order) that free quota, or hold a worker on a `capable` node."""
@@ -487,6 +502,12 @@ class _Search:
         self.holdings = cluster.holdings
         self.what_if = what_if
         self.room = _Room(job, cluster)
+        self.table = cluster.nodes
+        # For a single worker: a node it was seen to fit on, and the table's clock then. While that node is
+        # unchanged (its version not past that clock) the worker still fits there, so the job fits the view
+        # exactly when it is admitted: the search asks admission alone, not the filters over the view.
+        self.witness: int | None = None
+        self.witness_clock = -1
 
     def remove(self, job_id: str) -> None:
         self.what_if.remove(job_id)
@@ -498,8 +519,24 @@ class _Search:
 
     def fits(self) -> bool:
         """Whether the job fits the view now (admission and placement)."""
-        return self.room.could_fit() and self.what_if.fits(self.job)
+        if not self.room.could_fit():
+            return False
+        job = self.job
+        what_if = self.what_if
+        if job.gang_size > 1:
+            return what_if.fits(job)
+        witness = self.witness
+        if witness is not None and int(self.table.version[witness]) <= self.witness_clock:
+            return what_if.admits(job).ok
+        if not what_if.fits(job):
+            return False
+        self.witness = what_if.passing_node(job)
+        self.witness_clock = self.table.clock
+        return True
 
     def fits_on(self, node: int) -> bool:
-        """Whether one worker passes the filters on `node` and the job fits the view now."""
-        return self.room.could_fit_on(node) and self.what_if.worker_fits(self.job, node) and self.what_if.fits(self.job)
+        """Whether one worker passes the filters on `node` and the job fits the view now (a single worker that
+        passes somewhere fits exactly when it is admitted)."""
+        if not (self.room.could_fit_on(node) and self.what_if.worker_fits(self.job, node)):
+            return False
+        return self.what_if.admits(self.job).ok if self.job.gang_size == 1 else self.what_if.fits(self.job)
