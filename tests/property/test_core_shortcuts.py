@@ -5,8 +5,9 @@ Shortcuts checked: jobs whose outcome is already known in the cycle settled with
 (`_lower_bound`), fit tests of a victim search skipped where a per-node bound says no (`_Room`), a
 whole-GPU gang's what-if fit counted instead of placed (`known_gang_fit`), what-ifs over many running
 jobs applied as arrays (`SHIFT_ARRAYS_FROM`), the gang check's count of workers that fit now kept and
-recounted on changed nodes only (`_count_now`), the greedy reprieve not asking again about its last victim
-(`last_needed`), node-local
+recounted on changed nodes only (`_count_now`), the reprieves not asking again about their last victim
+(`last_needed`), a single-worker search asking admission alone while a node it passed on is unchanged
+(`_Search.witness`), node-local
 scores kept per request class and recomputed for changed nodes only (`Profile.local_scores`), and the
 node table, capacity memo and running-job facts reused from an earlier cycle of the same inventory.
 """
@@ -52,6 +53,8 @@ def _plain() -> Iterator[None]:
         patch.object(Profile, "local_scores", property(lambda self: False)),
         patch.object(gang_module, "_count_now", _fresh_count),
         patch.object(priority_preemption.PriorityPreemption, "_reprieve", _reprieve_asking_all),
+        patch.object(priority_preemption._Search, "fits", _search_fits_asking_all),
+        patch.object(priority_preemption._Search, "fits_on", _search_fits_on_asking_all),
     ):
         yield
 
@@ -69,6 +72,15 @@ def _reprieve_asking_all(
 ) -> list[str]:
     """The reprieve asking again whether the job fits without each victim, the last one taken included."""
     return _reprieve(self, search, removed, last_needed=False)
+
+
+def _search_fits_asking_all(self: priority_preemption._Search) -> bool:
+    """A victim search's fit test asking admission and placement each time (no node known to pass kept)."""
+    return self.room.could_fit() and self.what_if.fits(self.job)
+
+
+def _search_fits_on_asking_all(self: priority_preemption._Search, node: int) -> bool:
+    return self.room.could_fit_on(node) and self.what_if.worker_fits(self.job, node) and self.what_if.fits(self.job)
 
 
 @given(worlds(max_pending=12), st.data())

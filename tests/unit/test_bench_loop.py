@@ -87,3 +87,13 @@ def test_bench_loop_refuses_an_unknown_policy() -> None:
     result = CliRunner().invoke(app, ["bench", "loop", "--nodes", "20", "--policy", "nope"])
     assert result.exit_code == 2
     assert "no scheduling profile named 'nope'" in result.stderr
+
+
+def test_the_decisions_digest_names_the_decisions() -> None:
+    """Same arguments, same decisions, same digest (what `scripts/loop-ab` compares across versions); another
+    seed makes other decisions and another digest."""
+    first = loop.run(NODES, pending=100, steps=3, seed=2)
+    again = loop.run(NODES, pending=100, steps=3, seed=2)
+    other = loop.run(NODES, pending=100, steps=3, seed=3)
+    assert first["decisions_digest"] == again["decisions_digest"]
+    assert first["decisions_digest"] != other["decisions_digest"]

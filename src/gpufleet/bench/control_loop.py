@@ -22,10 +22,13 @@ the core's share, and `realtime_factor` (simulated seconds per wall second: >= 1
 that arrival and departure rate in real time). `cycle_cpu_*` is the process's CPU time per step: on a machine
 shared with other work it says what the step costs when wall time is inflated by waiting for a core;
 `store_write_cpu_*` likewise for the store's write (`store_write_cpu_share`: its part of the steps' CPU time).
+`decisions_digest` hashes where every running job runs and which jobs are stopping after every step (fill and
+warm-up included): two versions of the code that decide the same give the same digest for the same arguments.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import resource
 import shutil
@@ -129,6 +132,7 @@ class SteadyLoop:
         settings = BackendSettings(restart_penalty_s=0.0)
         self.backend = SimulatedBackend(self.clock, self._schedule, self.durations, _full_speed, settings)
         self.submit_seconds = 0.0
+        self.digest = hashlib.sha256()
         self._arrive(self.fill_jobs)
         self.loop = Reconciler(store, self.backend, self.clock, named_profile(policy))
 
@@ -168,7 +172,17 @@ class SteadyLoop:
         report = self.loop.step()
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         self.running = len(self.loop.base.holdings)
+        self._digest_decisions()
         return report, wall, cpu
+
+    def _digest_decisions(self) -> None:
+        """Add where every running job runs now, and which are stopping, to the digest (outside the timing)."""
+        base = self.loop.base
+        holdings = base.holdings
+        digest = self.digest
+        for job_id in sorted(holdings):
+            digest.update(f"{job_id}={holdings[job_id].workers!r};".encode())
+        digest.update(f"stopping={sorted(base.evicting)!r}|".encode())
 
 
 class _DrawnAtStart(dict[JobId, float | None]):
@@ -237,6 +251,7 @@ def run(
                 "pending_target": backlog,
                 "seed": seed,
                 "policy": policy,
+                "decisions_digest": world.digest.hexdigest()[:16],
             }
         finally:
             store.close()

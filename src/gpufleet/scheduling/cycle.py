@@ -108,6 +108,13 @@ class _WhatIf:
         view = JobView(job, state.table.model_lut(job.request.models))
         return bool(evaluate(self.profile, view, state).passed[node])
 
+    def passing_node(self, job: Job) -> int | None:
+        state = self.state
+        view = JobView(job, state.table.model_lut(job.request.models))
+        passed = evaluate(self.profile, view, state).passed
+        node = int(passed.argmax())
+        return node if passed[node] else None
+
 
 def _admit(profile: Profile, job: Job, state: CycleState) -> tuple[JobView, Status]:
     view = JobView(job, state.table.model_lut(job.request.models))

@@ -419,6 +419,11 @@ class WhatIf(Protocol):
         """Whether one worker of the job fits on `node` of the current view, ignoring quota."""
         ...
 
+    def passing_node(self, job: Job) -> int | None:
+        """A node one worker of the job fits on in the current view, ignoring quota (the first), or None.
+        Filters look at one node each: it stays one while the table's `version` of it does not change."""
+        ...
+
 
 class PreemptPlugin(Protocol):
     name: ClassVar[str]

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpufleet.domain.jobs import Job
+from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.quotas import CPU, GPU, MEMORY, QueueSpec
 from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.scheduling.plugin_api import (
@@ -115,7 +115,7 @@ def _capable_gpus(job: Job, cluster: ClusterView) -> BoolArray:
     return cluster.memo(("preempt.capable_gpus", request.models, request.gpu_memory), compute)
 
 
-def _potential_workers(job: Job, cluster: ClusterView, what_if: WhatIf, candidates: list[Holding]) -> IntArray:
+def _potential_workers(job: Job, cluster: ClusterView, what_if: WhatIf, candidates: list[JobId]) -> IntArray:
     """Per node: how many workers of the job would fit if every candidate on it were stopped."""
     table = cluster.nodes
     request = job.request
@@ -123,7 +123,7 @@ def _potential_workers(job: Job, cluster: ClusterView, what_if: WhatIf, candidat
     gpu_mem = table.gpu_mem_free.copy()
     cpu = table.cpu_free.copy()
     mem = table.mem_free.copy()
-    held = what_if.held([h.job.id for h in candidates])
+    held = what_if.held(candidates)
     # Integer sums: adding all at once gives exactly what adding one by one does.
     np.add.at(cpu, held.node, held.cpu)
     np.add.at(mem, held.node, held.memory)
@@ -181,11 +181,13 @@ class PriorityPreemption:
             entry = indexed.get(group)
             if entry is None:
                 entry = indexed[group] = _Group(members, cluster)
-            for k in entry.useful(capable, frees_quota):
-                holding = entry.holdings[k]
-                if holding.job.id not in evicting:
-                    reasons[holding.job.id] = why
-                    candidates.append(holding)
+            useful = entry.useful(capable, frees_quota)
+            ids = entry.ids
+            if evicting:
+                useful = [k for k in useful if ids[k] not in evicting]
+            holdings = entry.holdings
+            candidates.extend([holdings[k] for k in useful])
+            reasons.update(dict.fromkeys([ids[k] for k in useful], why))
         return candidates, reasons
 
     def eligible(
@@ -215,25 +217,28 @@ class PriorityPreemption:
         candidates, reasons = self.candidates(job, cluster, demand, quota_ok)
         if not candidates:
             return _refusal(blocked_by, "no job that may be preempted for it holds what it needs")
+        # What stopping every candidate frees does not depend on their order: a search that cannot succeed is
+        # refused before the candidates are costed and sorted.
+        everyone = [h.job.id for h in candidates]  # in this order, the what-ifs below reuse one job mask
+        potential = _potential_workers(job, cluster, what_if, everyone)
+        if int(np.minimum(potential, job.gang_size).sum()) < job.gang_size:
+            return _refusal(blocked_by, f"preempting all {len(candidates)} eligible jobs would not make room")
         # A victim's cost depends on the victim and the time only, not on the view: each is computed once per
         # cycle, when a search first meets it. (cost, id) is a total order: sorting the candidates by it gives
         # their order among all preemptible jobs.
         costs = self._costs(candidates, cluster)
-        candidates.sort(key=lambda h: (*costs[h.job.id], h.job.id))
+        order = self._order(candidates, costs, cluster)
+        candidates.sort(key=lambda h: order[h.job.id])
         chosen: list[str] | None = None
-        potential = _potential_workers(job, cluster, what_if, candidates)
-        if int(np.minimum(potential, job.gang_size).sum()) < job.gang_size:
-            return _refusal(blocked_by, f"preempting all {len(candidates)} eligible jobs would not make room")
         search = _Search(job, cluster, what_if)
         if job.gang_size == 1 and quota_ok:
             chosen = self._on_one_node(job, cluster, search, candidates, potential > 0, costs)
         if chosen is None:
-            ids = [h.job.id for h in candidates]
-            with what_if.without(ids):
+            with what_if.without(everyone):
                 helps = what_if.fits(job)
             if not helps:
-                return _refusal(blocked_by, f"preempting all {len(ids)} eligible jobs would not make room")
-            chosen = self._greedy(search, ids)
+                return _refusal(blocked_by, f"preempting all {len(everyone)} eligible jobs would not make room")
+            chosen = self._greedy(search, [h.job.id for h in candidates])
         with what_if.without(chosen):
             if not what_if.fits(job):  # pragma: no cover - defensive: the search guarantees it
                 return VictimChoice((), unschedulable(NAME, "preemption search found no valid victim set"))
@@ -250,6 +255,17 @@ class PriorityPreemption:
                 costs[job_id] = self.cost(holding, cluster)
         return costs
 
+    def _order(
+        self, holdings: list[Holding], costs: dict[str, tuple[float, ...]], cluster: ClusterView
+    ) -> dict[str, tuple[object, ...]]:
+        """The cycle's sort keys (cost, id) by job id, with those of `holdings` added where not known yet."""
+        order: dict[str, tuple[object, ...]] = cluster.per_cycle(("preempt.order", self), dict)
+        for holding in holdings:
+            job_id = holding.job.id
+            if job_id not in order:
+                order[job_id] = (*costs[job_id], job_id)
+        return order
+
     def _greedy(self, search: _Search, ordered: list[str]) -> list[str]:
         removed: list[str] = []
         for job_id in ordered:
@@ -261,14 +277,19 @@ class PriorityPreemption:
         # again. (With one, nothing was asked with none taken.)
         return self._reprieve(search, removed, last_needed=len(removed) > 1)
 
-    def _reprieve(self, search: _Search, removed: list[str], last_needed: bool = False) -> list[str]:
+    def _reprieve(
+        self, search: _Search, removed: list[str], last_needed: bool = False, on: int | None = None
+    ) -> list[str]:
         """Given `removed` (taken out of the view, cheapest first), put back every victim not needed.
         `last_needed`: the job was seen not to fit with all but the last of them taken out, the view the first
-        put-back makes (a fits test is a pure function of the view: asking again gives the same answer)."""
+        put-back makes (a fits test is a pure function of the view: asking again gives the same answer).
+        `on`: the victims all run on this node and the job fits no other node (only this one changes), so it
+        fits exactly where it fits on this node: asked there, the node's bound answers most tests."""
         kept = list(removed)
+        fits = search.fits if on is None else lambda: search.fits_on(on)
         for job_id in reversed(removed[:-1] if last_needed else removed):
             search.restore(job_id)
-            if search.fits():
+            if fits():
                 kept.remove(job_id)
             else:
                 search.remove(job_id)
@@ -287,10 +308,17 @@ class PriorityPreemption:
     ) -> list[str] | None:
         """The cheapest victim set that makes room on a single node, among the nodes that could host it."""
         index = cluster.nodes.index
+        hosts = set(np.flatnonzero(potential).tolist())
         per_node: dict[int, list[Holding]] = defaultdict(list)
         for holding in candidates:
-            for node in sorted({index[w.node] for w in holding.workers}):
-                if potential[node]:
+            workers = holding.workers
+            if len(workers) == 1:
+                node = index[workers[0].node]
+                if node in hosts:
+                    per_node[node].append(holding)
+                continue
+            for node in sorted({index[w.node] for w in workers}):
+                if node in hosts:
                     per_node[node].append(holding)
         ranked = sorted(
             per_node,
@@ -314,7 +342,8 @@ class PriorityPreemption:
                 for job_id in reversed(removed):
                     search.restore(job_id)
                 continue
-            kept = self._reprieve(search, removed)
+            # Without the last victim it was seen not to fit on the node, nor anywhere else (nothing else changed).
+            kept = self._reprieve(search, removed, last_needed=len(removed) > 1, on=node)
             if not kept:
                 continue  # it would fit with nobody stopped here: not a victim set
             kept_costs = [costs[v] for v in kept]
@@ -350,7 +379,7 @@ class _Group:
     running jobs hold for the cycle), so which of them free a node a job could use is one vectorised test
     instead of a walk over every worker of every member per victim search."""
 
-    __slots__ = ("everyone", "holdings", "node", "owner")
+    __slots__ = ("everyone", "holdings", "ids", "node", "owner")
 
     def __init__(self, members: Sequence[str], cluster: ClusterView) -> None:
         holdings = cluster.holdings
@@ -370,6 +399,7 @@ class _Group:
         self.node = np.asarray(nodes, dtype=np.int64)
         self.owner = np.asarray(owners, dtype=np.int64)
         self.everyone = list(range(len(self.holdings)))
+        self.ids = [h.job.id for h in self.holdings]
 
     def useful(self, capable: BoolArray, frees_quota: bool) -> list[int]:
         """Members (by position, in job-id order) that free quota, or hold a worker on a `capable` node."""
@@ -472,6 +502,12 @@ class _Search:
         self.holdings = cluster.holdings
         self.what_if = what_if
         self.room = _Room(job, cluster)
+        self.table = cluster.nodes
+        # For a single worker: a node it was seen to fit on, and the table's clock then. While that node is
+        # unchanged (its version not past that clock) the worker still fits there, so the job fits the view
+        # exactly when it is admitted: the search asks admission alone, not the filters over the view.
+        self.witness: int | None = None
+        self.witness_clock = -1
 
     def remove(self, job_id: str) -> None:
         self.what_if.remove(job_id)
@@ -483,8 +519,24 @@ class _Search:
 
     def fits(self) -> bool:
         """Whether the job fits the view now (admission and placement)."""
-        return self.room.could_fit() and self.what_if.fits(self.job)
+        if not self.room.could_fit():
+            return False
+        job = self.job
+        what_if = self.what_if
+        if job.gang_size > 1:
+            return what_if.fits(job)
+        witness = self.witness
+        if witness is not None and int(self.table.version[witness]) <= self.witness_clock:
+            return what_if.admits(job).ok
+        if not what_if.fits(job):
+            return False
+        self.witness = what_if.passing_node(job)
+        self.witness_clock = self.table.clock
+        return True
 
     def fits_on(self, node: int) -> bool:
-        """Whether one worker passes the filters on `node` and the job fits the view now."""
-        return self.room.could_fit_on(node) and self.what_if.worker_fits(self.job, node) and self.what_if.fits(self.job)
+        """Whether one worker passes the filters on `node` and the job fits the view now (a single worker that
+        passes somewhere fits exactly when it is admitted)."""
+        if not (self.room.could_fit_on(node) and self.what_if.worker_fits(self.job, node)):
+            return False
+        return self.what_if.admits(self.job).ok if self.job.gang_size == 1 else self.what_if.fits(self.job)
