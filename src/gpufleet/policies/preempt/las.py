@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from gpufleet.domain.errors import FieldProblem, check
@@ -36,6 +37,25 @@ def attained_now(holding: Holding, cluster: ClusterView) -> float:
     return earlier + gpus * max(0.0, cluster.now - running.started_at)
 
 
+# A ranking is recomputed this long before any of its runs could change band (or reach its minimum run): far
+# more than the rounding of the times involved, so a kept ranking is always the one computed afresh.
+_MARGIN_S = 1e-3
+# A group member as a ranking sees it: job id, when its run started (None: placed this cycle), its GPU-seconds
+# attained before the run, its GPUs (milli).
+Run = tuple[str, float | None, float, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ranking:
+    """A group's ranking (`LasPreemption._ranked`), for the runs it was made from, made at
+    `since` and valid before `until`."""
+
+    runs: tuple[Run, ...]
+    since: float
+    until: float
+    ranked: list[tuple[int, str]]
+
+
 class LasPreemption(PriorityPreemption):
     name: ClassVar[str] = NAME
 
@@ -44,34 +64,73 @@ class LasPreemption(PriorityPreemption):
             check([FieldProblem("min_run_s", f"is {min_run_s}", "give seconds >= 0 (0: no minimum)")], "las preemption")
         self.bands = LeastAttainedService(thresholds)
         self.min_run_s = min_run_s
+        self._rankings: dict[tuple[str, int], _Ranking] = {}
 
     def band(self, holding: Holding, cluster: ClusterView) -> int:
         """The holding job's LAS band now (it holds for the cycle: its time and running jobs)."""
-        return self.bands.band_of(attained_now(holding, cluster))
+        running = holding.running
+        key = (holding.job.id, running.started_at if running is not None else None)
+        bands: dict[tuple[str, float | None], int] = cluster.per_cycle(("preempt.las.band", self), dict)
+        band = bands.get(key)
+        if band is None:
+            band = bands[key] = self.bands.band_of(attained_now(holding, cluster))
+        return band
 
     def _ranked(self, group: tuple[str, int], members: Sequence[str], cluster: ClusterView) -> list[tuple[int, str]]:
         """(band, job id) of a preemptible group's jobs that have run their minimum, highest band first.
         Groups, bands and run times hold for the cycle (placements of the cycle join no group), so each
-        group is ranked once per cycle instead of once per victim search."""
+        group is ranked once per cycle instead of once per victim search; and across cycles, while the group
+        has the same runs, until one of them could reach its next band or its minimum run (`_Ranking`)."""
         ranked_by_group: dict[tuple[str, int], list[tuple[int, str]]] = cluster.per_cycle(
             ("preempt.las.ranked", self), dict
         )
         ranked = ranked_by_group.get(group)
         if ranked is None:
-            ranked = []
             holdings = cluster.holdings
-            min_run = self.min_run_s
-            for job_id in members:
-                holding = holdings.get(job_id)
-                if holding is None:
-                    continue
-                running = holding.running
-                if min_run and (running is None or cluster.now - running.started_at < min_run):
-                    continue  # just (re)started: let it run a while before it can be stopped for service
-                ranked.append((self.band(holding, cluster), job_id))
-            ranked.sort(key=lambda item: -item[0])
+            runs = tuple(
+                (
+                    job_id,
+                    running.started_at if running is not None else None,
+                    holding.job.attained_gpu_seconds,
+                    holding.job.gpu_milli_total,
+                )
+                for job_id in members
+                if (holding := holdings.get(job_id)) is not None
+                for running in (holding.running,)
+            )
+            kept = self._rankings.get(group)
+            if kept is not None and kept.runs == runs and kept.since <= cluster.now < kept.until:
+                ranked = kept.ranked
+            else:
+                ranked, until = self._rank(runs, cluster)
+                self._rankings[group] = _Ranking(runs, cluster.now, until, ranked)
             ranked_by_group[group] = ranked
         return ranked
+
+    def _rank(self, runs: tuple[Run, ...], cluster: ClusterView) -> tuple[list[tuple[int, str]], float]:
+        """The ranking of a group's runs now, and until when it holds: the earliest time, less a margin far above
+        rounding, at which a run could reach its next band or its minimum run."""
+        ranked: list[tuple[int, str]] = []
+        holdings = cluster.holdings
+        now = cluster.now
+        min_run = self.min_run_s
+        thresholds = self.bands.thresholds
+        until = math.inf
+        for job_id, started_at, _, _ in runs:
+            holding = holdings[job_id]
+            if min_run and (started_at is None or now - started_at < min_run):
+                if started_at is not None:
+                    until = min(until, started_at + min_run - _MARGIN_S)
+                continue  # just (re)started: let it run a while before it can be stopped for service
+            band = self.band(holding, cluster)
+            ranked.append((band, job_id))
+            if started_at is not None and band < len(thresholds):
+                gpus = holding.job.gpu_milli_total / 1000.0
+                if gpus > 0:
+                    reach = started_at + (thresholds[band] - holding.job.attained_gpu_seconds) / gpus
+                    until = min(until, reach - _MARGIN_S)
+        ranked.sort(key=lambda item: -item[0])
+        return ranked, until
 
     def candidates(
         self, job: Job, cluster: ClusterView, demand: dict[str, int], quota_ok: bool

@@ -30,6 +30,7 @@ The solver is HiGHS through `scipy.optimize.linprog` (dual simplex), imported wh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -98,10 +99,52 @@ def equal_share_throughput(problem: Problem) -> FloatArray:
     return np.asarray(problem.throughput @ (problem.capacity / total), dtype=np.float64)
 
 
+def _rows_then_last(row: IntArray, values: FloatArray, last: FloatArray, rows: int, last_column: int) -> Any:
+    """A CSR matrix, `rows` x (`last_column` + 1): variable `v` (a column) in row `row[v]` with `values[v]`, and
+    `last[r]` in column `last_column` of every row r. Built from its arrays directly (scipy's COO stacking
+    costs as much as a solve at 1,000 jobs); the same matrix, in canonical form, as stacking would give."""
+    from scipy.sparse import csr_array
+
+    order = np.argsort(row, kind="stable")  # by row, then by variable
+    per_row = np.bincount(row, minlength=rows)
+    indptr = np.zeros(rows + 1, dtype=np.int32)
+    np.cumsum(per_row + 1, out=indptr[1:])
+    # Each row's variables, then its entry in the last column.
+    position = np.arange(len(row)) + row[order]
+    indices = np.empty(len(row) + rows, dtype=np.int32)
+    data = np.empty(len(row) + rows, dtype=np.float64)
+    indices[position] = order
+    data[position] = values[order]
+    ends = indptr[1:] - 1
+    indices[ends] = last_column
+    data[ends] = last
+    return csr_array((data, indices, indptr), shape=(rows, last_column + 1))
+
+
+def _inequalities(
+    row: IntArray, model: IntArray, gain: FloatArray, weight: FloatArray, gpus: IntArray, models: int
+) -> Any:
+    """`A_ub` of the first stage, variables x then t: per live class, its fairness row (w * t - sum gain * x)
+    and its one-place row (sum x); per model, its capacity row (sum count * gpus * x)."""
+    from scipy.sparse import csr_array
+
+    live, n = len(weight), len(row)
+    fair = _rows_then_last(row, -gain, weight, live, n)
+    by_model = np.argsort(model, kind="stable")
+    place_ptr = np.zeros(live + 1, dtype=np.int32)
+    np.cumsum(np.bincount(row, minlength=live), out=place_ptr[1:])
+    capacity_ptr = np.zeros(models + 1, dtype=np.int32)
+    np.cumsum(np.bincount(model, minlength=models), out=capacity_ptr[1:])
+    indptr = np.concatenate([fair.indptr, fair.indptr[-1] + place_ptr[1:], fair.indptr[-1] + n + capacity_ptr[1:]])
+    indices = np.concatenate([fair.indices, np.arange(n, dtype=np.int32), by_model.astype(np.int32)])
+    data = np.concatenate([fair.data, np.ones(n), gpus[by_model].astype(np.float64)])
+    return csr_array((data, indices, indptr.astype(np.int32)), shape=(2 * live + models, n + 1))
+
+
 def solve(problem: Problem, *, efficient: bool = True) -> Allocation:
     """The max-min fair allocation of `problem` (see the module docstring)."""
     from scipy.optimize import linprog  # a well-kept LP solver (HiGHS); loaded on first use
-    from scipy.sparse import coo_array, hstack, vstack
+    from scipy.sparse import csr_array
 
     classes, models = problem.throughput.shape
     runnable = problem.throughput > 0
@@ -117,22 +160,9 @@ def solve(problem: Problem, *, efficient: bool = True) -> Allocation:
     live = np.flatnonzero(active)
     live_index = np.full(classes, -1, dtype=np.int64)
     live_index[live] = np.arange(len(live))
-    var = np.arange(n)
-    # Fairness rows (one per live class): w * t - sum gain * x <= 0.
-    fair = coo_array(
-        (
-            np.concatenate([-gain, problem.weight[live]]),
-            (np.concatenate([live_index[rows_c], np.arange(len(live))]), np.concatenate([var, np.full(len(live), n)])),
-        ),
-        shape=(len(live), n + 1),
+    a_ub = _inequalities(
+        live_index[rows_c], cols_m, gain, problem.weight[live], (problem.count * problem.gpus)[rows_c], models
     )
-    # One place at a time: sum_m x <= 1.
-    place = coo_array((np.ones(n), (live_index[rows_c], var)), shape=(len(live), n + 1))
-    # Capacity per model: sum count * gpus * x <= N.
-    capacity = coo_array(
-        ((problem.count * problem.gpus)[rows_c].astype(np.float64), (cols_m, var)), shape=(models, n + 1)
-    )
-    a_ub = vstack([fair, place, capacity]).tocsr()
     b_ub = np.concatenate([np.zeros(len(live)), np.ones(len(live)), problem.capacity.astype(np.float64)])
     cost = np.zeros(n + 1)
     cost[n] = -1.0
@@ -154,17 +184,10 @@ def solve(problem: Problem, *, efficient: bool = True) -> Allocation:
         g_index = np.full(count_groups, -1, dtype=np.int64)
         g_index[live_groups] = np.arange(len(live_groups))
         # sum_{c in q} count * gain * x - Z * W_q = 0
-        balance = coo_array(
-            (
-                np.concatenate([gain * problem.count[rows_c], -group_weight[live_groups]]),
-                (
-                    np.concatenate([g_index[groups[rows_c]], np.arange(len(live_groups))]),
-                    np.concatenate([var, np.full(len(live_groups), n + 1)]),
-                ),
-            ),
-            shape=(len(live_groups), n + 2),
+        balance = _rows_then_last(
+            g_index[groups[rows_c]], gain * problem.count[rows_c], -group_weight[live_groups], len(live_groups), n + 1
         )
-        a_ub2 = hstack([a_ub, coo_array((a_ub.shape[0], 1))]).tocsr()
+        a_ub2 = csr_array((a_ub.data, a_ub.indices, a_ub.indptr), shape=(a_ub.shape[0], n + 2))
         bounds = [(0.0, None)] * n + [(floor, floor), (0.0, None)]
         objective = np.zeros(n + 2)
         objective[n + 1] = -1.0
@@ -172,7 +195,7 @@ def solve(problem: Problem, *, efficient: bool = True) -> Allocation:
             objective,
             A_ub=a_ub2,
             b_ub=b_ub,
-            A_eq=balance.tocsr(),
+            A_eq=balance,
             b_eq=np.zeros(len(live_groups)),
             bounds=bounds,
             method="highs",

@@ -31,6 +31,7 @@ its weight in proportion to their bands.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,9 @@ class JobPlan:
     weight: float
     normalised: float  # its normalised throughput under the allocation (1.0 = an equal share of the cluster)
     gain: dict[str, float] = field(default_factory=dict)  # normalised throughput per second on each model
+    # `deficit`, once computed: a plan is read many times in its cycle (the order, the admission, the victims) and
+    # its entries do not change after `Planner.plan` made them.
+    _deficit: float | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def served(self) -> float:
@@ -92,7 +96,9 @@ class JobPlan:
     @property
     def deficit(self) -> float:
         """How far its normalised service lags what its allocation gives it over its time in the system."""
-        return self.normalised * self.age - self.served
+        if self._deficit is None:
+            self._deficit = self.normalised * self.age - self.served
+        return self._deficit
 
     def priority(self, model: str) -> float:
         """How much it lags its target (normalised seconds); 0 where its allocation gives it no time."""
@@ -160,7 +166,7 @@ class Planner:
         self._rows.clear()
 
     def round_start(self, now: float) -> float:
-        return float(np.floor(now / self.round_s) * self.round_s)
+        return float(math.floor(now / self.round_s) * self.round_s)
 
     def at_boundary(self, now: float) -> bool:
         """Whether `now` opens a round (within `boundary_s` of its start): the control loop decides every waiting
@@ -278,10 +284,11 @@ class Planner:
             row = key[1]
             entitled = sum(t * n for t, n in zip(row, counts, strict=True)) / total
             gains.append({m: t / entitled for m, t in zip(models, row, strict=True)} if entitled > 0 else {})
+        shares, normalised_of = allocation.share.tolist(), allocation.normalised.tolist()  # Python floats: fast
         for c, key in enumerate(keys):
             # One share per class, read-only, shared by its jobs' plans.
-            share = {m: float(s) for m, s in zip(models, allocation.share[c], strict=True) if s > MIN_SHARE}
-            normalised = float(allocation.normalised[c])
+            share = {m: s for m, s in zip(models, shares[c], strict=True) if s > MIN_SHARE}
+            normalised = normalised_of[c]
             for i in classes[key]:
                 job, held = active[i]
                 received, weight = facts[i]

@@ -53,6 +53,15 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+def _waiting_reason(planner: Planner, plan: RoundPlan, job: Job, cluster: ClusterView) -> str:
+    """`waiting_reason`, once per job and cycle (admission and preemption both give it)."""
+    reasons: dict[JobId, str] = cluster.per_cycle(("rounds.reasons", planner), dict)
+    reason = reasons.get(job.id)
+    if reason is None:
+        reason = reasons[job.id] = waiting_reason(plan, job, cluster.now)
+    return reason
+
+
 def waiting_reason(plan: RoundPlan, job: Job, now: float) -> str:
     """Why a job waits for a round, in people's words (what `explain` shows)."""
     entry = plan.jobs.get(job.id)
@@ -116,7 +125,7 @@ class RoundAdmit:
             return (
                 self._if_free(job, cluster, plan)
                 if planner.fill
-                else wait(NAME, waiting_reason(plan, job, cluster.now))
+                else wait(NAME, _waiting_reason(planner, plan, job, cluster))
             )
         view.model_lut &= self._only(cluster, model)
         return SUCCESS
@@ -130,7 +139,7 @@ class RoundAdmit:
             return wait(
                 NAME, f"waiting for a round: no free GPUs; next round in {_next_round_in(self.planner, cluster.now)}"
             )
-        return wait(NAME, waiting_reason(plan, job, cluster.now))
+        return wait(NAME, _waiting_reason(self.planner, plan, job, cluster))
 
     @staticmethod
     def _only(cluster: ClusterView, model: str) -> np.ndarray:
@@ -191,13 +200,15 @@ class RoundPreempt:
         plan = current_plan(self.planner, cluster)
         model = plan.assigned.get(job.id)
         if model is None:
-            return VictimChoice((), _also(blocked_by, waiting_reason(plan, job, cluster.now)))
+            return VictimChoice((), _also(blocked_by, _waiting_reason(self.planner, plan, job, cluster)))
         evicting, removed, holdings = cluster.evicting, cluster.removed, cluster.holdings
-        candidates = [
+        # Lazily: the search stops at the first set of victims that fits, and the cycle's earlier victims (at the
+        # front, being the lowest ranked) are only skipped.
+        candidates = (
             c
             for c in self._candidates(cluster, plan).get(model, ())
             if c[2] not in evicting and c[2] not in removed and holdings[c[2]].job.priority <= job.priority
-        ]
+        )
         chosen: list[JobId] = []
         fits = False
         for _, _, job_id in candidates:
