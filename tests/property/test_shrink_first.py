@@ -1,0 +1,60 @@
+"""`default`'s preemption (`ShrinkFirstLas`) on random worlds under pressure: a resizable elastic job is never
+stopped for attained service (it shrinks instead), and where no running job is resizable every decision is
+LAS's own, byte for byte."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpufleet.domain import ClusterSnapshot, Job
+from gpufleet.policies.catalog import DEFAULT_LAS_MIN_RUN_S, profile
+from gpufleet.policies.preempt.las import LasPreemption
+from gpufleet.policies.resize.shrink_first import ShrinkFirstLas, resizable
+from gpufleet.scheduling.cycle import run_cycle
+from tests.kit import check_all
+from tests.property.strategies import World, worlds
+
+LAS_REASON = "attained more service"
+
+
+def _contended(world: World, data: st.DataObject) -> tuple[ClusterSnapshot, list[Job]]:
+    """Equal priorities, long-running jobs and fresh pending ones: LAS bands decide who may be stopped."""
+    running = tuple(
+        dataclasses.replace(
+            r,
+            started_at=float(data.draw(st.sampled_from((0, 0, 500, 950)))),
+            job=dataclasses.replace(r.job, priority=0),
+        )
+        for r in world.snapshot.running
+    )
+    pending = [dataclasses.replace(j, priority=0, attained_gpu_seconds=0.0) for j in world.pending]
+    return dataclasses.replace(world.snapshot, running=running), pending
+
+
+@given(worlds(profile_names=("default",), max_pending=12, pressure=True), st.data())
+def test_a_resizable_job_is_never_stopped_for_service(world: World, data: st.DataObject) -> None:
+    snapshot, pending = _contended(world, data)
+    policy = profile("default")
+    assert isinstance(policy.preempt, ShrinkFirstLas)
+    result = run_cycle(snapshot, pending, policy)
+    check_all(snapshot, pending, result, policy)
+    running = {r.job.id: r.job for r in snapshot.running}
+    for stop in result.preemptions:
+        if stop.victim in running and resizable(running[stop.victim]):
+            assert not stop.reason.startswith(LAS_REASON), stop
+
+
+@given(worlds(profile_names=("default",), max_pending=12, pressure=True), st.data())
+def test_without_resizable_running_jobs_it_decides_as_las(world: World, data: st.DataObject) -> None:
+    snapshot, pending = _contended(world, data)
+    fixed = tuple(
+        dataclasses.replace(r, job=dataclasses.replace(r.job, min_workers=None)) if resizable(r.job) else r
+        for r in snapshot.running
+    )
+    snapshot = dataclasses.replace(snapshot, running=fixed)
+    policy = profile("default")
+    las = dataclasses.replace(policy, preempt=LasPreemption(min_run_s=DEFAULT_LAS_MIN_RUN_S))
+    assert run_cycle(snapshot, pending, policy).to_json() == run_cycle(snapshot, pending, las).to_json()
