@@ -744,7 +744,8 @@ def reproduce_pollux(
         *load_note,
         f"Published: each workload's average and the mean of the 8, job load {load:g}, 60 s scheduling interval, no "
         "interference. The resize constants (the most GPUs an elastic job takes, POLLUX_MAX_GPUS, and default's "
-        "least time between resizes of a job) were tuned on workloads 1-4; 5-8 are held out (their own mean "
+        "least time between resizes of a job and the margin a move of GPUs between jobs must pay) were tuned on "
+        "workloads 1-4; 5-8 are held out (their own mean "
         "row). Nothing else in gpufleet was tuned on these workloads.",
         f"Workload: {w.citation} License: {w.license}",
     )
