@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,7 +15,7 @@ from gpufleet.policies.catalog import DEFAULT_LAS_MIN_RUN_S, profile
 from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.policies.resize.shrink_first import ShrinkFirstLas, resizable
 from gpufleet.scheduling.cycle import run_cycle
-from tests.kit import check_all
+from tests.kit import check_all, cluster, make_job, running_on
 from tests.property.strategies import World, worlds
 
 LAS_REASON = "attained more service"
@@ -58,3 +59,23 @@ def test_without_resizable_running_jobs_it_decides_as_las(world: World, data: st
     policy = profile("default")
     las = dataclasses.replace(policy, preempt=LasPreemption(min_run_s=DEFAULT_LAS_MIN_RUN_S))
     assert run_cycle(snapshot, pending, policy).to_json() == run_cycle(snapshot, pending, las).to_json()
+
+
+HOUR = 3_600.0
+TWO = cluster().nodes(2, "A100-80GB", gpus=8)
+N0, N1 = TWO.build()
+
+
+@pytest.mark.parametrize(("elastic", "stopped"), [(True, False), (False, True)])
+def test_a_job_with_hours_of_service_is_stopped_for_a_newcomer_only_if_it_cannot_shrink(
+    elastic: bool, stopped: bool
+) -> None:
+    # Both nodes busy with 8-GPU jobs of one queue; "long" has had 8 x 2 h. Fixed-size, LAS stops it for "new";
+    # elastic (8 one-GPU workers, min 1), it is left to shrink and "new" waits.
+    builder = make_job("long").gpus(1)
+    long_job = (builder.elastic(1, 8) if elastic else builder.workers(8)).build()
+    long_run = running_on(long_job, [(N0, [g]) for g in range(8)], started_at=0.0)
+    short_run = running_on(make_job("short").gpus(8).build(), [(N1, range(8))], started_at=2 * HOUR - 360.0)
+    snap = TWO.snapshot(running=(long_run, short_run), now=2 * HOUR)
+    result = run_cycle(snap, [make_job("new").gpus(1).build()], profile("default"))
+    assert bool(result.preemptions) is stopped
