@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpufleet.control.resize import is_elastic
 from gpufleet.domain import ClusterSnapshot, Job
 from gpufleet.policies.catalog import DEFAULT_LAS_MIN_RUN_S, profile
 from gpufleet.policies.preempt.las import LasPreemption
@@ -79,3 +80,9 @@ def test_a_job_with_hours_of_service_is_stopped_for_a_newcomer_only_if_it_cannot
     snap = TWO.snapshot(running=(long_run, short_run), now=2 * HOUR)
     result = run_cycle(snap, [make_job("new").gpus(1).build()], profile("default"))
     assert bool(result.preemptions) is stopped
+
+
+@given(worlds(max_pending=12))
+def test_it_spares_exactly_the_jobs_the_loop_resizes(world: World) -> None:
+    for job in (*world.pending, *(r.job for r in world.snapshot.running)):
+        assert resizable(job) == is_elastic(job)

@@ -37,7 +37,6 @@ from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.progress import JobProgress, with_size
 from gpufleet.domain.quotas import GPU
 from gpufleet.domain.records import JobRecord
-from gpufleet.policies.resize.shrink_first import resizable
 from gpufleet.scheduling.cycle import decide
 from gpufleet.scheduling.plugin_api import ElasticJob, Profile, ResizeInput, ResizePlugin
 from gpufleet.scheduling.status import Code
@@ -57,9 +56,15 @@ class ProgressReader(Protocol):
 
 
 def is_elastic(job: Job) -> bool:
-    """Whether the loop may resize the job: elastic, and whole GPUs per worker (the same test by which
-    `default`'s preemption spares resizable jobs)."""
-    return resizable(job)
+    """Whether the loop may resize the job: elastic, and whole GPUs per worker (the jobs `default`'s preemption
+    spares, `policies.resize.shrink_first.resizable`: a test checks that the two agree)."""
+    request = job.request
+    return (
+        job.min_workers is not None
+        and job.min_workers < job.workers
+        and request.gpus >= 1
+        and request.gpu_milli_total == request.gpus * MILLI
+    )
 
 
 class Resizer:

@@ -24,7 +24,8 @@ MILLI = 1000
 
 
 def resizable(job: Job) -> bool:
-    """Whether the control loop may resize the job: elastic (`min_workers < workers`), whole GPUs per worker."""
+    """Whether the control loop may resize the job: elastic (`min_workers < workers`), whole GPUs per worker
+    (`control.resize.is_elastic`, which policies may not import; a test checks that the two agree)."""
     request = job.request
     return (
         job.min_workers is not None
