@@ -67,6 +67,8 @@ SETS: dict[str, list[str]] = {
     # Gavel's own policies as published (gavel-mmf, max-min) and Tiresias' preemptive LAS, at the loaded rates.
     "gavel-baselines": ["--reproduce", "gavel", "-p", GAVEL_BASELINES, "--rates", GAVEL_BASELINE_RATES],
     "pollux": ["--reproduce", "pollux"],
+    # Loads 0.5-2.0 by scaling arrivals (default and Tiresias-like fixed sizes; Pollux's figures for reference).
+    "pollux-loads": ["--reproduce", "pollux-loads"],
 }
 CHECK_SET, CHECK_SEED, CHECK_POLICY = "fgd-default-tuning", 42, "fgd"
 
@@ -341,6 +343,19 @@ def _pollux_section() -> list[str]:
     ]
     header = ("policy", "workload", "avg JCT s", "Pollux's s", "Tiresias' s", "ratio to Tiresias")
     lines += _table(header, rows)
+    if present("pollux-loads"):
+        lines += [
+            "",
+            "At other loads (pollux-loads: arrivals scaled, the same 160 jobs per workload; Pollux's published job "
+            "loads sample more or fewer jobs over the same 8 hours, so only load 1 is like for like):",
+            "",
+        ]
+        loads = [
+            (r["load"], r["policy"], r["avg_jct_s"], r["pollux_avg_jct_s"], r["tiresias_avg_jct_s"])
+            for r in load("pollux-loads")["comparison"]
+            if r["workloads"] == "mean"
+        ]
+        lines += _table(("load", "policy", "mean avg JCT s", "Pollux's s", "Tiresias' s"), loads)
     return [*lines, ""]
 
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
-from gpufleet.cli.sim import parse_seeds
+from gpufleet.cli.sim import parse_loads, parse_seeds
 from gpufleet.sim.workload import WorkloadError
 
 SMALL = ["--set", "jobs=60", "--set", "nodes=4"]
@@ -189,3 +189,25 @@ def test_reproduction_options_are_checked_before_anything_runs(runner: CliRunner
         result = runner.invoke(app, ["sim", *args, "--traces", str(traces_root)])
         assert result.exit_code == 2, result.output
         assert message in result.stderr
+
+
+def test_loads_are_a_list_of_positive_numbers() -> None:
+    assert parse_loads("0.5,1,1.5,2") == (0.5, 1.0, 1.5, 2.0)
+    for text in ("", "0", "1,-2", "x"):
+        with pytest.raises(WorkloadError) as caught:
+            parse_loads(text)
+        assert "loads=0.5,1,1.5,2" in caught.value.fix
+
+
+def test_a_pollux_load_is_checked_before_anything_runs(runner: CliRunner, traces_root: Path) -> None:
+    for args, message in (
+        (["--reproduce", "pollux", "--set", "load=abc"], "is not a list of numbers"),
+        (["--reproduce", "pollux", "--set", "load=0"], "one <= 0"),
+        (["--reproduce", "pollux", "--set", "load=1,2"], "is not one load"),
+        (["--reproduce", "pollux", "--set", "loads=1,2"], "--set loads does not apply to --reproduce pollux"),
+        (["--reproduce", "pollux-loads", "--set", "loads=1,x"], "is not a list of numbers"),
+    ):
+        result = runner.invoke(app, ["sim", *args, "--traces", str(traces_root)])
+        assert result.exit_code == 2, result.output
+        assert message in result.stderr
+        assert "to fix:" in result.stderr

@@ -22,7 +22,7 @@ from gpufleet.scheduling.plugin_api import Registry
 
 EXPECTED = {
     "default": "order=fair_qssf, admit=gang+quota, filter=node_health+gpu_model+fits+spot, "
-    "score=fgd*1+model_scarcity*0.3+topology*1+spot_preference*10, select=fgd, preempt=las, learner=qssf, "
+    "score=fgd*1+model_scarcity*0.3+topology*1+spot_preference*10, select=fgd, preempt=las-shrink-first, learner=qssf, "
     "resize=goodput",
     "fair-binpack": "order=fair_share, admit=gang+quota, filter=node_health+gpu_model+fits+spot, "
     "score=bin_pack*1+topology*1+spot_preference*10, select=pack, preempt=priority",

@@ -600,7 +600,20 @@ REPRODUCE_OPTIONS: dict[str, dict[str, str]] = {
         "resample_seed": "resample_seed=0",
     },
     "helios-philly": {"window": f"window={'|'.join(WINDOWS)}"},
+    "pollux": {"load": "load=1.5 (arrivals scaled; default 1)"},
+    "pollux-loads": {"loads": "loads=0.5,1,1.5,2"},
 }
+
+
+def parse_loads(text: str) -> tuple[float, ...]:
+    """`--set loads=0.5,1,1.5,2` for --reproduce pollux-loads: arrival scalings, each > 0."""
+    try:
+        loads = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise WorkloadError(f"loads={text!r} is not a list of numbers", "write e.g. --set loads=0.5,1,1.5,2") from None
+    if not loads or min(loads) <= 0:
+        raise WorkloadError(f"loads={text!r} gives no load or one <= 0", "write e.g. --set loads=0.5,1,1.5,2")
+    return loads
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -654,6 +667,13 @@ def _reproduce(
             f"--set {', '.join(unknown)} does not apply to --reproduce {name}", f"{takes}; drop the others"
         )
     kwargs |= {key: str(value) if key in ("pods", "window") else value for key, value in options.items()}
+    if "loads" in kwargs:
+        kwargs["loads"] = parse_loads(str(kwargs["loads"]))
+    if "load" in kwargs:
+        one = parse_loads(str(kwargs["load"]))
+        if len(one) != 1:
+            raise WorkloadError(f"load={kwargs['load']!r} is not one load", "give one, e.g. --set load=1.5")
+        kwargs["load"] = one[0]
     if name in ("gavel", "gavel-multi") and rates.strip():
         try:
             kwargs["rates"] = tuple(float(r) for r in rates.split(",") if r.strip())

@@ -551,7 +551,7 @@ class Reconciler:
     def _resize(self, now: float, report: StepReport) -> None:
         """Ask the resize plugin for new sizes of running elastic jobs and start those resizes."""
         resizer = self.resizer
-        if resizer is None or not resizer.due(now):
+        if resizer is None or not resizer.due(now, len(self.pending.jobs)):
             return
         known = self._known
         running = [r for job_id in self.base.holdings if (r := known.get(job_id)) is not None and is_elastic(r.job)]

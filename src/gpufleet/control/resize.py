@@ -56,7 +56,8 @@ class ProgressReader(Protocol):
 
 
 def is_elastic(job: Job) -> bool:
-    """Whether the loop may resize the job: elastic, and whole GPUs per worker."""
+    """Whether the loop may resize the job: elastic, and whole GPUs per worker (the jobs `default`'s preemption
+    spares, `policies.resize.shrink_first.resizable`: a test checks that the two agree)."""
     request = job.request
     return (
         job.min_workers is not None
@@ -77,8 +78,15 @@ class Resizer:
         self.grow_profile = dataclasses.replace(profile, preempt=None, elastic_grow=False, resize=None)
         self._next: float | None = None
         self.active = False  # elastic jobs were running when last looked (the loop then steps at each interval)
+        self._waiting = 0  # jobs waiting when last asked
 
-    def due(self, now: float) -> bool:
+    def due(self, now: float, waiting: int = 0) -> bool:
+        """Whether to resize now: at each interval, and also as soon as more jobs wait than when last asked
+        while elastic jobs run (a newcomer is admitted by a shrink on arrival, not at the next interval)."""
+        more_waiting = self.active and waiting > self._waiting
+        self._waiting = waiting
+        if more_waiting:
+            return True
         if self._next is not None and now < self._next:
             return False
         self._next = (math.floor(now / self.every_s) + 1) * self.every_s

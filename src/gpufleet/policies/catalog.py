@@ -93,6 +93,7 @@ from gpufleet.policies.order.throughput_fair import ThroughputFairShare
 from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.policies.preempt.priority import PriorityPreemption
 from gpufleet.policies.resize.goodput import GoodputResize
+from gpufleet.policies.resize.shrink_first import ShrinkFirstLas
 from gpufleet.policies.rounds.plan import Planner, WeightBands
 from gpufleet.policies.rounds.plugins import RoundAdmit, RoundMigrate, RoundOrder, RoundPreempt, ServiceLearner
 from gpufleet.policies.score.best_fit import BestFit
@@ -158,7 +159,7 @@ for _score in (
     SCORE.register(_score.name, _score)
 for _select in (PackGpus, FgdSelect):
     SELECT.register(_select.name, _select)
-for _preempt in (PriorityPreemption, LasPreemption):
+for _preempt in (PriorityPreemption, LasPreemption, ShrinkFirstLas):
     PREEMPT.register(_preempt.name, _preempt)
 LEARNER.register(RunTimeLearner.name, RunTimeLearner)
 
@@ -254,6 +255,9 @@ DEFAULT_LAS_MIN_RUN_S = 900.0
 # `default`: the least time between two resizes of one elastic job (tuned on Pollux workloads 1-4; see
 # gpufleet.sim.tuned).
 DEFAULT_RESIZE_MIN_INTERVAL_S = 120.0
+# `default`: by how much more than it costs a move of GPUs between running elastic jobs must pay (the rebalance
+# of `GoodputResize`; tuned on Pollux workloads 1-4, see gpufleet.sim.tuned).
+DEFAULT_REBALANCE_MARGIN = 3.0
 
 
 def _default(data: PolicyData) -> Profile:
@@ -262,18 +266,22 @@ def _default(data: PolicyData) -> Profile:
     # after DEFAULT_LAS_MIN_RUN_S of its current run). Placement: `fgd-plus`'s (fractional GPUs packed without
     # stranding, scarce models kept for the jobs bound to them) and topology for multi-GPU workers and gangs;
     # on openb it allocates as `fgd-plus` does. Measured figures: docs/results/.
-    # Resize: running elastic jobs grow into idle GPUs and shrink to admit waiting jobs, by goodput (the only
-    # profile that resizes; the baselines keep every job at the size it started at).
+    # Resize: running elastic jobs grow into idle GPUs, shrink to admit waiting jobs and move GPUs to where they
+    # add the most goodput, by a margin over the restarts (the only profile that resizes; the baselines keep
+    # every job at the size it started at). An elastic job shrinks instead of being stopped for service.
     score = FgdScore(data.target, truncate=True)
     profile = build_profile(
         "default",
         "fair_qssf",
         ((score, 1.0), (ModelScarcity(data.target), FGD_PLUS_SCARCITY_WEIGHT), ("topology", 1.0)),
         select=FgdSelect(data.target, memo=score.memo, truncate=True),
-        preempt=LasPreemption(min_run_s=DEFAULT_LAS_MIN_RUN_S),
+        preempt=ShrinkFirstLas(min_run_s=DEFAULT_LAS_MIN_RUN_S),
         learner="qssf",
     )
-    return dataclasses.replace(profile, resize=GoodputResize(min_interval_s=DEFAULT_RESIZE_MIN_INTERVAL_S))
+    resize = GoodputResize(
+        min_interval_s=DEFAULT_RESIZE_MIN_INTERVAL_S, rebalance=True, rebalance_margin=DEFAULT_REBALANCE_MARGIN
+    )
+    return dataclasses.replace(profile, resize=resize)
 
 
 def _fgd_fair(data: PolicyData) -> Profile:
