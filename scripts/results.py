@@ -255,7 +255,7 @@ def _helios_section(windows: Sequence[str]) -> list[str]:
     lines += _table(columns, rows)
     if calibration is not None:
         cal_rows = [
-            (r["load_scale"], r["avg_queueing_s"], r["helios_fifo_avg_queue_s"], r["chosen"])
+            (f"x{r['load_scale']:g}", r["avg_queueing_s"], r["helios_fifo_avg_queue_s"], "yes" if r["chosen"] else "no")
             for r in calibration["comparison"]
         ]
         lines += ["", "Calibration (strict FIFO on Oct-Nov):", ""]

@@ -10,6 +10,9 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
 from gpufleet.cli.sim import parse_loads, parse_seeds
+from gpufleet.policies.catalog import DEFAULT_LAS_MIN_RUN_S, profile
+from gpufleet.policies.preempt.las import LasPreemption
+from gpufleet.sim.reproduce import _with_las_min_run
 from gpufleet.sim.workload import WorkloadError
 
 SMALL = ["--set", "jobs=60", "--set", "nodes=4"]
@@ -182,6 +185,8 @@ def test_bad_seeds_are_refused_with_the_forms_that_work(text: str) -> None:
 def test_reproduction_options_are_checked_before_anything_runs(runner: CliRunner, traces_root: Path) -> None:
     for args, message in (
         (["--reproduce", "helios-philly", "--set", "window=june"], "no Philly window named 'june'"),
+        (["--reproduce", "helios-philly", "--set", "las_min_run_s=-60"], "las_min_run_s=-60 is not a duration"),
+        (["--reproduce", "fgd", "--set", "las_min_run_s=60"], "--set las_min_run_s does not apply"),
         (["--reproduce", "fgd", "--load-scale", "2"], "--load-scale applies to --reproduce helios-philly"),
         (["--reproduce", "helios-philly", "--set", "pods=default"], "--set pods does not apply"),
         (["--reproduce", "helios-calibration", "-p", "sjf"], "the calibration runs strict FIFO only"),
@@ -211,3 +216,25 @@ def test_a_pollux_load_is_checked_before_anything_runs(runner: CliRunner, traces
         assert result.exit_code == 2, result.output
         assert message in result.stderr
         assert "to fix:" in result.stderr
+
+
+def test_las_min_run_setting_replaces_the_minimum_of_las_profiles_only() -> None:
+    adjust = _with_las_min_run(300)
+    tuned = profile("default")
+    default, tiresias = adjust(tuned), adjust(profile("tiresias"))
+    assert isinstance(tuned.preempt, LasPreemption)
+    assert tuned.preempt.min_run_s == DEFAULT_LAS_MIN_RUN_S
+    assert type(default.preempt) is type(tuned.preempt)
+    assert isinstance(default.preempt, LasPreemption)
+    assert default.preempt.min_run_s == 300.0
+    assert default.preempt.bands.thresholds == tuned.preempt.bands.thresholds
+    assert (default.order, default.scores, default.learner, default.resize) == (
+        tuned.order,
+        tuned.scores,
+        tuned.learner,
+        tuned.resize,
+    )
+    assert isinstance(tiresias.preempt, LasPreemption)
+    assert tiresias.preempt.min_run_s == 300.0
+    fifo = profile("fifo")
+    assert adjust(fifo) is fifo

@@ -6,6 +6,8 @@ gpufleet sim -w openb -p best-fit,fgd --traces DIR  the FGD protocol on openb (p
 gpufleet sim -w PATH                                a trace folder or CSV, format detected
 gpufleet sim --reproduce fgd --traces DIR           our figures beside the published ones (--seeds 47-51)
 gpufleet sim --reproduce helios-philly --set window=december   a month Helios did not publish (held out)
+gpufleet sim --reproduce helios-philly -p fifo,default --set window=oct-week1 --set las_min_run_s=300
+                                                    one setting of the LAS minimum-run sweep (its tuning week)
 gpufleet sim --add-nodes 8xH100@4 --quota team-a:gpu=64   what if the cluster had 4 more nodes, team-a more quota
 gpufleet sim --node-mtbf-hours 500 --repair-hours 4 --event 3600:down:syn-0003   … with node failures
 … --out DIR (results.json, results.csv, plots, report.md)   … --json (one JSON object on stdout)
@@ -599,7 +601,10 @@ REPRODUCE_OPTIONS: dict[str, dict[str, str]] = {
         "gpushare_pct": "gpushare_pct=60 (resample with more GPU sharing)",
         "resample_seed": "resample_seed=0",
     },
-    "helios-philly": {"window": f"window={'|'.join(WINDOWS)}"},
+    "helios-philly": {
+        "window": f"window={'|'.join(WINDOWS)}",
+        "las_min_run_s": "las_min_run_s=900 (LAS preemption's minimum run, s)",
+    },
     "pollux": {"load": "load=1.5 (arrivals scaled; default 1)"},
     "pollux-loads": {"loads": "loads=0.5,1,1.5,2"},
 }

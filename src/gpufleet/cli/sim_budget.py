@@ -4,6 +4,7 @@ them (see `gpufleet.sim.budget_study`), printed as tables or one JSON object."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from gpufleet.cli.safe_text import cell
 from gpufleet.cli.sim_spot import PRICE_FILE, costs_root, workload_prices
+from gpufleet.cli.variant_table import variant_table
 from gpufleet.sim.budget_study import VARIANTS, parse_budget, run_budget_study
 from gpufleet.sim.workload import Workload
 
@@ -35,19 +37,9 @@ def print_budget_study(report: dict[str, Any]) -> None:
     from gpufleet.cli.sim import stdout_console
 
     console = stdout_console()
-    out = Table(title=f"Budgets on {report['workload']} ({report['policy']})", header_style="bold")
-    for column in ("VARIANT", "COST $", "FINISHED", "REFUSED", "JCT MEAN H", "JCT MEAN H (OTHER QUEUES)"):
-        out.add_column(column, justify="left" if column == "VARIANT" else "right")
-    for name in VARIANTS:
-        row = report["variants"][name]
-        out.add_row(
-            name,
-            f"{row['cost_usd']:,.2f}",
-            str(row["jobs_finished"]),
-            str(row["jobs_refused"]),
-            str(row["jct_mean_h"]),
-            str(row["jct_mean_h_other_queues"]),
-        )
+    title = f"Budgets on {report['workload']} ({report['policy']})"
+    columns = ("COST $", "FINISHED", "REFUSED", "JCT MEAN H", "JCT MEAN H (OTHER QUEUES)")
+    out = variant_table(title, columns, report, VARIANTS, _budget_cells)
     console.print(out)
     queues = Table(title="Budgeted queues", header_style="bold")
     for column in ("QUEUE", "BUDGET", "VARIANT", "SPENT $", "GPU-H", "80 % AT H", "100 % AT H", "REFUSED", "JCT H"):
@@ -70,3 +62,13 @@ def print_budget_study(report: dict[str, Any]) -> None:
     console.print(queues)
     console.print(cell(f"workload: {report['workload_citation']}"))
     console.print(cell("prices: " + "; ".join(report["prices"])))
+
+
+def _budget_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
+    return (
+        f"{row['cost_usd']:,.2f}",
+        str(row["jobs_finished"]),
+        str(row["jobs_refused"]),
+        str(row["jct_mean_h"]),
+        str(row["jct_mean_h_other_queues"]),
+    )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import typer
-from rich.table import Table
 
+from gpufleet.cli.variant_table import variant_table
 from gpufleet.sim.comm_study import VARIANTS, CommStudy, run_comm_study
 from gpufleet.sim.workload import Workload, WorkloadError
 
@@ -44,9 +45,7 @@ def print_comm_study(report: dict[str, Any]) -> None:
         f"max_comm_overhead {'none' if limit is None else f'{100 * limit:g} %'}; "
         f"{report['placements_changed']} of {report['placements_compared']} first placements changed"
     )
-    out = Table(title=title, header_style="bold")
     columns = (
-        "VARIANT",
         "JCT MEAN H",
         "JCT P95 H",
         "GANG JCT MEAN H",
@@ -56,21 +55,7 @@ def print_comm_study(report: dict[str, Any]) -> None:
         "COMM MEAN %",
         "COMM MAX %",
     )
-    for column in columns:
-        out.add_column(column, justify="left" if column == "VARIANT" else "right")
-    for name in VARIANTS:
-        row = report["variants"][name]
-        out.add_row(
-            name,
-            str(row["jct_mean_h"]),
-            str(row["jct_p95_h"]),
-            str(row["gang_jct_mean_h"]),
-            str(row["jobs_unfinished"]),
-            str(row["gangs_held_back_by_limit"]),
-            str(row["gangs_placed_across_nodes"]),
-            str(row["gang_comm_overhead_mean_pct"]),
-            str(row["gang_comm_overhead_max_pct"]),
-        )
+    out = variant_table(title, columns, report, VARIANTS, _comm_cells)
     console.print(out)
     unfinished = report["variants"]["model on"]["jobs_unfinished"]
     if unfinished:
@@ -79,3 +64,17 @@ def print_comm_study(report: dict[str, Any]) -> None:
     console.print(f"workload: {report['workload_citation']}")
     for note in report["notes"]:
         console.print(f"- {note}")
+
+
+def _comm_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
+    keys = (
+        "jct_mean_h",
+        "jct_p95_h",
+        "gang_jct_mean_h",
+        "jobs_unfinished",
+        "gangs_held_back_by_limit",
+        "gangs_placed_across_nodes",
+        "gang_comm_overhead_mean_pct",
+        "gang_comm_overhead_max_pct",
+    )
+    return tuple(str(row[key]) for key in keys)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from gpufleet.cli.safe_text import cell
+from gpufleet.cli.variant_table import variant_table
 from gpufleet.domain.costs import Pool, Price, PriceTable, read_price_csv
 from gpufleet.domain.throughput_table import model_key
 from gpufleet.sim.spot_study import VARIANTS, SpotStudy, load_spot_trace, parse_spot_pool, run_spot_study
@@ -95,33 +96,22 @@ def print_spot_study(report: dict[str, Any]) -> None:
         f"Spot on {report['workload']} ({report['policy']}): {100 * spot['fraction_of_nodes']:.0f} % of nodes spot in "
         f"{spot['zone']}, {trace['interruptions_per_hour']:g} interruptions/node-h, down {trace['mean_down_hours']:g} h"
     )
-    out = Table(title=title, header_style="bold")
-    columns = (
-        "VARIANT",
-        "COST $",
-        "SAVING",
-        "JCT MEAN H",
-        "JCT P95 H",
-        "INTERRUPTIONS",
-        "LOST GPU-H",
-        "BREAKER EVENTS",
-    )
-    for column in columns:
-        out.add_column(column, justify="left" if column == "VARIANT" else "right")
-    for name in VARIANTS:
-        row = report["variants"][name]
-        saving = row.get("saving_vs_spot_off_pct")
-        out.add_row(
-            name,
-            f"{row['cost_usd']:,.2f}",
-            "-" if saving is None else f"{saving:g} %",
-            f"{row['jct_mean_h']}",
-            f"{row['jct_p95_h']}",
-            str(row["spot_interruptions"]),
-            f"{row['lost_gpu_hours']:,.2f}",
-            str(row["breaker_events"]),
-        )
+    columns = ("COST $", "SAVING", "JCT MEAN H", "JCT P95 H", "INTERRUPTIONS", "LOST GPU-H", "BREAKER EVENTS")
+    out = variant_table(title, columns, report, VARIANTS, _spot_cells)
     console.print(out)
     console.print(cell(f"workload: {report['workload_citation']}"))
     for line in (*report["citations"], "prices: " + "; ".join(report["prices"]), *report["notes"]):
         console.print(cell(line))
+
+
+def _spot_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
+    saving = row.get("saving_vs_spot_off_pct")
+    return (
+        f"{row['cost_usd']:,.2f}",
+        "-" if saving is None else f"{saving:g} %",
+        f"{row['jct_mean_h']}",
+        f"{row['jct_p95_h']}",
+        str(row["spot_interruptions"]),
+        f"{row['lost_gpu_hours']:,.2f}",
+        str(row["breaker_events"]),
+    )

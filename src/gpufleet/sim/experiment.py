@@ -204,9 +204,11 @@ def run_experiment(
     notes: Sequence[str] = (),
     workload_for: Callable[[str], Workload] | None = None,
     what_if: Sequence[str] = (),
+    adjust_profile: Callable[[Profile], Profile] | None = None,
 ) -> Experiment:
     """Run every policy on the workload. `workload_for(policy)` may give a policy its own variant of the workload
-    (e.g. with oracle durations); by default all share `workload`."""
+    (e.g. with oracle durations); by default all share `workload`. `adjust_profile` changes each profile before
+    it runs (a setting swept on the command line)."""
     names = check_policies(policies)
     if not workload.jobs:
         raise WorkloadError(f"workload {workload.name!r} has no jobs", "give a workload with at least one job")
@@ -215,6 +217,8 @@ def run_experiment(
     for name in names:
         variant = workload_for(name) if workload_for is not None else workload
         prof = profile(name, policy_data(variant))
+        if adjust_profile is not None:
+            prof = adjust_profile(prof)
         results.append(
             run_policy(
                 variant, prof, fgd_protocol=fgd, prices=prices, job_ids=job_ids, settings=settings, progress=progress

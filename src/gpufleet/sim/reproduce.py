@@ -29,7 +29,9 @@ from statistics import fmean
 from typing import Any
 
 from gpufleet.domain.errors import UnknownNameError
-from gpufleet.policies.catalog import PROFILES
+from gpufleet.policies.catalog import DEFAULT_LAS_MIN_RUN_S, PROFILES
+from gpufleet.policies.preempt.las import LasPreemption
+from gpufleet.scheduling.plugin_api import Profile
 from gpufleet.sim.engine import SimRun, SimSettings
 from gpufleet.sim.experiment import Comparison, Experiment, Progress, run_experiment, scale_load
 from gpufleet.sim.isolated import isolated_jcts
@@ -53,7 +55,7 @@ from gpufleet.sim.workloads import pollux as pollux_source
 from gpufleet.sim.workloads._csv import CsvTable
 from gpufleet.sim.workloads.openb import pod_file
 from gpufleet.sim.workloads.openb_fgd import FGD_SEEDS, FgdExpectedResults, pod_list_name
-from gpufleet.sim.workloads.philly import HELIOS_WINDOW, WINDOWS, HeliosResults
+from gpufleet.sim.workloads.philly import HELIOS_WINDOW, LAS_TUNING_WINDOW, WINDOWS, HeliosResults
 
 # Our profile -> the FGD authors' policy name in fgd_atc23_expected_results_summary.csv. (Their DotProd,
 # GpuClustering and GpuPacking have no gpufleet profile.)
@@ -291,11 +293,14 @@ def reproduce_helios(
     policies: Sequence[str] | None = None,
     load_scale: float | None = None,
     window: str = "oct-nov",
+    las_min_run_s: float | None = None,
     prices: PriceTable | None = None,
     progress: Progress | None = None,
 ) -> Comparison:
     """Philly jobs submitted in `window` on Helios' VC cluster, oracle durations for SJF/SRTF, arrivals
-    compressed `load_scale`-fold (default: the calibrated `HELIOS_LOAD_SCALE`).
+    compressed `load_scale`-fold (default: the calibrated `HELIOS_LOAD_SCALE`). `las_min_run_s` replaces the
+    minimum run of every profile that preempts by LAS (`default`'s is the tuned `DEFAULT_LAS_MIN_RUN_S`; the
+    sweep that tuned it runs on `oct-week1`).
 
     Helios published figures for its window (`oct-nov`) only; other windows (`september`, `december`) are
     held out: the same runs, compared with our own strict FIFO. Strict FIFO always runs (the comparison is
@@ -304,6 +309,7 @@ def reproduce_helios(
     folder = _folder(traces_root, philly_source.FOLDER)
     published = load_helios_results(folder)
     start, end = _window(window)
+    adjust = _with_las_min_run(las_min_run_s) if las_min_run_s is not None else None
     names = _policies(policies, HELIOS_DEFAULT)
     if "fifo" not in names:
         names = ("fifo", *names)
@@ -319,6 +325,7 @@ def reproduce_helios(
             "Every job carries its trace run time as expected_duration; only sjf and srtf read it (the oracle "
             "of Helios' SJF/SRTF).",
         ),
+        adjust_profile=adjust,
     )
     fifo_theirs = published.value("fifo", "avg_jct_s"), published.value("fifo", "avg_queue_s")
     ours_fifo = experiment.result("fifo").metrics
@@ -344,7 +351,17 @@ def reproduce_helios(
         "Cluster: Helios' VC sizes (352 nodes x 8 GPUs), jobs run only in their own VC; FIFO is strict "
         "(head-of-line, no backfill) as in Helios; placement packs (Helios: consolidate).",
     ]
-    if not published_window:
+    if las_min_run_s is not None:
+        notes.append(
+            f"LAS minimum run {las_min_run_s:g} s (--set las_min_run_s) in every profile that preempts by LAS; "
+            f"default's own is {DEFAULT_LAS_MIN_RUN_S:g} s."
+        )
+    if (start, end) == LAS_TUNING_WINDOW:
+        notes.append(
+            "Window 'oct-week1' is the first week of Helios' window: the data default's LAS minimum run was "
+            "tuned on (gpufleet.sim.tuned), so not held out."
+        )
+    elif not published_window:
         notes.append(
             f"Window {window!r} is outside Helios' (Oct-Nov 2017), which is the only one it published: held-out "
             "data for the constants tuned on Oct-Nov (gpufleet.sim.tuned); compare with our strict FIFO."
@@ -377,8 +394,28 @@ def reproduce_helios(
         (experiment,),
         "helios_qssf_philly_published_results.csv (S-Lab-System-Group/HeliosArtifact); Hu et al., SC 2021",
         tuple(notes),
-        {"load_scale": scale, "calibrated": calibrated, "window": [start, end], "fifo_queue_share": queue_share},
+        {
+            "load_scale": scale,
+            "calibrated": calibrated,
+            "window": [start, end],
+            "fifo_queue_share": queue_share,
+            **({"las_min_run_s": las_min_run_s} if las_min_run_s is not None else {}),
+        },
     )
+
+
+def _with_las_min_run(min_run_s: float) -> Callable[[Profile], Profile]:
+    if not (min_run_s >= 0 and math.isfinite(min_run_s)):
+        raise WorkloadError(f"las_min_run_s={min_run_s:g} is not a duration", "give seconds >= 0 (0: no minimum)")
+
+    def adjust(prof: Profile) -> Profile:
+        if not isinstance(prof.preempt, LasPreemption):
+            return prof
+        thresholds = prof.preempt.bands.thresholds
+        # The same kind of LAS (default's lets elastic jobs shrink first), with another minimum run.
+        return replace(prof, preempt=type(prof.preempt)(thresholds, min_run_s=float(min_run_s)))
+
+    return adjust
 
 
 def _window(window: str) -> tuple[str, str]:

@@ -29,9 +29,13 @@ PHILLY_MODEL = "philly-gpu"
 PHILLY_GPU_MEMORY = 12 * GiB
 COHORT = "philly"
 HELIOS_WINDOW = ("2017-10-01 00:00:00", "2017-11-30 23:59:59")  # jobs Helios simulated
-# Submission windows by name: Helios' (the published results are on it) and the months outside it.
+# The first week of Helios' window: the data `default`'s LAS minimum run was tuned on (gpufleet.sim.tuned).
+LAS_TUNING_WINDOW = ("2017-10-01 00:00:00", "2017-10-07 23:59:59")
+# Submission windows by name: Helios' (the published results are on it), its first week (tuning data), and
+# the months outside it.
 WINDOWS: dict[str, tuple[str, str]] = {
     "oct-nov": HELIOS_WINDOW,
+    "oct-week1": LAS_TUNING_WINDOW,
     "september": ("2017-09-01 00:00:00", "2017-09-30 23:59:59"),
     "december": ("2017-12-01 00:00:00", "2017-12-31 23:59:59"),
 }
