@@ -170,3 +170,67 @@ def test_profiles_without_rounds_never_move_a_job() -> None:
 
     moving = {name for name in PROFILE_BUILDERS if profile(name, PolicyData(throughput=TABLE)).migrate is not None}
     assert moving == {"gavel"}
+
+
+def test_with_nobody_waiting_a_job_moves_from_a_slow_gpu_to_an_idle_fast_one() -> None:
+    """ncf jobs hold the A100s and V100s for the first rounds, so a bert job starts on a T4; 17 jobs on 24 GPUs:
+    nobody waits, yet at a round's start the plan moves jobs to idle GPUs of their share, and bert, 8 x faster on
+    an A100, runs there (a profile that moves jobs plans every round, not only when jobs wait)."""
+    nodes = tuple(n for m in MODELS for n in parse_emulate(f"8x{m}", f"emu-{m.lower()}"))
+    jobs = [
+        TraceJob(
+            Job(
+                id=f"ncf-{i:02d}",
+                queue="team-a",
+                request=WorkerRequest(gpus=1),
+                submit_seq=i,
+                submitted_at=1.0 + i,
+                job_type="ncf",
+            ),
+            3600.0,
+        )
+        for i in range(16)
+    ]
+    bert = Job(
+        id="bert", queue="team-a", request=WorkerRequest(gpus=1), submit_seq=16, submitted_at=30.0, job_type="bert"
+    )
+    jobs.append(TraceJob(bert, 8 * 3600.0))
+    w = Workload(
+        name="slow-gpu",
+        citation="synthetic",
+        license="-",
+        nodes=nodes,
+        queues=(QueueSpec("team-a"),),
+        jobs=tuple(jobs),
+        throughput=TABLE,
+    )
+    waiting_after: dict[float, int] = {}
+    models: list[str] = []
+
+    def observe(now: float, reconciler: Reconciler) -> None:
+        waiting_after[now] = len(reconciler.pending)
+        holding = reconciler.base.holdings.get("bert")
+        if holding is not None and holding.running is not None:
+            table = reconciler.base.table
+            node = table.index[holding.workers[0].node]
+            model = model_key(table.models[int(table.gpu_model[node, holding.workers[0].gpus[0].index])])
+            if not models or models[-1] != model:
+                models.append(model)
+
+    sim = Simulation(w, profile("gavel", PolicyData(throughput=TABLE)), SimSettings(horizon_s=4 * 3600), observe)
+    sim.run()
+    assert models[0] == model_key("T4"), models
+    assert model_key("A100-80GB") in models, models
+    moves = _moves(sim)
+    assert moves
+    steps = sorted(waiting_after)
+    for job_id, at, _ in moves:
+        assert at % ROUND_S <= 5.0, (job_id, at)
+        before = [t for t in steps if t < at]
+        assert waiting_after[before[-1]] == 0, (job_id, at)  # nobody waited when the round began
+    to_a100 = [
+        m
+        for m in moves
+        if m[0] == "bert" and m[2].endswith(f"to {model_key('A100-80GB')} (its share of {model_key('A100-80GB')})")
+    ]
+    assert to_a100, moves

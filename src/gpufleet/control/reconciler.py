@@ -199,14 +199,19 @@ class Reconciler:
         if self.profile.preempt is not None and now >= self._last_retry_all + self.settings.retry_all_s:
             self.pending.wake_all()
             self._last_retry_all = now
-        if self._next_round is not None and now >= self._next_round:
+        round_begins = self._next_round is not None and now >= self._next_round
+        if round_begins:
             # A round begins: every pending job is decided again against the round's plan.
             self.pending.wake_all()
             self._next_round = self._round_after(now)
+        # A profile that moves running jobs plans every round, even when nobody waits (a job on a slow GPU
+        # while a faster one is idle): one cycle then decides no job and asks only for its moves.
+        plan_moves = round_begins and self.profile.migrate is not None
         for _ in range(self.settings.max_cycles_per_step):
             jobs = self.pending.to_decide(self.nominated)
-            if not jobs:
+            if not jobs and not plan_moves:
                 break
+            plan_moves = False
             started = time.perf_counter()
             work = self.base.fork(now)
             work.queued = tuple(self.pending.jobs.values())
@@ -243,8 +248,9 @@ class Reconciler:
 
     def next_retry_at(self) -> float | None:
         """When parked jobs will be retried regardless of events (None: only events wake them): the next
-        round boundary for a profile that allocates in rounds while jobs wait, else the periodic retry."""
-        if self._next_round is not None and len(self.pending):
+        round boundary for a profile that allocates in rounds while jobs wait (always, for one that moves running
+        jobs), else the periodic retry."""
+        if self._next_round is not None and (len(self.pending) or self.profile.migrate is not None):
             return self._next_round
         retry = None
         if self.profile.preempt is not None and self.pending.parked:

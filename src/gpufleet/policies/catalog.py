@@ -303,6 +303,9 @@ GAVEL_BANDS = WeightBands(thresholds_h=(0.5, 2.0, 10.0), weights=(64.0, 16.0, 4.
 # `gavel`: a running job keeps its GPUs unless another job lags its share by more than this much service (the
 # restart a stop costs, and the churn it saves; tuned, see gpufleet.sim.tuned).
 GAVEL_KEEP_S = 360.0
+# `gavel`: a job whose service falls below this fraction of what Gavel's isolated share (1/n of the cluster)
+# would have given it goes first (finish-time fairness; tuned, see gpufleet.sim.tuned).
+GAVEL_ISOLATED_FLOOR = 1.0
 
 
 def round_profile(
@@ -317,6 +320,7 @@ def round_profile(
     min_run_s: float = ROUND_MIN_RUN_S,
     restart_s: float = 0.0,
     migrate: bool = False,
+    isolated_floor: float = 0.0,
 ) -> Profile:
     """A round allocator profile: max-min fair shares of GPU models by LP each round, realised by preemption
     at round ends; placement inside the planned model packs, with topology for multi-GPU jobs; GPUs filled
@@ -330,6 +334,7 @@ def round_profile(
         fill=fill,
         restart_s=restart_s,
         migrate=migrate,
+        isolated_floor=isolated_floor,
     )
     scores: tuple[tuple[str | ScorePlugin, float], ...] = (("bin_pack", 1.0), ("topology", 1.0))
     if fill and not agnostic:
@@ -386,7 +391,14 @@ PROFILE_BUILDERS: dict[str, Callable[[PolicyData], Profile]] = {
     # Round allocators: Gavel's max-min fairness over normalised throughput (LP each round). `gavel` is ours
     # (service-weighted bands, every GPU kept busy); `gavel-mmf` Gavel's max_min_fairness_perf as published
     # (equal weights, one LP); `max-min` Gavel's heterogeneity-agnostic max_min_fairness (every GPU the same).
-    "gavel": lambda data: round_profile("gavel", data, bands=GAVEL_BANDS, restart_s=GAVEL_KEEP_S, migrate=True),
+    "gavel": lambda data: round_profile(
+        "gavel",
+        data,
+        bands=GAVEL_BANDS,
+        restart_s=GAVEL_KEEP_S,
+        migrate=True,
+        isolated_floor=GAVEL_ISOLATED_FLOOR,
+    ),
     "gavel-mmf": lambda data: round_profile("gavel-mmf", data, efficient=False, fill=False),
     "max-min": lambda data: round_profile("max-min", data, agnostic=True, efficient=False, fill=False),
     "gavel-greedy": _gavel_greedy,

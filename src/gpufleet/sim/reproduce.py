@@ -618,7 +618,9 @@ def reproduce_gavel(
         "wanted over share received). In gavel-mmf and max-min a running job moves to another GPU model only when "
         "a job planned for the round needs its GPUs (Gavel re-places every job each round); gavel also moves a "
         "running job to the GPU model its plan gives it at a round's start (at most once a round, restart cost "
-        "charged; with one queue, as here), unless it lags there by no more than 360 s more than where it runs.",
+        "charged; with one queue, as here), unless it lags there by no more than 360 s more than where it runs; "
+        "it does so also when nobody waits (then only to GPUs idle at the time), and a job whose service falls "
+        "below what Gavel's isolated share would have given it goes first.",
         "tiresias (preemptive 2D-LAS, event-driven) has no published counterpart on this trace: no published column.",
         "Heterogeneity-agnostic event-driven profiles (fifo, tiresias) break placement ties by node name, so at low "
         "load jobs land on the K80s first (the slowest GPUs, named first).",

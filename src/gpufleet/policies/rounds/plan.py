@@ -17,6 +17,11 @@ needs its GPUs, or, with `migrate` (one queue only), in any case (`RoundPlan.mov
 `plugins.RoundMigrate`), and takes its planned model from the queue; with `migrate` it stays where it is unless
 it lags elsewhere by more than `restart_s` more.
 
+With `isolated_floor` f > 0, jobs whose normalised service is below f times what Gavel's isolated share (each
+of the n active jobs 1/n of every model) would have given them over their time in the system go first, the
+furthest behind first: finish-time fairness (rho, JCT over JCT under that share) is over 1 for exactly the
+jobs that fall behind it.
+
 The plan is a pure function of the view: the running jobs (`holdings`), the waiting jobs (`queued`), what
 the learner recorded (`estimates[...].service`), the node table and the time. It is computed once per cycle
 (`ClusterView.per_cycle`), at round starts only; the LP is cached by its input (the classes and their
@@ -140,10 +145,12 @@ class Planner:
         boundary_s: float = 5.0,
         restart_s: float = 0.0,
         migrate: bool = False,
+        isolated_floor: float = 0.0,
     ) -> None:
         self.agnostic = agnostic
         self.table = None if agnostic else table
         self.migrate = migrate
+        self.isolated_floor = isolated_floor
         self.round_s = round_s
         self.fill = fill
         self.boundary_s = boundary_s
@@ -349,6 +356,26 @@ class Planner:
             keep = 0.0
         return plan.deficit + keep
 
+    def _isolated_rate(self, result: RoundPlan, gpus: int) -> float:
+        """GPUs per active job now: Gavel's isolated allocation gives each of the n active jobs 1/n of every
+        model (at most all of its time), so a job of g GPUs progresses at min(1, this / g) normalised."""
+        return gpus / len(result.jobs) if result.jobs and self.isolated_floor > 0 else 0.0
+
+    def _floor_key(self, plan: JobPlan, isolated_rate: float) -> tuple[int, float]:
+        """With `isolated_floor` f > 0: a job whose normalised service is below f times what the isolated share
+        would have given it over its time in the system (at today's number of active jobs) comes first, the
+        furthest behind (by that ratio) first. Finish-time fairness (Gavel's rho: JCT over JCT under the
+        isolated share) is over 1 for exactly the jobs that fall behind that share; bands of service favour
+        short jobs, and without the floor the long ones starve at high load."""
+        if isolated_rate <= 0:
+            return (1, 0.0)
+        gpus = max(1, round(plan.job.gpu_milli_total / MILLI_PER_GPU))
+        expected = plan.age * min(1.0, isolated_rate / gpus)
+        if expected < MIN_AGE_S:
+            return (1, 0.0)
+        progress = plan.served / expected
+        return (0, progress) if progress < self.isolated_floor else (1, 0.0)
+
     def _choices(self, plan: JobPlan, movers: frozenset[str]) -> list[str]:
         """The models of a job's allocation, the one it lags most on first (ties by name). With `migrate`, a
         running job's own model comes first unless it lags elsewhere by more than `restart_s` more: a move costs
@@ -390,8 +417,10 @@ class Planner:
         # A running job that stops loses `restart_s` of service (the restart): it keeps its place unless another
         # job lags it by more than that.
         movers = self._movers(result)
+        isolated_rate = self._isolated_rate(result, sum(free.values()))
         order = sorted(
             (
+                *self._floor_key(plan, isolated_rate),
                 -self._rank_value(plan, movers),
                 plan.job.submit_seq,
                 job_id,
@@ -412,7 +441,7 @@ class Planner:
         left: list[str] = []
         unassigned = sum(free.values())  # GPUs not yet planned: once none are left, no later job fits
         for within_budget in (True, False):
-            for _, _, job_id in order if within_budget else [(0, 0, j) for j in left]:
+            for job_id in [key[-1] for key in order] if within_budget else left:
                 if unassigned <= 0:
                     break
                 plan = result.jobs[job_id]
@@ -434,7 +463,7 @@ class Planner:
                         left.append(job_id)
 
 
-def _gpu_models(cluster: ClusterView) -> tuple[tuple[str, ...], ...]:
+def gpu_models(cluster: ClusterView) -> tuple[tuple[str, ...], ...]:
     """Each node's GPUs' models (`model_key`), by node row and GPU index: node capacity only, so computed once per
     inventory (the plan asks for them for every active job, every cycle)."""
 
@@ -449,7 +478,7 @@ def _gpu_models(cluster: ClusterView) -> tuple[tuple[str, ...], ...]:
 
 
 def _node_model(cluster: ClusterView, row: int) -> str | None:
-    gpus = _gpu_models(cluster)[row]
+    gpus = gpu_models(cluster)[row]
     return gpus[0] if gpus else None
 
 
@@ -460,5 +489,5 @@ def _job_model(cluster: ClusterView, holding: Holding) -> str | None:
         row = index.get(worker.node)
         if row is None or not worker.gpus:
             continue
-        return _gpu_models(cluster)[row][worker.gpus[0].index]
+        return gpu_models(cluster)[row][worker.gpus[0].index]
     return None

@@ -28,7 +28,7 @@ import numpy as np
 from gpufleet.domain.jobs import Job, JobId, RunningJob
 from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.domain.throughput_table import model_key
-from gpufleet.policies.rounds.plan import Planner, RoundPlan
+from gpufleet.policies.rounds.plan import Planner, RoundPlan, gpu_models
 from gpufleet.scheduling.plugin_api import (
     SUCCESS,
     ClusterView,
@@ -237,7 +237,8 @@ class RoundMigrate:
     """At a round's start, stop each running job the plan moves to another GPU model (`RoundPlan.moves`), so it
     starts again there, as Gavel's mechanism does, even when no waiting job asks for its GPUs. Only jobs that
     `RoundPreempt` could stop (started before the round began, `min_run_s` run) are moved: a job moves at most
-    once per round."""
+    once per round. The control loop asks at every round's start, even when nobody waits; then no preemption
+    makes room on the target, so a job moves only to GPUs of its target model idle now."""
 
     name: ClassVar[str] = NAME
 
@@ -250,6 +251,8 @@ class RoundMigrate:
             return []
         plan = current_plan(self.planner, cluster)
         moved: list[tuple[JobId, str]] = []
+        # With nobody waiting, no preemption makes room on the target: a job moves only to GPUs idle now.
+        idle = None if cluster.queued else _idle_gpus(cluster)
         for job_id, target in sorted(plan.moves.items()):
             holding = cluster.holdings.get(job_id)
             if holding is None or job_id in cluster.evicting:
@@ -259,9 +262,25 @@ class RoundMigrate:
                 continue
             if running.started_at >= plan.round_start or cluster.now - running.started_at < self.min_run_s:
                 continue
+            if idle is not None:
+                gpus = max(1, round(holding.job.gpu_milli_total / MILLI_PER_GPU))
+                if idle.get(target, 0) < gpus:
+                    continue
+                idle[target] -= gpus
             source = plan.jobs[job_id].running_on
             moved.append((job_id, f"the round's plan moves it from {source} to {target} (its share of {target})"))
         return moved
+
+
+def _idle_gpus(cluster: ClusterView) -> dict[str, int]:
+    """Whole GPUs free now per GPU model (`model_key`)."""
+    table = cluster.nodes
+    idle: dict[str, int] = defaultdict(int)
+    for row, gpus in enumerate(gpu_models(cluster)):
+        free = int(table.node_milli_free[row]) // MILLI_PER_GPU
+        if gpus and free:
+            idle[gpus[0]] += free
+    return idle
 
 
 def _also(blocked_by: Status, reason: str) -> Status:
