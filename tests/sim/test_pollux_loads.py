@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.sim.reproduce import reproduce_pollux
+from gpufleet.sim.reproduce_pollux import reproduce_pollux
 from gpufleet.sim.workload import WorkloadError
 
 

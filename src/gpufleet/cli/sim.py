@@ -38,7 +38,8 @@ from gpufleet.sim.experiment import Comparison, Experiment, run_experiment, scal
 from gpufleet.sim.experiment import Progress as ProgressFn
 from gpufleet.sim.prices import PriceTable, load_price_table, parse_price, prices_from
 from gpufleet.sim.report import FGD_REPORT_STEPS, fmt, has_cluster_events, plots_available, write_report
-from gpufleet.sim.reproduce import REPRODUCTIONS, pollux_with_durations
+from gpufleet.sim.reproduce import REPRODUCTIONS
+from gpufleet.sim.reproduce_pollux import pollux_with_durations
 from gpufleet.sim.simulated_backend import BackendSettings
 from gpufleet.sim.whatif import apply_what_if
 from gpufleet.sim.workload import Workload, WorkloadError

@@ -28,7 +28,7 @@ def reproduce_pollux_loads(
     progress: Progress | None = None,
 ) -> Comparison:
     """Means of average JCT over the eight workloads at each load, ours beside Pollux's published ones
-    (`reproduce_pollux`: the one-load reproduction, `gpufleet.sim.reproduce.reproduce_pollux`)."""
+    (`reproduce_pollux`: the one-load reproduction, `gpufleet.sim.reproduce_pollux.reproduce_pollux`)."""
     if not loads:
         raise WorkloadError("no load given", "give loads, e.g. --set loads=0.5,1,1.5,2")
     rows = []

@@ -10,6 +10,7 @@
     gavel               Gavel (OSDI'20) continuous single-GPU trace on 36 V100 + 36 P100 + 36 K80: avg JCT and
                         finish-time fairness over jobs 4000-4999, vs Gavel's published curves
     pollux              Pollux (OSDI'21) eight 160-job workloads on 64 T4: avg JCT vs Pollux / Tiresias / Optimus
+                        (`reproduce_pollux.py`)
 
 The published numbers come from the files beside each trace (the user's traces folder); each comparison says
 how our setup differs. Some of our constants were tuned on some of this data: `gpufleet.sim.tuned` names each
@@ -29,29 +30,28 @@ from statistics import fmean
 from typing import Any
 
 from gpufleet.domain.errors import UnknownNameError
-from gpufleet.policies.catalog import DEFAULT_LAS_MIN_RUN_S, PROFILES
+from gpufleet.policies.catalog import DEFAULT_LAS_MIN_RUN_S
 from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.scheduling.plugin_api import Profile
 from gpufleet.sim.engine import SimRun, SimSettings
-from gpufleet.sim.experiment import Comparison, Experiment, Progress, run_experiment, scale_load
+from gpufleet.sim.experiment import Comparison, Progress, run_experiment, scale_load
 from gpufleet.sim.isolated import isolated_jcts
 from gpufleet.sim.metrics import PolicyMetrics
 from gpufleet.sim.pollux_loads import reproduce_pollux_loads
 from gpufleet.sim.prices import PriceTable
-from gpufleet.sim.workload import Workload, WorkloadError
+from gpufleet.sim.reproduce_base import chosen_policies, data_folder, ratio, rounded
+from gpufleet.sim.reproduce_pollux import reproduce_pollux
+from gpufleet.sim.workload import WorkloadError
 from gpufleet.sim.workloads import (
     fgd_workload,
     load_fgd_expected_results,
     load_gavel,
     load_helios_results,
     load_philly,
-    load_pollux,
-    pollux_apps,
 )
 from gpufleet.sim.workloads import gavel as gavel_source
 from gpufleet.sim.workloads import openb as openb_source
 from gpufleet.sim.workloads import philly as philly_source
-from gpufleet.sim.workloads import pollux as pollux_source
 from gpufleet.sim.workloads._csv import CsvTable
 from gpufleet.sim.workloads.openb import pod_file
 from gpufleet.sim.workloads.openb_fgd import FGD_SEEDS, FgdExpectedResults, pod_list_name
@@ -94,36 +94,6 @@ GAVEL_DEFAULT = ("gavel", "gavel-mmf", "max-min", "tiresias")
 GAVEL_TRACES: Mapping[str, bool] = {"continuous-single": False, "continuous-multiple": True}
 GAVEL_MEASURED = (4000, 5000)  # Gavel measures jobs with ids 4000..4999
 GAVEL_FILE = "gavel_published_continuous_results.csv"
-POLLUX_DEFAULT = ("fifo", "las", "tiresias", "default")
-POLLUX_FILE = "pollux_sim_published_avg_jct.csv"
-# The most GPUs an elastic Pollux job may grow to (tuned on workloads 1-4: see gpufleet.sim.tuned).
-POLLUX_MAX_GPUS = 32
-POLLUX_TUNING = (1, 2, 3, 4)  # the workloads the elastic constants were tuned on; 5-8 are held out
-# The Pollux workloads give an application per job, chosen from the Philly job's GPU-time (< 1 GPU-h:
-# cifar10/ncf; < 10: deepspeech2/bert; < 100: yolov3; else imagenet), but no run time. Assumed GPU-hours per
-# job: the geometric middle of each band (0.1-1, 1-10, 10-100, 100-1000 GPU-h), spread over its GPUs.
-POLLUX_GPU_HOURS: Mapping[str, float] = {
-    "cifar10": math.sqrt(0.1),
-    "ncf": math.sqrt(0.1),
-    "deepspeech2": math.sqrt(10.0),
-    "bert": math.sqrt(10.0),
-    "yolov3": math.sqrt(1000.0),
-    "imagenet": math.sqrt(100_000.0),
-}
-
-
-def _folder(traces_root: Path, name: str) -> Path:
-    folder = Path(traces_root).expanduser() / name
-    if not folder.is_dir():
-        raise WorkloadError(f"the {name} data folder is missing", f"put {name}/ under {traces_root}", path=folder)
-    return folder
-
-
-def _policies(given: Sequence[str] | None, default: Sequence[str]) -> tuple[str, ...]:
-    names = tuple(given) if given else tuple(p for p in default if p in PROFILES)
-    if not names:
-        raise UnknownNameError("none of the policies to compare is available", f"give some of {', '.join(PROFILES)}")
-    return names
 
 
 # --- FGD ---------------------------------------------------------------------------------------------------
@@ -145,9 +115,9 @@ def reproduce_fgd(
     `gpushare_pct` redraws the pod list so fractional pods ask for that share of the GPU request (our
     resample, `with_gpu_share`); it is compared with the published `gpushare<pct>` list, the authors' own
     resample of the same kind, where there is one."""
-    folder = _folder(traces_root, openb_source.FOLDER)
+    folder = data_folder(traces_root, openb_source.FOLDER)
     expected = load_fgd_expected_results(folder)
-    names = _policies(policies, tuple(FGD_POLICIES))
+    names = chosen_policies(policies, tuple(FGD_POLICIES))
     list_name = pod_list_name(pod_file(folder, pods))
     published_list = f"gpushare{gpushare_pct:g}" if gpushare_pct is not None else list_name
     published_known = f"openb_pod_list_{published_list}" in expected.workloads
@@ -306,11 +276,11 @@ def reproduce_helios(
     held out: the same runs, compared with our own strict FIFO. Strict FIFO always runs (the comparison is
     checked against its queueing): where it queues less than `HELIOS_MIN_QUEUE_SHARE` of Helios' FIFO, the
     published columns stay empty."""
-    folder = _folder(traces_root, philly_source.FOLDER)
+    folder = data_folder(traces_root, philly_source.FOLDER)
     published = load_helios_results(folder)
     start, end = _window(window)
     adjust = _with_las_min_run(las_min_run_s) if las_min_run_s is not None else None
-    names = _policies(policies, HELIOS_DEFAULT)
+    names = chosen_policies(policies, HELIOS_DEFAULT)
     if "fifo" not in names:
         names = ("fifo", *names)
     scale = HELIOS_LOAD_SCALE if load_scale is None else load_scale
@@ -440,14 +410,14 @@ def _helios_row(policy: str, m: PolicyMetrics, fifo: PolicyMetrics, published: H
     return (
         policy,
         theirs or "-",
-        _r(m.jct.avg),
+        rounded(m.jct.avg),
         jct_pub,
-        _ratio(m.jct.avg, jct_pub),
-        _r(m.queueing.avg),
+        ratio(m.jct.avg, jct_pub),
+        rounded(m.queueing.avg),
         queue_pub,
-        _ratio(m.queueing.avg, queue_pub),
-        _ratio(m.jct.avg, fifo.jct.avg),
-        _ratio(jct_pub, fifo_pub) if jct_pub is not None else None,
+        ratio(m.queueing.avg, queue_pub),
+        ratio(m.jct.avg, fifo.jct.avg),
+        ratio(jct_pub, fifo_pub) if jct_pub is not None else None,
     )
 
 
@@ -463,7 +433,7 @@ def calibrate_helios_load(
     queueing. The chosen load (closest in ratio, |log(ours / theirs)| smallest) is `HELIOS_LOAD_SCALE`."""
     if policies and tuple(policies) != ("fifo",):
         raise WorkloadError("the calibration runs strict FIFO only", "drop --policies")
-    folder = _folder(traces_root, philly_source.FOLDER)
+    folder = data_folder(traces_root, philly_source.FOLDER)
     theirs = load_helios_results(folder).value("fifo", "avg_queue_s")
     base = load_philly(folder, start=HELIOS_WINDOW[0], end=HELIOS_WINDOW[1])
     experiments = tuple(
@@ -472,7 +442,7 @@ def calibrate_helios_load(
     ours = [e.result("fifo").metrics.queueing.avg or 0.0 for e in experiments]
     distance = [abs(math.log(max(q, 1e-9) / theirs)) for q in ours]
     chosen = candidates[distance.index(min(distance))]
-    rows = tuple((k, _r(q), theirs, _ratio(q, theirs), k == chosen) for k, q in zip(candidates, ours, strict=True))
+    rows = tuple((k, rounded(q), theirs, ratio(q, theirs), k == chosen) for k, q in zip(candidates, ours, strict=True))
     return Comparison(
         "helios-calibration",
         "Strict FIFO on Philly Oct-Nov 2017 (Helios' window) at each load: the load whose queueing matches Helios'",
@@ -489,16 +459,6 @@ def calibrate_helios_load(
         ),
         {"chosen_load_scale": chosen, "candidates": list(candidates)},
     )
-
-
-def _r(value: float | None, digits: int = 1) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def _ratio(ours: float | None, theirs: float | None) -> float | None:
-    if ours is None or theirs is None or theirs == 0:
-        return None
-    return round(ours / theirs, 3)
 
 
 # --- Gavel -------------------------------------------------------------------------------------------------
@@ -564,9 +524,9 @@ def reproduce_gavel(
     over jobs 4000-4999. A row names a published policy only when ours is that policy."""
     if trace not in GAVEL_TRACES:
         raise UnknownNameError(f"no Gavel trace {trace!r}", f"use one of: {', '.join(GAVEL_TRACES)}")
-    folder = _folder(traces_root, gavel_source.FOLDER)
+    folder = data_folder(traces_root, gavel_source.FOLDER)
     published = load_gavel_published(folder)
-    names = _policies(policies, GAVEL_DEFAULT)
+    names = chosen_policies(policies, GAVEL_DEFAULT)
     rates = tuple(rates) if rates else published_rates(published, trace)
     lo, hi = GAVEL_MEASURED
     experiments = []
@@ -599,10 +559,10 @@ def reproduce_gavel(
                     rate,
                     r.policy,
                     theirs or "-",
-                    _r(jct_h, 2),
+                    rounded(jct_h, 2),
                     jct_pub,
-                    _ratio(jct_h, jct_pub),
-                    _r(gavel_rho(jct_by_job(r.run, measured), isolated_jct), 2),
+                    ratio(jct_h, jct_pub),
+                    rounded(gavel_rho(jct_by_job(r.run, measured), isolated_jct), 2),
                     rho_pub,
                     r.metrics.jobs_finished,
                 )
@@ -659,173 +619,6 @@ def reproduce_gavel(
         notes,
         series,
     )
-
-
-# --- Pollux ------------------------------------------------------------------------------------------------
-
-
-def _mean_of(published: Mapping[tuple[str, str], float], policy: str, workloads: Sequence[int]) -> float | None:
-    values = [published.get((policy, f"workload-{n}")) for n in workloads]
-    return _r(fmean(v for v in values if v is not None)) if all(v is not None for v in values) else None
-
-
-def pollux_measured(workload: Workload, folder: Path, n: int) -> Workload:
-    """The Pollux workload with each job's run time at its fixed size and batch from its application's
-    measurements (`pollux_apps`), when the folder has them; else `pollux_with_durations`' assumption."""
-    if not (folder / pollux_apps.APP_TRACES).is_dir():
-        return pollux_with_durations(workload)
-    apps = pollux_apps.load_applications(folder, pollux_source.APPLICATIONS)
-    seconds = pollux_apps.measured_durations(pollux_source.pollux_file(folder, n), apps)
-    jobs = tuple(replace(tj, duration=seconds[tj.job.id]) for tj in workload.jobs)
-    note = (
-        "Run times from Pollux's per-application measurements (app-traces): each job at its num_replicas GPUs "
-        "and batch_size, step time per placement x epochs / statistical efficiency (gradient noise) per epoch."
-    )
-    return replace(workload, jobs=jobs, assumptions=(*workload.assumptions, note))
-
-
-def pollux_elastic(workload: Workload, folder: Path, n: int) -> Workload:
-    """The Pollux workload as elastic jobs (`pollux_apps.elastic_workload`), for policies that resize; the
-    fixed-size one (`pollux_measured`) for the others."""
-    apps = pollux_apps.load_applications(folder, pollux_source.APPLICATIONS)
-    return pollux_apps.elastic_workload(workload, apps, pollux_source.pollux_file(folder, n), POLLUX_MAX_GPUS)
-
-
-def pollux_with_durations(workload: Workload) -> Workload:
-    """The Pollux workload with the assumed run time per job: POLLUX_GPU_HOURS of its application / its GPUs."""
-    jobs = tuple(
-        replace(tj, duration=POLLUX_GPU_HOURS[tj.job.job_type] * 3600.0 / (tj.job.gpu_milli_total / 1000.0))
-        if tj.job.job_type in POLLUX_GPU_HOURS
-        else tj
-        for tj in workload.jobs
-    )
-    bands = ", ".join(f"{app} {h:.2f} GPU-h" for app, h in POLLUX_GPU_HOURS.items())
-    note = f"Run times assumed (none in the data): GPU-hours per application ({bands}) / the job's GPUs."
-    return replace(workload, jobs=jobs, assumptions=(*workload.assumptions, note))
-
-
-def reproduce_pollux(
-    traces_root: Path,
-    *,
-    policies: Sequence[str] | None = None,
-    workloads: Sequence[int] = tuple(range(1, 9)),
-    prices: PriceTable | None = None,
-    progress: Progress | None = None,
-    load: float = 1.0,
-) -> Comparison:
-    """The eight Pollux workloads; our mean of per-workload average JCTs beside theirs. `load` scales arrivals
-    (2: the same jobs in half the time); Pollux published other job loads with more jobs, not these."""
-    if not 0 < load <= 8:
-        raise WorkloadError(f"load={load} is out of range", "give a load in (0, 8], e.g. --set load=1.5")
-    folder = _folder(traces_root, pollux_source.FOLDER)
-    table = CsvTable(
-        folder / POLLUX_FILE, "Pollux results CSV", ("policy", "job_load", "sched_interval_s", "workload", "avg_jct_s")
-    )
-    published: dict[tuple[str, str], float] = {
-        (row.text("policy"), row.text("workload")): row.number("avg_jct_s")
-        for row in table
-        if row.number("job_load") == load
-        and row.number("sched_interval_s") == 60
-        and row.text("result_dir").startswith("results-jobload/")
-    }
-    names = _policies(policies, POLLUX_DEFAULT)
-    experiments = tuple(_pollux_experiment(folder, n, names, prices, progress, load) for n in workloads)
-    rows = []
-    for name in names:
-        averages = [e.result(name).metrics.jct.avg for e in experiments]
-        for n, average in zip(workloads, averages, strict=True):
-            key = f"workload-{n}"
-            theirs = [published.get((policy, key)) for policy in ("pollux", "tiresias", "optimus")]
-            rows.append((name, str(n), _r(average), *theirs, _ratio(average, theirs[1])))
-        for label, part in (("mean 1-4 (tuned)", POLLUX_TUNING), ("mean 5-8 (held out)", (5, 6, 7, 8))):
-            if set(part) <= set(workloads) and tuple(workloads) != part:
-                mine = [a for n, a in zip(workloads, averages, strict=True) if n in part and a is not None]
-                theirs = [_mean_of(published, policy, part) for policy in ("pollux", "tiresias", "optimus")]
-                value = fmean(mine) if len(mine) == len(part) else None
-                rows.append((name, label, _r(value), *theirs, _ratio(value, theirs[1])))
-        known = [a for a in averages if a is not None]
-        ours = fmean(known) if known else None
-        theirs = [published.get((policy, "mean_of_8")) for policy in ("pollux", "tiresias", "optimus")]
-        if tuple(workloads) != tuple(range(1, 9)):  # the published mean is over all eight
-            theirs = [_mean_of(published, policy, workloads) for policy in ("pollux", "tiresias", "optimus")]
-        rows.append((name, "mean", _r(ours), *theirs, _ratio(ours, theirs[1])))
-    w = experiments[0].workload
-    measured = (folder / pollux_apps.APP_TRACES).is_dir()
-    durations_note = (
-        "Run times come from Pollux's per-application measurements (app-traces: step time per placement and "
-        "batch, gradient statistics per epoch), each job at its fixed num_replicas and batch_size (TunedJobs). "
-        "Profiles that resize (default) run the same jobs as elastic ones: 1 to "
-        f"{POLLUX_MAX_GPUS} one-GPU workers, the batch chosen per epoch for the most progress per second as "
-        "Pollux's adaptive jobs do, 30 s per resize, goodput estimated from the progress the simulated jobs "
-        "report; the other profiles keep each job at its fixed size and batch. Gradient statistics are read at "
-        "the job's own batch (interpolated between the validated batches) and gradient accumulation "
-        "synchronises once per step, as the published simulator does: fixed-size run times then match the "
-        "fastest published Tiresias JCT of each configuration (within 13 %; earlier, with B0's statistics for "
-        "every batch, they were 1.5x too long for bert, cifar10 and deepspeech2, and the fixed-size baselines "
-        "queued twice as long as published)."
-        if measured
-        else "Pollux's per-application measurements (app-traces/) are missing here; our run times are a coarse "
-        "assumption (see the workload's assumptions), so only the order of magnitude and the ranking of policies "
-        "mean anything."
-    )
-    load_note = (
-        ()
-        if load == 1.0
-        else (
-            f"Load {load:g}: our arrivals are scaled {load:g}x (the same 160 jobs per workload); Pollux's published "
-            f"job load {load:g} samples {load:g}x as many jobs over the same 8 hours: the same arrival rate, not the "
-            "same jobs, so its figures here are a reference, not a like-for-like comparison"
-            + ("." if published else " (none published at this load)."),
-        )
-    )
-    notes = (
-        durations_note,
-        *load_note,
-        f"Published: each workload's average and the mean of the 8, job load {load:g}, 60 s scheduling interval, no "
-        "interference. The resize constants (the most GPUs an elastic job takes, POLLUX_MAX_GPUS, and default's "
-        "least time between resizes of a job and the margin a move of GPUs between jobs must pay) were tuned on "
-        "workloads 1-4; 5-8 are held out (their own mean "
-        "row). Nothing else in gpufleet was tuned on these workloads.",
-        f"Workload: {w.citation} License: {w.license}",
-    )
-    return Comparison(
-        "pollux",
-        f"Pollux workloads {workloads[0]}-{workloads[-1]} on 64 T4"
-        + ("" if load == 1.0 else f", load {load:g}")
-        + ": avg JCT (s) per workload and mean, ours vs Pollux (OSDI'21)",
-        (
-            "policy",
-            "workload",
-            "avg_jct_s",
-            "pollux_avg_jct_s",
-            "tiresias_avg_jct_s",
-            "optimus_avg_jct_s",
-            "ratio_to_tiresias",
-        ),
-        tuple(rows),
-        experiments,
-        f"{POLLUX_FILE} (petuum/adaptdl osdi21-artifact); {pollux_source.CITATION}",
-        notes,
-    )
-
-
-def _pollux_experiment(
-    folder: Path, n: int, names: Sequence[str], prices: PriceTable | None, progress: Progress | None, load: float
-) -> Experiment:
-    """One workload at `load` (arrivals scaled): profiles that resize run it as elastic jobs (with the
-    application traces), the others at the workload's fixed sizes."""
-    fixed = scale_load(pollux_measured(load_pollux(folder, workload=n), folder, n), load)
-    measured = (folder / pollux_apps.APP_TRACES).is_dir()
-    elastic = pollux_elastic(fixed, folder, n) if measured and any(_resizes(name) for name in names) else None
-
-    def variant(name: str) -> Workload:
-        return elastic if elastic is not None and _resizes(name) else fixed
-
-    return run_experiment(fixed, names, prices=prices, progress=progress, workload_for=variant)
-
-
-def _resizes(name: str) -> bool:
-    return PROFILES[name]().resize is not None
 
 
 REPRODUCTIONS: Mapping[str, Callable[..., Comparison]] = {

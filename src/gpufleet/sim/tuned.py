@@ -22,7 +22,8 @@ from gpufleet.policies.catalog import (
     ROUND_S,
 )
 from gpufleet.policies.order.qssf import DEFAULT_AGING, DEFAULT_QUANTILE, DEFAULT_WINDOW
-from gpufleet.sim.reproduce import HELIOS_LOAD_SCALE, POLLUX_MAX_GPUS
+from gpufleet.sim.reproduce import HELIOS_LOAD_SCALE
+from gpufleet.sim.reproduce_pollux import POLLUX_MAX_GPUS
 
 PHILLY_TUNING = "Philly Oct-Nov 2017 (Helios' window, 68,510 jobs) on Helios' VC cluster, arrivals x8"
 PHILLY_HELD_OUT = ("helios-september", "helios-december")
@@ -113,7 +114,7 @@ TUNED: tuple[TunedConstant, ...] = (
         "Pollux elastic jobs: most GPUs",
         POLLUX_MAX_GPUS,
         "GPUs",
-        "gpufleet.sim.reproduce.POLLUX_MAX_GPUS",
+        "gpufleet.sim.reproduce_pollux.POLLUX_MAX_GPUS",
         POLLUX_TUNING,
         POLLUX_HOW,
         ("pollux",),
