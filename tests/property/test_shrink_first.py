@@ -10,11 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpufleet.control.resize import is_elastic
 from gpufleet.domain import ClusterSnapshot, Job
 from gpufleet.policies.catalog import DEFAULT_LAS_MIN_RUN_S, profile
 from gpufleet.policies.preempt.las import LasPreemption
-from gpufleet.policies.resize.shrink_first import ShrinkFirstLas, resizable
+from gpufleet.policies.resize.shrink_first import ShrinkFirstLas
 from gpufleet.scheduling.cycle import run_cycle
 from tests.kit import check_all, cluster, make_job, running_on
 from tests.property.strategies import World, worlds
@@ -45,7 +44,7 @@ def test_a_resizable_job_is_never_stopped_for_service(world: World, data: st.Dat
     check_all(snapshot, pending, result, policy)
     running = {r.job.id: r.job for r in snapshot.running}
     for stop in result.preemptions:
-        if stop.victim in running and resizable(running[stop.victim]):
+        if stop.victim in running and running[stop.victim].resizable:
             assert not stop.reason.startswith(LAS_REASON), stop
 
 
@@ -53,7 +52,7 @@ def test_a_resizable_job_is_never_stopped_for_service(world: World, data: st.Dat
 def test_without_resizable_running_jobs_it_decides_as_las(world: World, data: st.DataObject) -> None:
     snapshot, pending = _contended(world, data)
     fixed = tuple(
-        dataclasses.replace(r, job=dataclasses.replace(r.job, min_workers=None)) if resizable(r.job) else r
+        dataclasses.replace(r, job=dataclasses.replace(r.job, min_workers=None)) if r.job.resizable else r
         for r in snapshot.running
     )
     snapshot = dataclasses.replace(snapshot, running=fixed)
@@ -80,9 +79,3 @@ def test_a_job_with_hours_of_service_is_stopped_for_a_newcomer_only_if_it_cannot
     snap = TWO.snapshot(running=(long_run, short_run), now=2 * HOUR)
     result = run_cycle(snap, [make_job("new").gpus(1).build()], profile("default"))
     assert bool(result.preemptions) is stopped
-
-
-@given(worlds(max_pending=12))
-def test_it_spares_exactly_the_jobs_the_loop_resizes(world: World) -> None:
-    for job in (*world.pending, *(r.job for r in world.snapshot.running)):
-        assert resizable(job) == is_elastic(job)

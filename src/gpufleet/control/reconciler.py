@@ -32,7 +32,7 @@ from gpufleet.control.changes import (
 from gpufleet.control.learning import Learning
 from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
-from gpufleet.control.resize import ProgressReader, Resizer, is_elastic
+from gpufleet.control.resize import ProgressReader, Resizer
 from gpufleet.control.throughput_learner import ThroughputLearner
 from gpufleet.domain.checkpoints import LossCause, ObservedPool, plan_checkpoints
 from gpufleet.domain.cluster import Node, WorkerPlacement
@@ -560,7 +560,7 @@ class Reconciler:
         if resizer is None or not resizer.due(now, len(self.pending.jobs)):
             return
         known = self._known
-        running = [r for job_id in self.base.holdings if (r := known.get(job_id)) is not None and is_elastic(r.job)]
+        running = [r for job_id in self.base.holdings if (r := known.get(job_id)) is not None and r.job.resizable]
         resizer.active = bool(running)
         if not running:
             return
@@ -709,7 +709,7 @@ class Reconciler:
             self.nominated.discard(record.id)
             self._reason_at.pop(record.id, None)
             run = launching.as_running()
-            if self.resizer is not None and is_elastic(run.job):
+            if self.resizer is not None and run.job.resizable:
                 self.resizer.active = True
             self.base.add_running(run)
             self.learning.started(run)

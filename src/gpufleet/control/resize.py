@@ -55,18 +55,6 @@ class ProgressReader(Protocol):
     def update_progress(self, job_id: str, now: float, update: Callable[[JobProgress], JobProgress]) -> JobProgress: ...
 
 
-def is_elastic(job: Job) -> bool:
-    """Whether the loop may resize the job: elastic, and whole GPUs per worker (the jobs `default`'s preemption
-    spares, `policies.resize.shrink_first.resizable`: a test checks that the two agree)."""
-    request = job.request
-    return (
-        job.min_workers is not None
-        and job.min_workers < job.workers
-        and request.gpus >= 1
-        and request.gpu_milli_total == request.gpus * MILLI
-    )
-
-
 class Resizer:
     """When to resize and to what; the reconciler applies what it returns."""
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.comm import CommNeeds
 from gpufleet.domain.errors import FieldProblem, check
-from gpufleet.domain.resources import WorkerRequest
+from gpufleet.domain.resources import MILLI_PER_GPU, WorkerRequest
 
 JobId = str
 
@@ -115,6 +115,18 @@ class Job:
     @property
     def gpu_milli_total(self) -> int:
         return self.request.gpu_milli_total * self.workers
+
+    @property
+    def resizable(self) -> bool:
+        """Whether the control loop may resize it while it runs: elastic (`min_workers < workers`) and whole GPUs
+        per worker. `default`'s preemption spares such jobs (they shrink instead)."""
+        request = self.request
+        return (
+            self.min_workers is not None
+            and self.min_workers < self.workers
+            and request.gpus >= 1
+            and request.gpu_milli_total == request.gpus * MILLI_PER_GPU
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,23 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from gpufleet.domain.jobs import Job
 from gpufleet.policies.preempt.las import LasPreemption
 from gpufleet.scheduling.plugin_api import ClusterView
-
-MILLI = 1000
-
-
-def resizable(job: Job) -> bool:
-    """Whether the control loop may resize the job: elastic (`min_workers < workers`), whole GPUs per worker
-    (`control.resize.is_elastic`, which policies may not import; a test checks that the two agree)."""
-    request = job.request
-    return (
-        job.min_workers is not None
-        and job.min_workers < job.workers
-        and request.gpus >= 1
-        and request.gpu_milli_total == request.gpus * MILLI
-    )
 
 
 class ShrinkFirstLas(LasPreemption):
@@ -47,7 +32,7 @@ class ShrinkFirstLas(LasPreemption):
             ranked = [
                 (band, job_id)
                 for band, job_id in super()._ranked(group, members, cluster)
-                if (holding := holdings.get(job_id)) is None or not resizable(holding.job)
+                if (holding := holdings.get(job_id)) is None or not holding.job.resizable
             ]
             kept[group] = ranked
         return ranked
