@@ -11,6 +11,7 @@ import pytest
 
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings
+from gpufleet.control.throughput_learner import LEARNED_SETTING
 from gpufleet.domain import GiB, JobState, QueueSpec, make_node
 from gpufleet.domain.quotas import DEFAULT_QUEUE
 from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable
@@ -110,5 +111,61 @@ def test_an_imported_table_keeps_its_figures_and_learned_ones_fill_its_gaps(tmp_
         assert table.get("bert", "A100-80GB", 1) == 8.0
         assert table.get("bert", "T4", 1) == pytest.approx(1.0)
         assert loop.base.view.throughput is table
+    finally:
+        store.close()
+
+
+def test_what_ended_jobs_taught_survives_a_restart_of_the_control_plane(tmp_path: Path) -> None:
+    """The bert jobs end, the control plane stops; a new one on the same database still sends the next bert job
+    to the A100 node, where packing alone would send it to the half-full T4 node."""
+    url = default_sqlite_url(tmp_path)
+    store = SqlStore.open(url)
+    settings = ReconcilerSettings(learn_throughput_s=60.0)
+    clock, backend = ManualClock(t=1_000.0), ScriptedBackend()
+    ids = [f"bert-{i}" for i in range(4)]
+    try:
+        store.set_queue(QueueSpec(DEFAULT_QUEUE))
+        store.set_nodes([make_node("a100-0", "A100-80GB", 2, 80 * GiB), make_node("t4-0", "T4", 2, 16 * GiB)])
+        loop = Reconciler(store, backend, clock, profile("gavel-greedy"), settings=settings)
+        run_and_report(store, backend, clock, loop, ids)
+        kept = next(job_id for job_id in ids if model_of(store, job_id) == "T4")
+        for job_id in ids:
+            if job_id != kept:
+                backend.exited(job_id, clock.t)
+        clock.t += 60.0
+        loop.step()
+    finally:
+        store.close()
+    store = SqlStore.open(url)
+    try:
+        clock.t += 60.0
+        again = Reconciler(store, backend, clock, profile("gavel-greedy"), settings=settings)
+        assert again.throughput_learner is not None
+        table = again.throughput_learner.table
+        assert table is not None
+        # Only the three jobs that ended are remembered (the running one is read again when the loop looks).
+        assert table.get("bert", "A100-80GB", 1) == pytest.approx(400.0)
+        assert table.get("bert", "T4", 1) == pytest.approx(50.0)
+        again.step()
+        store.submit(make_job("next").gpus(1).job_type("bert").build(), at=clock.t)
+        again.step()
+        assert model_of(store, "next") == "A100-80GB"
+    finally:
+        store.close()
+
+
+def test_unreadable_stored_sums_are_learned_again_and_not_fatal(tmp_path: Path) -> None:
+    store = SqlStore.open(default_sqlite_url(tmp_path))
+    try:
+        store.set_setting(LEARNED_SETTING, "{not json")
+        loop = Reconciler(
+            store,
+            ScriptedBackend(),
+            ManualClock(t=1.0),
+            profile("default"),
+            settings=ReconcilerSettings(learn_throughput_s=60.0),
+        )
+        assert loop.throughput_learner is not None
+        assert loop.throughput_learner.table is None
     finally:
         store.close()

@@ -3,17 +3,25 @@ model, pooled per job type, and merged into an imported table without changing a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.progress import JobProgress, Report, ReportContext, SizeThroughput, fold
 from gpufleet.domain.throughput_learning import (
     MIN_LEARN_REPORTS,
     MIN_LEARN_SECONDS,
+    Key,
+    Pooled,
     TypedProgress,
     learned_table,
     merged,
+    pooled_from_json,
+    pooled_measurements,
+    pooled_to_json,
 )
 from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable, model_key
 
@@ -114,3 +122,83 @@ def test_merging_never_changes_an_imported_figure_and_keeps_learned_ratios(
         mine = [e for e in added if e.job_type == job_type]
         scales = {e.throughput / learned_by_key[(e.job_type, model_key(e.model), e.gpus)] for e in mine}
         assert max(scales) == pytest.approx(min(scales))
+
+
+def _row_json(**change: object) -> str:
+    row = {"job_type": "bert", "model": "t4", "gpus": 1, "consolidated": True, "samples": 1.0, "seconds": 1.0}
+    return json.dumps({"version": 1, "pooled": [{**row, "reports": 3, **change}]})
+
+
+keys = st.tuples(
+    st.sampled_from(["bert", "resnet", "gpt"]), st.sampled_from(["a100-80gb", "t4"]), st.integers(1, 8), st.booleans()
+)
+sums = st.builds(
+    Pooled,
+    st.floats(0, 1e9, allow_nan=False),
+    st.floats(0, 1e6, allow_nan=False),
+    st.integers(0, 10_000),
+)
+
+
+@given(st.dictionaries(keys, sums, max_size=12))
+def test_stored_sums_read_back_as_they_were(pooled: dict[Key, Pooled]) -> None:
+    assert pooled_from_json(pooled_to_json(pooled)) == dict(sorted(pooled.items()))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        "[]",
+        '{"pooled": 3}',
+        '{"pooled": [{"job_type": "bert"}]}',
+        _row_json(gpus=0),
+        _row_json(seconds=-1),
+    ],
+)
+def test_unreadable_stored_sums_say_so(text: str) -> None:
+    with pytest.raises(GpufleetError, match="learned throughputs are unreadable"):
+        pooled_from_json(text)
+
+
+job_histories = st.lists(
+    st.tuples(
+        st.sampled_from(["bert", "resnet"]),
+        st.booleans(),
+        st.lists(
+            st.tuples(st.sampled_from(["A100-80GB", "T4"]), st.integers(1, 4), st.floats(1, 1e3), st.integers(1, 9)),
+            min_size=1,
+            max_size=3,
+            unique_by=lambda e: (e[0], e[1]),
+        ),
+    ),
+    max_size=8,
+)
+
+
+@given(job_histories, st.integers(0, 8))
+def test_what_ended_jobs_pooled_into_sums_teaches_what_their_histories_did(
+    jobs: list[tuple[str, bool, list[tuple[str, int, float, int]]]], split: int
+) -> None:
+    """Pooling the jobs that ended into sums first, then the others on top, gives the table all of them give."""
+    typed = [
+        TypedProgress(
+            job_type,
+            single,
+            JobProgress(
+                throughput=tuple(
+                    SizeThroughput(gpus, rate * 60.0 * n, 60.0 * n, 3 * n, model) for model, gpus, rate, n in sizes
+                )
+            ),
+        )
+        for job_type, single, sizes in jobs
+    ]
+    ended = pooled_measurements(typed[:split])
+    whole = learned_table(typed)
+    parts = learned_table(typed[split:], pooled_from_json(pooled_to_json(ended)))
+    assert {(e.job_type, e.model, e.gpus, e.consolidated) for e in parts.entries} == {
+        (e.job_type, e.model, e.gpus, e.consolidated) for e in whole.entries
+    }
+    for entry in whole.entries:
+        learned = parts.get(entry.job_type, entry.model, entry.gpus, consolidated=entry.consolidated)
+        assert learned == pytest.approx(entry.throughput, rel=1e-9)

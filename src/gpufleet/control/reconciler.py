@@ -138,11 +138,7 @@ class Reconciler:
             if profile.resize is not None and backend.capabilities.resize
             else None
         )
-        self.throughput_learner = (
-            ThroughputLearner(throughput, store, self.settings.learn_throughput_s)
-            if self.settings.learn_throughput_s is not None and isinstance(store, ProgressReader)
-            else None
-        )
+        self.throughput_learner = ThroughputLearner.of_store(throughput, store, self.settings.learn_throughput_s)
         self._rebuild()
         holding = [r for r in self.store.active() if r.holds_resources]
         self.backend.adopt([self._launch(r) for r in holding])

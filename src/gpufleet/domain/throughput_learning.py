@@ -12,16 +12,22 @@ Merging with an imported table (`gpufleet throughput import`), whose unit may di
   import lacks, rescaled by the median ratio imported / learned over what both measured (with nothing in
   common there is no common unit, and the learned ones are left out).
 
-Pure functions of their inputs (no clock, no store); the control plane calls them (`server/throughput_watch.py`).
+What jobs that ended did is kept as pooled sums (`Pooled`, per type, model, GPU count and placement), which the
+control plane stores (`pooled_to_json`), so a restart forgets nothing learned.
+
+Pure functions of their inputs (no clock, no store); the loop's learner calls them (`control/throughput_learner.py`).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.progress import JobProgress
 from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable, model_key
 
@@ -49,11 +55,14 @@ class Pooled:
     seconds: float
     reports: int
 
+    def plus(self, other: Pooled) -> Pooled:
+        return Pooled(self.samples + other.samples, self.seconds + other.seconds, self.reports + other.reports)
 
-def pooled_measurements(jobs: Iterable[TypedProgress]) -> dict[Key, Pooled]:
-    """Per job type, model, GPU count and placement, over every job; a job's time at a size with no single model
-    (mixed, or unknown) is not counted."""
-    pooled: dict[Key, Pooled] = {}
+
+def pooled_measurements(jobs: Iterable[TypedProgress], start: Mapping[Key, Pooled] | None = None) -> dict[Key, Pooled]:
+    """Per job type, model, GPU count and placement, over every job, added to `start` (what ended jobs did); a
+    job's time at a size with no single model (mixed, or unknown) is not counted."""
+    pooled: dict[Key, Pooled] = dict(start or {})
     for job in jobs:
         if not job.job_type:
             continue
@@ -61,18 +70,17 @@ def pooled_measurements(jobs: Iterable[TypedProgress]) -> dict[Key, Pooled]:
             if not entry.model or entry.gpus < 1 or entry.seconds <= 0:
                 continue
             key = (job.job_type, model_key(entry.model), entry.gpus, job.single_worker)
-            before = pooled.get(key, Pooled(0.0, 0.0, 0))
-            pooled[key] = Pooled(
-                before.samples + entry.samples, before.seconds + entry.seconds, before.reports + entry.reports
-            )
+            measured = Pooled(entry.samples, entry.seconds, entry.reports)
+            pooled[key] = pooled[key].plus(measured) if key in pooled else measured
     return dict(sorted(pooled.items()))
 
 
-def learned_table(jobs: Iterable[TypedProgress]) -> ThroughputTable:
-    """The measurements with enough time and reports behind them, as a table (the jobs' own unit per s)."""
+def learned_table(jobs: Iterable[TypedProgress], ended: Mapping[Key, Pooled] | None = None) -> ThroughputTable:
+    """The measurements with enough time and reports behind them, over `jobs` and what `ended` jobs did, as a
+    table (the jobs' own unit per s)."""
     entries = tuple(
         ThroughputEntry(job_type, model, gpus, sums.samples / sums.seconds, consolidated)
-        for (job_type, model, gpus, consolidated), sums in pooled_measurements(jobs).items()
+        for (job_type, model, gpus, consolidated), sums in pooled_measurements(jobs, ended).items()
         if sums.seconds >= MIN_LEARN_SECONDS and sums.reports >= MIN_LEARN_REPORTS
     )
     return ThroughputTable(entries, source=f"learned from progress reports ({len(entries)} measurements)")
@@ -115,3 +123,41 @@ def merged(imported: ThroughputTable | None, learned: ThroughputTable) -> Throug
 
 def _key(entry: ThroughputEntry) -> Key:
     return entry.job_type, model_key(entry.model), entry.gpus, entry.consolidated
+
+
+def pooled_to_json(pooled: Mapping[Key, Pooled]) -> str:
+    """Pooled sums as JSON (what the control plane stores of the jobs that ended), in key order."""
+    rows = [
+        {
+            "job_type": job_type,
+            "model": model,
+            "gpus": gpus,
+            "consolidated": consolidated,
+            "samples": sums.samples,
+            "seconds": sums.seconds,
+            "reports": sums.reports,
+        }
+        for (job_type, model, gpus, consolidated), sums in sorted(pooled.items())
+    ]
+    return json.dumps({"version": 1, "pooled": rows}, separators=(",", ":"))
+
+
+def pooled_from_json(text: str) -> dict[Key, Pooled]:
+    """What `pooled_to_json` wrote. GpufleetError if it is not that."""
+    try:
+        rows = json.loads(text)["pooled"]
+        pooled: dict[Key, Pooled] = {}
+        for row in rows:
+            key = (str(row["job_type"]), str(row["model"]), int(row["gpus"]), bool(row["consolidated"]))
+            sums = Pooled(float(row["samples"]), float(row["seconds"]), int(row["reports"]))
+            if not (key[0] and key[1] and key[2] >= 1 and sums.reports >= 0):
+                raise ValueError(f"a measurement out of range: {row}")
+            if not all(math.isfinite(v) and v >= 0 for v in (sums.samples, sums.seconds)):
+                raise ValueError(f"a measurement out of range: {row}")
+            pooled[key] = pooled[key].plus(sums) if key in pooled else sums
+    except (ValueError, TypeError, KeyError) as error:
+        raise GpufleetError(
+            f"the stored learned throughputs are unreadable ({error})",
+            "nothing to do: the control plane learns them again from the jobs that report progress",
+        ) from error
+    return dict(sorted(pooled.items()))
