@@ -87,10 +87,12 @@ class Resizer:
         self, now: float, base: LoopState, running: Iterable[JobRecord], waiting: Sequence[tuple[Job, JobRecord]]
     ) -> Mapping[JobId, int]:
         """The plugin's new sizes (in workers) for the running elastic jobs whose size should change."""
-        jobs = tuple(self._elastic(r, now) for r in running if r.state is JobState.RUNNING and not r.resizing)
+        table = base.table
+        # A job larger than the largest node spans nodes (its model's network terms apply).
+        per_node = int(table.gpu_count.max()) if len(table.gpu_count) else None
+        jobs = tuple(self._elastic(r, per_node) for r in running if r.state is JobState.RUNNING and not r.resizing)
         if not jobs:
             return {}
-        table = base.table
         free = int(((table.gpu_milli_free == MILLI) & table.schedulable[:, None]).sum())
         queues = {j.queue for j in jobs} | {job.queue for job, _ in waiting}
         total = int(table.gpu_count.sum())
@@ -104,13 +106,13 @@ class Resizer:
         steps = {j.id: j.step for j in jobs}
         return {job_id: gpus // steps[job_id] for job_id, gpus in self.plugin.resize(given).items()}
 
-    def _elastic(self, record: JobRecord, now: float) -> ElasticJob:
+    def _elastic(self, record: JobRecord, gpus_per_node: int | None) -> ElasticJob:
         job = record.job
         step = job.request.gpus
         current = len(record.workers)
         sizes = range(job.gang_size * step, job.workers * step + 1, step)
         progress = self.progress.job_progress(job.id) if self.progress is not None else None
-        goodput = goodput_by_size(progress, current * step, sizes)
+        goodput = goodput_by_size(progress, current * step, sizes, gpus_per_node)
         now_rate = goodput.get(current * step) or 1.0
         return ElasticJob(
             id=job.id,
