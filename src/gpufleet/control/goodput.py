@@ -9,9 +9,11 @@ goodput(g) = throughput(g) x statistical efficiency(g) x how much it still learn
   per-sample compute time a is shared by g GPUs, and gradient synchronisation adds sync(g), with distinct
   terms inside one node and across nodes (the shape of Pollux's model, Qiao et al., OSDI'21, §3.2, without
   its overlap exponent): on one node sync(g) = b (g - 1); once the GPUs span nodes (more than
-  `gpus_per_node`, placed as few nodes as they fit) sync(g) = c + d (g - 1), c the fixed cost of going
-  over the network. Sizes on one node fit a and b; sizes across nodes fit c and d from what is left once a
-  is known. What the reports cannot tell comes from the prior: b = `PRIOR_SYNC` x a (one size measured on
+  `gpus_per_node`: the most the job can hold on one node as it is placed, which the caller knows)
+  sync(g) = c + d (g - 1), c the fixed cost of going over the network. Sizes on one node fit a and b;
+  sizes across nodes fit c and d from what is left once a is known (a report says its size, not its
+  placement: each size measured is taken as on one node or not by today's boundary). What the reports
+  cannot tell comes from the prior: b = `PRIOR_SYNC` x a (one size measured on
   one node), d = b and c = `PRIOR_NETWORK` x a (no size measured across nodes); with no report at all,
   a = 1 (relative units). Without `gpus_per_node` every size counts as one node (the model without c, d).
 - **Statistical efficiency.** Growing from the size the job runs at to g multiplies its total batch by
@@ -34,8 +36,8 @@ from gpufleet.domain.progress import JobProgress
 
 PRIOR_SYNC = 0.05  # synchronisation cost of each extra GPU, as a share of the per-sample compute time
 # The fixed cost of synchronising over the network once a job spans nodes, as a share of the per-sample compute
-# time, until the job has run across nodes (see gpufleet.sim.tuned).
-PRIOR_NETWORK = 0.5
+# time, until the job has run across nodes (see gpufleet.sim.tuned: none until measured did best).
+PRIOR_NETWORK = 0.0
 MIN_POINTS = 8
 
 
