@@ -5,7 +5,8 @@ at a number of GPUs and a batch size, and how much a sample is worth at that bat
   batch; `scalability.csv` the same for larger allocations by (nodes, GPUs). A job of G GPUs on nodes of 4 is
   placed as our gangs are (`split_gang`: 6 -> two nodes of 3, "33"); its step time at per-GPU batch b is
   interpolated linearly between measured batches (sizes with no measured placement: between the nearest
-  measured sizes).
+  measured sizes). A running elastic job is charged for the placement it holds (`step_time_at`: its GPUs
+  per node, read as the published simulator reads them).
 - **Statistical efficiency.** Per epoch, the gradient's squared norm and variance measured at each validated
   total batch (in B0's units); at total batch B (scale s = B / B0) one step is worth
   `gain = (var + sqr) / (var / s + sqr)` B0-steps (between 1 and s), with the statistics read at B itself,
