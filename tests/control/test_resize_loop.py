@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from gpufleet.adapters.storage.memory import InMemoryStore
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings
+from gpufleet.control.resize import MILLI, _one_node_gpus
 from gpufleet.domain import GiB, JobState, make_node
+from gpufleet.domain.cluster import GpuShare, WorkerPlacement
+from gpufleet.domain.records import JobRecord
 from gpufleet.policies.catalog import profile
+from gpufleet.scheduling.table import NodeTable
 from tests.kit import fingerprint, make_job
 from tests.kit.fake_backend import ManualClock, ResizingBackend, ScriptedBackend
 
@@ -157,3 +161,19 @@ def test_fixed_size_jobs_and_baselines_never_resize() -> None:
         step_at(clock, loop, t)
     assert backend.resizes == []
     assert gpus(store, "a") == 2
+
+
+def test_a_jobs_node_boundary_is_where_it_runs() -> None:
+    """On one node: what it holds there and the whole GPUs free there; on several: one GPU (every larger
+    size is across nodes, as the network terms of its goodput say)."""
+    table = NodeTable([make_node(name, "T4", 4, 16 * GiB) for name in ("n0", "n1")])
+    job = make_job("elastic").gpus(1).elastic(1, 8).build()
+    alone = (WorkerPlacement("n0", (GpuShare(0),)), WorkerPlacement("n0", (GpuShare(1),)))
+    table.apply_many(alone, -1)
+    whole_free = (table.gpu_milli_free == MILLI) & table.schedulable[:, None]
+    assert _one_node_gpus(table, whole_free, JobRecord(job, S.RUNNING, workers=alone)) == 4
+    table.apply(WorkerPlacement("n0", (GpuShare(2),)), -1)  # another job takes one of its node's GPUs
+    whole_free = (table.gpu_milli_free == MILLI) & table.schedulable[:, None]
+    assert _one_node_gpus(table, whole_free, JobRecord(job, S.RUNNING, workers=alone)) == 3
+    spread = (alone[0], WorkerPlacement("n1", (GpuShare(0),)))
+    assert _one_node_gpus(table, whole_free, JobRecord(job, S.RUNNING, workers=spread)) == 1

@@ -124,16 +124,31 @@ def test_fixed_size_run_times_match_the_fastest_published_tiresias_jobs(
         assert apps[app].seconds(gpus, batch) <= 1.15 * jct, (app, gpus, batch)
 
 
+LAYOUTS = ((1,), (2,), (3,), (4,), (1, 1), (3, 3), (4, 4), (2, 1, 3), (4, 4, 4), (1, 1, 1, 1, 1), (4,) * 4, (1,) * 6)
+
+
 @settings(max_examples=30, deadline=None)
-@given(app=st.sampled_from(APPLICATIONS), gpus=st.sampled_from((1, 2, 3, 4, 5, 6, 8, 10, 12, 16)), at=st.floats(0, 1))
+@given(app=st.sampled_from(APPLICATIONS), layout=st.sampled_from(LAYOUTS), at=st.floats(0, 1))
 def test_an_adaptive_job_runs_no_slower_than_at_the_smallest_batch_and_its_progress_adds_up(
-    apps: dict[str, Application], app: str, gpus: int, at: float
+    apps: dict[str, Application], app: str, layout: tuple[int, ...], at: float
 ) -> None:
     application = apps[app]
     start = at * application.total_progress * 0.999
-    adaptive = application.adaptive_seconds(gpus, start)
-    assert adaptive <= application.seconds(gpus, application.base_batch, start) * (1 + 1e-9)
-    assert application.adaptive_progress_after(gpus, start, adaptive) == pytest.approx(
+    adaptive = application.adaptive_seconds(layout, start)
+    fixed = application.seconds(sum(layout), application.base_batch, start, layout)
+    assert adaptive <= fixed * (1 + 1e-9)
+    assert application.adaptive_progress_after(layout, start, adaptive) == pytest.approx(
         application.total_progress, rel=1e-6
     )
-    assert application.adaptive_progress_after(gpus, start, adaptive / 2) < application.total_progress
+    assert application.adaptive_progress_after(layout, start, adaptive / 2) < application.total_progress
+
+
+def test_a_job_spread_over_nodes_runs_at_its_measured_placement(apps: dict[str, Application]) -> None:
+    """Three GPUs on three nodes are yolov3's measured "111", not "3" on one node; a placement is read as the
+    smallest rotation of its nodes (as Pollux's simulator reads it); beyond four nodes, by nodes and GPUs."""
+    yolo = apps["yolov3"]
+    assert yolo.step_time_at((1, 1, 1), 24.0) == pytest.approx(yolo._step("111", 8.0))
+    assert yolo.step_time_at((3,), 24.0) == pytest.approx(yolo.step_time(3, 24.0))
+    assert yolo.step_time_at((1, 1, 1), 24.0) > 1.5 * yolo.step_time_at((3,), 24.0)
+    assert yolo.step_time_at((2, 1, 1), 32.0) == pytest.approx(yolo._step("112", 8.0))
+    assert yolo.step_time_at((1,) * 8, 64.0) == pytest.approx(yolo._step("n8r8", 8.0))

@@ -29,6 +29,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
+
 from gpufleet.control.goodput import goodput_by_size
 from gpufleet.control.loop_state import LoopState
 from gpufleet.domain.cluster import WorkerPlacement
@@ -40,6 +43,7 @@ from gpufleet.domain.records import JobRecord
 from gpufleet.scheduling.cycle import decide
 from gpufleet.scheduling.plugin_api import ElasticJob, Profile, ResizeInput, ResizePlugin
 from gpufleet.scheduling.status import Code
+from gpufleet.scheduling.table import NodeTable
 
 MILLI = 1000
 # At most this many waiting jobs are offered to the plugin each time (the first in submission order).
@@ -87,11 +91,16 @@ class Resizer:
         self, now: float, base: LoopState, running: Iterable[JobRecord], waiting: Sequence[tuple[Job, JobRecord]]
     ) -> Mapping[JobId, int]:
         """The plugin's new sizes (in workers) for the running elastic jobs whose size should change."""
-        jobs = tuple(self._elastic(r, now) for r in running if r.state is JobState.RUNNING and not r.resizing)
+        table = base.table
+        whole_free = (table.gpu_milli_free == MILLI) & table.schedulable[:, None]
+        jobs = tuple(
+            self._elastic(r, _one_node_gpus(table, whole_free, r))
+            for r in running
+            if r.state is JobState.RUNNING and not r.resizing
+        )
         if not jobs:
             return {}
-        table = base.table
-        free = int(((table.gpu_milli_free == MILLI) & table.schedulable[:, None]).sum())
+        free = int(whole_free.sum())
         queues = {j.queue for j in jobs} | {job.queue for job, _ in waiting}
         total = int(table.gpu_count.sum())
         headroom = {q: room for q in sorted(queues) if (room := _headroom(base, q, total)) is not None}
@@ -104,13 +113,13 @@ class Resizer:
         steps = {j.id: j.step for j in jobs}
         return {job_id: gpus // steps[job_id] for job_id, gpus in self.plugin.resize(given).items()}
 
-    def _elastic(self, record: JobRecord, now: float) -> ElasticJob:
+    def _elastic(self, record: JobRecord, gpus_per_node: int | None) -> ElasticJob:
         job = record.job
         step = job.request.gpus
         current = len(record.workers)
         sizes = range(job.gang_size * step, job.workers * step + 1, step)
         progress = self.progress.job_progress(job.id) if self.progress is not None else None
-        goodput = goodput_by_size(progress, current * step, sizes)
+        goodput = goodput_by_size(progress, current * step, sizes, gpus_per_node)
         now_rate = goodput.get(current * step) or 1.0
         return ElasticJob(
             id=job.id,
@@ -142,6 +151,18 @@ class Resizer:
         result = decide(work, [probe], self.grow_profile)
         placed = [p.workers for p in result.placements if p.job == probe.id]
         return placed[0] if placed and len(placed[0]) == extra else None
+
+
+def _one_node_gpus(table: NodeTable, whole_free: npt.NDArray[np.bool_], record: JobRecord) -> int:
+    """The most GPUs the job can hold on one node as it is placed: on its node, what it holds there and the
+    whole GPUs free there (a grow beyond goes to other nodes); a job already on several nodes, 1 (every size
+    but one GPU spans nodes: a grow adds workers, it never gathers the old ones)."""
+    nodes = {w.node for w in record.workers}
+    if len(nodes) != 1:
+        return 1
+    row = table.index.get(next(iter(nodes)))
+    held = sum(len(w.gpus) for w in record.workers)
+    return held + (int(whole_free[row].sum()) if row is not None else 0)
 
 
 def _headroom(base: LoopState, queue: str, most: int) -> int | None:

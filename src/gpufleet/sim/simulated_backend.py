@@ -29,8 +29,9 @@ Schedule = Callable[[float, Observation], None]
 
 
 class WorkModel(Protocol):
-    """How a job's work (in the model's own units) advances at a size: for jobs whose rate changes as they
-    train (statistical efficiency) and with their GPU count."""
+    """How a job's work (in the model's own units) advances at a placement: for jobs whose rate changes as they
+    train (statistical efficiency) and with their GPUs. `layout`: the whole GPUs the job holds on each node
+    it runs on, in the order of the nodes' names (its GPU count is their sum)."""
 
     def covers(self, job: Job) -> bool: ...
 
@@ -38,20 +39,20 @@ class WorkModel(Protocol):
         """The job's whole work."""
         ...
 
-    def seconds(self, job: Job, gpus: int, done: float) -> float:
-        """Seconds of computing at `gpus` GPUs from `done` to the end."""
+    def seconds(self, job: Job, layout: tuple[int, ...], done: float) -> float:
+        """Seconds of computing at `layout` from `done` to the end."""
         ...
 
-    def done_after(self, job: Job, gpus: int, done: float, seconds: float) -> float:
-        """Work done after computing `seconds` at `gpus` GPUs from `done` (at most `total`)."""
+    def done_after(self, job: Job, layout: tuple[int, ...], done: float, seconds: float) -> float:
+        """Work done after computing `seconds` at `layout` from `done` (at most `total`)."""
         ...
 
-    def samples_per_s(self, job: Job, gpus: int, done: float) -> float:
-        """Samples the job processes per second at `gpus` GPUs, at `done`."""
+    def samples_per_s(self, job: Job, layout: tuple[int, ...], done: float) -> float:
+        """Samples the job processes per second at `layout`, at `done`."""
         ...
 
-    def gradient(self, job: Job, gpus: int, done: float) -> tuple[float, float]:
-        """(squared norm, variance) of the job's gradient at its batch at `gpus` GPUs, at `done`."""
+    def gradient(self, job: Job, layout: tuple[int, ...], done: float) -> tuple[float, float]:
+        """(squared norm, variance) of the job's gradient at its batch at `layout`, at `done`."""
         ...
 
 
@@ -89,6 +90,7 @@ class _Run:
     checkpoint_every_s: float | None = None
     job: Job | None = None  # set for jobs a WorkModel covers
     whole_gpus: int = 0
+    layout: tuple[int, ...] = ()  # whole GPUs per node, in node-name order (model jobs)
     done_before: float = 0.0  # work done before this run began (model jobs)
     samples_before: float = 0.0
     resizes: int = 0
@@ -165,6 +167,7 @@ class SimulatedBackend:
         run = _Run(launch.attempt, now, speed, penalty, gpus, every, resizes=resizes)
         if covered:
             run.job, run.whole_gpus, run.done_before = job, round(gpus), done
+            run.layout = _layout(launch.workers)
             run.samples_before = self._samples.get(job.id, 0.0)
         self._running[job.id] = run
         self._nodes_of[job.id] = frozenset(w.node for w in launch.workers)
@@ -172,7 +175,7 @@ class SimulatedBackend:
         total = self._total(job)
         if total is not None:
             if run.job is not None and self.model is not None:
-                compute = self.model.seconds(job, run.whole_gpus, done)
+                compute = self.model.seconds(job, run.layout, done)
             else:
                 compute = max(0.0, total - done) / speed
             end = run.ends_at = now + penalty + compute
@@ -206,7 +209,7 @@ class SimulatedBackend:
         saved = progress if self.settings.checkpoint_on_signal else self._periodic_saved(run, now, progress)[0]
         self.stats.done[job_id] = self.stats.done.get(job_id, 0.0) + saved
         if run.job is not None and self.model is not None:
-            rate = self.model.samples_per_s(run.job, run.whole_gpus, run.done_before)
+            rate = self.model.samples_per_s(run.job, run.layout, run.done_before)
             self._samples[job_id] = run.samples_before + self._computed(run, now) * rate
         lost = progress - saved
         self.stats.lost_work_seconds += lost
@@ -231,14 +234,14 @@ class SimulatedBackend:
         every = self.report_every_s
         begin = run.started + run.penalty
         at = begin if run.reported_at is None else run.reported_at + every
-        rate = model.samples_per_s(job, run.whole_gpus, run.done_before)
+        rate = model.samples_per_s(job, run.layout, run.done_before)
         total = model.total(job)
         while at <= now:
             computed = at - begin
-            done = model.done_after(job, run.whole_gpus, run.done_before, computed)
+            done = model.done_after(job, run.layout, run.done_before, computed)
             if done >= total:
                 break
-            sqr, var = model.gradient(job, run.whole_gpus, done)
+            sqr, var = model.gradient(job, run.layout, done)
             reporter(job_id, run.attempt, run.whole_gpus, at, run.samples_before + computed * rate, sqr, var)
             run.reported_at = at
             at += every
@@ -246,7 +249,7 @@ class SimulatedBackend:
     def _progress(self, job_id: JobId, run: _Run, now: float) -> float:
         """Work (reference seconds, or the model's units) this attempt did, capped at what was left to do."""
         if run.job is not None and self.model is not None:
-            after = self.model.done_after(run.job, run.whole_gpus, run.done_before, self._computed(run, now))
+            after = self.model.done_after(run.job, run.layout, run.done_before, self._computed(run, now))
             return max(0.0, after - run.done_before)
         progress = max(0.0, now - run.started - run.penalty) * run.speed
         total = self.work.get(job_id)
@@ -330,3 +333,11 @@ class SimulatedBackend:
     def poll(self) -> Sequence[Observation]:
         out, self._inbox = self._inbox, []
         return out
+
+
+def _layout(workers: tuple[WorkerPlacement, ...]) -> tuple[int, ...]:
+    """Whole GPUs per node the workers hold, in the order of the nodes' names."""
+    per_node: dict[str, float] = {}
+    for worker in workers:
+        per_node[worker.node] = per_node.get(worker.node, 0.0) + sum(share.milli for share in worker.gpus) / 1000.0
+    return tuple(round(per_node[node]) for node in sorted(per_node))

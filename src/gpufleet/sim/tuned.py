@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufleet.control.goodput import PRIOR_NETWORK
 from gpufleet.policies.catalog import (
     DEFAULT_LAS_MIN_RUN_S,
     DEFAULT_REBALANCE_MARGIN,
@@ -62,6 +63,13 @@ POLLUX_REBALANCE_HOW = (
     "2,739 s (below 2 GPUs go back and forth: 4.7 resizes per job at 1.5, 2.9 at 3); 3 is inside the flat part; "
     "measured before the resize step also ran when more jobs wait (with that, 2,635 s at 3)"
 )
+POLLUX_NETWORK_HOW = (
+    "mean avg JCT over workloads 1-4 of default, jobs running at the placement they hold (Pollux's measured step "
+    "time per placement), the node boundary per job from where it runs: prior network cost 0 (none until "
+    "measured) 2,748 s, 0.25 2,750 s, 0.5 2,839 s, 1 3,028 s, 2 3,064 s, measured with grows placed on the job's "
+    "own node first, a variant not kept (without it, 0: 2,754 s); the same code with one node boundary "
+    "for all at 4 GPUs and jobs charged as if placed compactly: 0 2,611 s, 0.5 2,589 s, 1 2,620 s, 4 2,845 s)"
+)
 GAVEL_KEEP_HOW = (
     "avg JCT at 4.8 jobs/h with bands 0.5/2/10 h: no margin 19.38 h, 360 s 19.27 h; with moves at round starts "
     "(one queue) it is also the margin by which a job must lag on another model to move: 16.65 h (rho 0.82), "
@@ -108,6 +116,15 @@ TUNED: tuple[TunedConstant, ...] = (
         "gpufleet.policies.catalog.DEFAULT_REBALANCE_MARGIN",
         POLLUX_TUNING,
         POLLUX_REBALANCE_HOW,
+        ("pollux", "pollux-loads"),
+    ),
+    TunedConstant(
+        "goodput prior: network cost of a job spanning nodes, per sample, as a share of its compute time",
+        PRIOR_NETWORK,
+        "",
+        "gpufleet.control.goodput.PRIOR_NETWORK",
+        POLLUX_TUNING,
+        POLLUX_NETWORK_HOW,
         ("pollux", "pollux-loads"),
     ),
     TunedConstant(

@@ -9,9 +9,11 @@ Each job's `goodput[g]` (throughput x statistical efficiency at g GPUs) is given
    per GPU first — a job whose loss has flattened loses nothing and gives first — never below its min and
    never a job resized less than `min_interval_s` ago. If even all of that would not admit the job, nobody
    shrinks for it (a shrink that admits nobody only costs restarts).
-2. **Grow.** The free GPUs left go, one step at a time, to the job that gains the most goodput per GPU, within
-   its max and its queue's quota headroom; a job that gains nothing (flat goodput: its loss no longer falls
-   faster with more GPUs) gets nothing.
+2. **Grow.** The free GPUs left go to the job that gains the most goodput per GPU, within its max and its
+   queue's quota headroom, one grant at a time; a grant may be several steps when their gain per GPU together
+   is the best (goodput need not rise step by step: a job whose next step would cross into another node may
+   gain only once it holds several GPUs there); a job that gains nothing (flat goodput: its loss no longer
+   falls faster with more GPUs) gets nothing.
 3. **Restart cost.** A resize stops the job for `restart_s`. A grow is kept only if the goodput it adds over
    the horizon (`horizon_s`, or the job's remaining time if shorter) exceeds the progress lost while
    restarting; otherwise it is undone and its GPUs go to the next best job.
@@ -126,26 +128,26 @@ class GoodputResize:
         self, jobs: list[ElasticJob], size: dict[str, int], headroom: dict[str, int], free: int, refused: set[str]
     ) -> None:
         while True:
-            best: tuple[float, str] | None = None
+            best: tuple[float, str, int] | None = None
             for job in jobs:
+                if job.id in refused:
+                    continue
                 now_at = size[job.id]
-                to = now_at + job.step
-                if job.id in refused or to > job.max_gpus or job.step > free:
-                    continue
-                if headroom.get(job.queue, UNLIMITED) < job.step:
-                    continue
-                gain = self._gain(job, now_at, to) / job.step
-                if gain <= 0:
-                    continue
-                if best is None or (-gain, job.id) < (-best[0], best[1]):
-                    best = (gain, job.id)
+                room = min(free, headroom.get(job.queue, UNLIMITED))
+                for to in range(now_at + job.step, min(job.max_gpus, now_at + room) + 1, job.step):
+                    # Per GPU over the whole jump: a job whose next step loses (it would cross into another
+                    # node) may still gain once it holds enough GPUs there.
+                    gain = self._gain(job, now_at, to) / (to - now_at)
+                    if gain > 0 and (best is None or (-gain, job.id, to) < (-best[0], best[1], best[2])):
+                        best = (gain, job.id, to)
             if best is None:
                 return
             job = next(j for j in jobs if j.id == best[1])
-            size[job.id] += job.step
-            free -= job.step
+            grown = best[2] - size[job.id]
+            size[job.id] = best[2]
+            free -= grown
             if job.queue in headroom:
-                headroom[job.queue] -= job.step
+                headroom[job.queue] -= grown
 
     def _rebalance(self, jobs: list[ElasticJob], size: dict[str, int], headroom: dict[str, int]) -> None:
         """Move steps from the jobs that lose least to those that gain most, while it pays (see the module)."""

@@ -5,7 +5,8 @@ at a number of GPUs and a batch size, and how much a sample is worth at that bat
   batch; `scalability.csv` the same for larger allocations by (nodes, GPUs). A job of G GPUs on nodes of 4 is
   placed as our gangs are (`split_gang`: 6 -> two nodes of 3, "33"); its step time at per-GPU batch b is
   interpolated linearly between measured batches (sizes with no measured placement: between the nearest
-  measured sizes).
+  measured sizes). A running elastic job is charged for the placement it holds (`step_time_at`: its GPUs
+  per node, read as the published simulator reads them).
 - **Statistical efficiency.** Per epoch, the gradient's squared norm and variance measured at each validated
   total batch (in B0's units); at total batch B (scale s = B / B0) one step is worth
   `gain = (var + sqr) / (var / s + sqr)` B0-steps (between 1 and s), with the statistics read at B itself,
@@ -86,7 +87,9 @@ class Application:
     # placement string -> seconds of each step spent synchronising gradients, at the batches of `steps`
     syncs: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     max_batch: float = 0.0  # the largest validated total batch (0: B0): what an adaptive job goes up to
-    _best: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
+    _best: dict[tuple[tuple[int, ...], int], tuple[float, float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def total_progress(self) -> float:
@@ -96,14 +99,31 @@ class Application:
         """Seconds per step of total batch `batch` on `gpus` GPUs placed as our gangs are."""
         workers, per_node = split_gang(gpus, gpus_per_node)
         key = str(per_node) * workers if workers <= 4 else f"n{workers}r{gpus}"
-        measured = self.steps.get(key)
-        if measured is None:
+        if key not in self.steps:
             raise WorkloadError(
                 f"application {self.name!r} has no step time measured for {gpus} GPUs ({workers} nodes)",
                 "run it at a size its placements.csv or scalability.csv covers",
             )
-        local = batch / gpus
-        batches, times = measured
+        return self._step(key, batch / gpus)
+
+    def step_time_at(self, layout: tuple[int, ...], batch: float) -> float:
+        """Seconds per step of total batch `batch` with `layout[i]` GPUs on the i-th node it runs on: the
+        measured placement when there is one (up to four nodes, read as the published simulator reads them:
+        the node order's smallest rotation; beyond, by nodes and GPUs), else `step_time_any` at its GPU
+        count (placed as our gangs are)."""
+        counts = tuple(c for c in layout if c > 0)
+        gpus = sum(counts)
+        if len(counts) <= 4 and all(c <= 9 for c in counts):
+            key = "".join(map(str, min(counts[i:] + counts[:i] for i in range(len(counts)))))
+        else:
+            key = f"n{len(counts)}r{gpus}"
+        if key in self.steps:
+            return self._step(key, batch / gpus)
+        return self.step_time_any(gpus, batch)
+
+    def _step(self, key: str, local: float) -> float:
+        """Seconds per step at measured placement `key` and per-GPU batch `local`."""
+        batches, times = self.steps[key]
         cap = min(self.max_local_batch or batches[-1], batches[-1])
         if local > cap:
             # Gradient accumulation: k passes of local / k each, gradients synchronised on the last one only.
@@ -144,9 +164,12 @@ class Application:
         workers, per_node = split_gang(gpus, gpus_per_node)
         return (str(per_node) * workers if workers <= 4 else f"n{workers}r{gpus}") in self.steps
 
-    def progress_after(self, gpus: int, batch: float, progress: float, seconds: float) -> float:
-        """Progress (B0-steps) after computing `seconds` at a fixed size and batch from `progress`."""
-        step = self.step_time_any(gpus, batch)
+    def progress_after(
+        self, gpus: int, batch: float, progress: float, seconds: float, layout: tuple[int, ...] = ()
+    ) -> float:
+        """Progress (B0-steps) after computing `seconds` at a fixed size and batch from `progress` (placed as
+        `layout` when given, else as our gangs are)."""
+        step = self.step_time_at(layout, batch) if layout else self.step_time_any(gpus, batch)
         left = seconds
         for i, end in enumerate(self.epochs.ends):
             if end <= progress:
@@ -159,11 +182,12 @@ class Application:
             progress = end
         return self.total_progress
 
-    def best(self, gpus: int, epoch: int) -> tuple[float, float]:
-        """(total batch, B0-steps per second) of an adaptive job at `gpus` GPUs in `epoch`: the batch between B0
-        and the largest validated one, at a per-GPU batch measured on one GPU (or B0 or the largest itself),
-        that makes the most progress per second, as Pollux's jobs choose theirs."""
-        hit = self._best.get((gpus, epoch))
+    def best(self, layout: tuple[int, ...], epoch: int) -> tuple[float, float]:
+        """(total batch, B0-steps per second) of an adaptive job placed as `layout` (GPUs per node) in `epoch`:
+        the batch between B0 and the largest validated one, at a per-GPU batch measured on one GPU (or B0 or the
+        largest itself), that makes the most progress per second there, as Pollux's jobs choose theirs."""
+        hit = self._best.get((layout, epoch))
+        gpus = sum(layout)
         if hit is not None:
             return hit
         low, high = float(self.base_batch), float(max(self.max_batch, self.base_batch))
@@ -177,28 +201,28 @@ class Application:
             sqr, var = self.epochs.stats(batch, epoch)
             scale = batch / self.base_batch
             gain = scale if sqr <= 0 else (var + sqr) / (var / scale + sqr)
-            rate = gain / self.step_time_any(gpus, batch)
+            rate = gain / self.step_time_at(layout, batch)
             if rate > best[1]:
                 best = (batch, rate)
-        self._best[(gpus, epoch)] = best
+        self._best[(layout, epoch)] = best
         return best
 
-    def adaptive_seconds(self, gpus: int, progress: float) -> float:
-        """Run time from `progress` to the end at `gpus` GPUs with the batch chosen per epoch (`best`)."""
+    def adaptive_seconds(self, layout: tuple[int, ...], progress: float) -> float:
+        """Run time from `progress` to the end placed as `layout` with the batch chosen per epoch (`best`)."""
         total, start = 0.0, progress
         for i, end in enumerate(self.epochs.ends):
             if end > start:
-                total += (end - start) / self.best(gpus, i)[1]
+                total += (end - start) / self.best(layout, i)[1]
                 start = end
         return total
 
-    def adaptive_progress_after(self, gpus: int, progress: float, seconds: float) -> float:
-        """Progress after computing `seconds` at `gpus` GPUs from `progress`, batch chosen per epoch."""
+    def adaptive_progress_after(self, layout: tuple[int, ...], progress: float, seconds: float) -> float:
+        """Progress after computing `seconds` placed as `layout` from `progress`, batch chosen per epoch."""
         left = seconds
         for i, end in enumerate(self.epochs.ends):
             if end <= progress:
                 continue
-            rate = self.best(gpus, i)[1]
+            rate = self.best(layout, i)[1]
             need = (end - progress) / rate
             if need >= left:
                 return progress + left * rate
@@ -210,9 +234,9 @@ class Application:
         """B0-steps per second at this size, batch and point of training."""
         return self.gain(batch, progress) / self.step_time(gpus, batch)
 
-    def seconds(self, gpus: int, batch: float, progress: float = 0.0) -> float:
-        """Run time from `progress` to the end at a fixed size and batch."""
-        step = self.step_time_any(gpus, batch)
+    def seconds(self, gpus: int, batch: float, progress: float = 0.0, layout: tuple[int, ...] = ()) -> float:
+        """Run time from `progress` to the end at a fixed size and batch (placed as `layout` when given)."""
+        step = self.step_time_at(layout, batch) if layout else self.step_time_any(gpus, batch)
         total, start = 0.0, progress
         for i, end in enumerate(self.epochs.ends):
             if end <= start:
@@ -342,31 +366,31 @@ class PolluxWork:
     def total(self, job: Job) -> float:
         return self.apps[job.job_type].total_progress
 
-    def _batch(self, job: Job, gpus: int, done: float) -> float:
+    def _batch(self, job: Job, layout: tuple[int, ...], done: float) -> float:
         if self.adaptive:
             app = self.apps[job.job_type]
-            return app.best(gpus, app.epochs.index(done))[0]
-        return self.local_batch[job.id] * gpus
+            return app.best(layout, app.epochs.index(done))[0]
+        return self.local_batch[job.id] * sum(layout)
 
-    def seconds(self, job: Job, gpus: int, done: float) -> float:
+    def seconds(self, job: Job, layout: tuple[int, ...], done: float) -> float:
         app = self.apps[job.job_type]
         if self.adaptive:
-            return app.adaptive_seconds(gpus, done)
-        return app.seconds(gpus, self._batch(job, gpus, done), done)
+            return app.adaptive_seconds(layout, done)
+        return app.seconds(sum(layout), self._batch(job, layout, done), done, layout)
 
-    def done_after(self, job: Job, gpus: int, done: float, seconds: float) -> float:
+    def done_after(self, job: Job, layout: tuple[int, ...], done: float, seconds: float) -> float:
         app = self.apps[job.job_type]
         if self.adaptive:
-            return app.adaptive_progress_after(gpus, done, seconds)
-        return app.progress_after(gpus, self._batch(job, gpus, done), done, seconds)
+            return app.adaptive_progress_after(layout, done, seconds)
+        return app.progress_after(sum(layout), self._batch(job, layout, done), done, seconds, layout)
 
-    def samples_per_s(self, job: Job, gpus: int, done: float) -> float:
-        batch = self._batch(job, gpus, done)
-        return batch / self.apps[job.job_type].step_time_any(gpus, batch)
+    def samples_per_s(self, job: Job, layout: tuple[int, ...], done: float) -> float:
+        batch = self._batch(job, layout, done)
+        return batch / self.apps[job.job_type].step_time_at(layout, batch)
 
-    def gradient(self, job: Job, gpus: int, done: float) -> tuple[float, float]:
+    def gradient(self, job: Job, layout: tuple[int, ...], done: float) -> tuple[float, float]:
         app = self.apps[job.job_type]
-        batch = self._batch(job, gpus, done)
+        batch = self._batch(job, layout, done)
         sqr, var = app.epochs.stats(batch, app.epochs.index(done))
         return sqr, var / max(1.0, batch / app.base_batch)
 
