@@ -1,5 +1,6 @@
 """The round allocator's LP is built from arrays directly: the solver gets exactly the matrices that stacking
-scipy's COO blocks gives (the construction it replaced, kept here as the reference), so allocations are the same."""
+scipy's COO blocks gives (the construction it replaced, kept here as the reference), and HiGHS, reached through
+scipy's binding, returns exactly what `linprog` returns for them, so allocations are the same."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.sparse import coo_array, hstack, vstack
 
+from gpufleet.policies.rounds import lp
 from gpufleet.policies.rounds.lp import Problem, equal_share_throughput, solve
 
 
@@ -85,24 +87,46 @@ def problems(draw: st.DrawFn) -> Problem:
     )
 
 
+def solver_calls(p: Problem) -> tuple[list[tuple[Any, ...]], Any]:
+    """The arguments of every HiGHS call `solve(p)` makes, and its allocation."""
+    calls: list[tuple[Any, ...]] = []
+    real = lp._highs
+
+    def spy(*args: Any) -> Any:
+        calls.append(args)
+        return real(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lp, "_highs", spy)
+        result = solve(p)
+    return calls, result
+
+
 @settings(max_examples=80, deadline=None)
 @given(problems())
 def test_the_solver_gets_the_stacked_matrices(p: Problem) -> None:
-    calls: list[dict[str, Any]] = []
-    real = scipy.optimize.linprog
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs)
-        return real(*args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(scipy.optimize, "linprog", spy)
-        result = solve(p)
+    calls, result = solver_calls(p)
     if not calls:  # nothing can run, or no GPUs: no LP
         assert not result.share.any()
         return
     a_ub, balance = reference(p)
-    same(calls[0]["A_ub"], a_ub[:, :-1])
+    same(calls[0][1], a_ub[:, :-1])
     if len(calls) > 1:  # the second stage (the level was above 0)
-        same(calls[1]["A_ub"], a_ub)
-        same(calls[1]["A_eq"], balance)
+        same(calls[1][1], a_ub)
+        same(calls[1][4], balance)
+
+
+@settings(max_examples=80, deadline=None)
+@given(problems())
+def test_highs_through_its_binding_solves_exactly_as_linprog(p: Problem) -> None:
+    """`_highs` passes HiGHS the model and options `linprog(method="highs")` passes, so both stages give the very
+    same solution (bit for bit), and it never falls back to linprog with the scipy this project installs."""
+    calls, _ = solver_calls(p)
+    for args in calls:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(scipy.optimize, "linprog", None)  # the binding alone
+            direct = lp._highs(*args)
+        through_linprog = lp._linprog(*args)
+        assert (direct is None) == (through_linprog is None)
+        if direct is not None and through_linprog is not None:
+            assert direct.tolist() == through_linprog.tolist()

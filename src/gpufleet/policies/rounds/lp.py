@@ -24,7 +24,8 @@ Two things keep it fast and well-posed at 1,000+ active jobs:
   idle whenever one bottleneck job fixes `t*` (Gavel's single LP may), and giving the rest to whoever gains
   most would break the queues' equal shares. With one queue it maximises the total normalised throughput.
 
-The solver is HiGHS through `scipy.optimize.linprog` (dual simplex), imported when first solving.
+The solver is HiGHS as `scipy.optimize.linprog(method="highs")` runs it (dual simplex), reached through scipy's
+binding of HiGHS without linprog's post-processing (`_highs`), imported when first solving.
 """
 
 from __future__ import annotations
@@ -141,9 +142,86 @@ def _inequalities(
     return csr_array((data, indices, indptr.astype(np.int32)), shape=(2 * live + models, n + 1))
 
 
+def _linprog(
+    cost: FloatArray,
+    a_ub: Any,
+    b_ub: FloatArray,
+    bounds: FloatArray,
+    a_eq: Any = None,
+    b_eq: FloatArray | None = None,
+) -> FloatArray | None:
+    """`scipy.optimize.linprog(method="highs")`'s solution x (None: not optimal), `bounds` an (n, 2) array."""
+    result = _linprog_result(cost, a_ub, b_ub, bounds, a_eq, b_eq)
+    return np.asarray(result.x, dtype=np.float64) if result.status == 0 else None
+
+
+def _linprog_result(
+    cost: FloatArray, a_ub: Any, b_ub: FloatArray, bounds: FloatArray, a_eq: Any, b_eq: FloatArray | None
+) -> Any:
+    from scipy.optimize import linprog  # a well-kept LP solver (HiGHS); loaded on first use
+
+    return linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs")
+
+
+def _highs(
+    cost: FloatArray,
+    a_ub: Any,
+    b_ub: FloatArray,
+    bounds: FloatArray,
+    a_eq: Any = None,
+    b_eq: FloatArray | None = None,
+) -> FloatArray | None:
+    """What `_linprog` returns, from the same HiGHS model and options that `linprog(method="highs")` passes
+    (dual simplex, presolve on), without linprog's post-processing: it computes the dual marginals of every
+    column in a Python loop and checks its options one by one, a third of the LP's CPU at 1,000 jobs. HiGHS is
+    reached through scipy's bundled binding; where that differs from what this reads, `_linprog` is used."""
+    try:
+        from scipy.optimize._highspy import _core as highs_core  # the binding linprog itself calls
+        from scipy.sparse import csc_array, vstack
+
+        lp = highs_core.HighsLp()
+        options = highs_core.HighsOptions()
+        solver = highs_core._Highs()
+        optimal = highs_core.HighsModelStatus.kOptimal
+        dual_simplex = highs_core.simplex_constants.SimplexStrategy.kSimplexStrategyDual
+        infinity = highs_core.kHighsInf
+        colwise = highs_core.MatrixFormat.kColwise
+    except (ImportError, AttributeError):
+        return _linprog(cost, a_ub, b_ub, bounds, a_eq, b_eq)
+    matrix = csc_array(a_ub if a_eq is None else vstack((a_ub, a_eq)))
+    equal = np.zeros(0) if b_eq is None else np.asarray(b_eq, dtype=np.float64)
+    lp.num_col_ = matrix.shape[1]
+    lp.num_row_ = matrix.shape[0]
+    lp.a_matrix_.num_col_ = matrix.shape[1]
+    lp.a_matrix_.num_row_ = matrix.shape[0]
+    lp.a_matrix_.format_ = colwise
+    lp.col_cost_ = np.asarray(cost, dtype=np.float64)
+    lower, upper = bounds.T.copy()
+    for limits in (lower, upper):
+        unbounded = np.isinf(limits)
+        limits[unbounded] = np.sign(limits[unbounded]) * infinity  # HiGHS' infinity
+    lp.col_lower_ = lower
+    lp.col_upper_ = upper
+    lp.row_lower_ = np.concatenate((np.full(len(b_ub), -infinity), equal))
+    lp.row_upper_ = np.concatenate((np.asarray(b_ub, dtype=np.float64), equal))
+    lp.a_matrix_.start_ = matrix.indptr
+    lp.a_matrix_.index_ = matrix.indices
+    lp.a_matrix_.value_ = matrix.data
+    options.presolve = "on"
+    options.log_to_console = False
+    options.output_flag = False
+    options.simplex_strategy = dual_simplex
+    if solver.passOptions(options) == highs_core.HighsStatus.kError:
+        return _linprog(cost, a_ub, b_ub, bounds, a_eq, b_eq)
+    if solver.passModel(lp) == highs_core.HighsStatus.kError:
+        return None
+    if solver.run() == highs_core.HighsStatus.kError or solver.getModelStatus() != optimal:
+        return None
+    return np.array(solver.getSolution().col_value, dtype=np.float64)
+
+
 def solve(problem: Problem, *, efficient: bool = True) -> Allocation:
     """The max-min fair allocation of `problem` (see the module docstring)."""
-    from scipy.optimize import linprog  # a well-kept LP solver (HiGHS); loaded on first use
     from scipy.sparse import csr_array
 
     classes, models = problem.throughput.shape
@@ -166,11 +244,14 @@ def solve(problem: Problem, *, efficient: bool = True) -> Allocation:
     b_ub = np.concatenate([np.zeros(len(live)), np.ones(len(live)), problem.capacity.astype(np.float64)])
     cost = np.zeros(n + 1)
     cost[n] = -1.0
-    first = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
-    if first.status != 0:
-        raise ArithmeticError(f"the max-min LP did not solve: {first.message}")
-    level = float(first.x[n])
-    x = first.x[:n]
+    bounds = np.zeros((n + 2, 2))
+    bounds[:, 1] = np.inf
+    first = _highs(cost, a_ub, b_ub, bounds[: n + 1])
+    if first is None:
+        why = _linprog_result(cost, a_ub, b_ub, bounds[: n + 1], None, None).message
+        raise ArithmeticError(f"the max-min LP did not solve: {why}")
+    level = float(first[n])
+    x = first[:n]
     if efficient and level > 0:
         # Keep every class at the max-min level; maximise Z, each queue's normalised throughput over its weight,
         # equal for every queue (with one queue: the total). Variables: x, t (fixed at the level), Z.
@@ -188,20 +269,12 @@ def solve(problem: Problem, *, efficient: bool = True) -> Allocation:
             g_index[groups[rows_c]], gain * problem.count[rows_c], -group_weight[live_groups], len(live_groups), n + 1
         )
         a_ub2 = csr_array((a_ub.data, a_ub.indices, a_ub.indptr), shape=(a_ub.shape[0], n + 2))
-        bounds = [(0.0, None)] * n + [(floor, floor), (0.0, None)]
+        bounds[n] = floor
         objective = np.zeros(n + 2)
         objective[n + 1] = -1.0
-        second = linprog(
-            objective,
-            A_ub=a_ub2,
-            b_ub=b_ub,
-            A_eq=balance,
-            b_eq=np.zeros(len(live_groups)),
-            bounds=bounds,
-            method="highs",
-        )
-        if second.status == 0:
-            x = second.x[:n]
+        second = _highs(objective, a_ub2, b_ub, bounds, balance, np.zeros(len(live_groups)))
+        if second is not None:
+            x = second[:n]
     share[rows_c, cols_m] = np.clip(x, 0.0, 1.0)
     normalised = np.zeros(classes, dtype=np.float64)
     np.add.at(normalised, rows_c, gain * share[rows_c, cols_m])

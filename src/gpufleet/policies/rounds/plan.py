@@ -89,14 +89,19 @@ class JobPlan:
     weight: float
     normalised: float  # its normalised throughput under the allocation (1.0 = an equal share of the cluster)
     gain: dict[str, float] = field(default_factory=dict)  # normalised throughput per second on each model
-    # `deficit`, once computed: a plan is read many times in its cycle (the order, the admission, the victims) and
-    # its entries do not change after `Planner.plan` made them.
+    gpus: int = 1  # whole GPUs it runs on (at least 1)
+    # `served` and `deficit`, once computed: a plan is read many times in its cycle (the order, the admission, the
+    # victims) and its entries do not change after `Planner.plan` made them.
+    _served: float | None = field(default=None, init=False, repr=False, compare=False)
     _deficit: float | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def served(self) -> float:
         """Normalised service received so far (seconds on each model times its normalised speed there)."""
-        return sum(seconds * self.gain.get(model, 0.0) for model, seconds in self.received.items())
+        if self._served is None:
+            gain = self.gain
+            self._served = sum(seconds * gain.get(model, 0.0) for model, seconds in self.received.items())
+        return self._served
 
     @property
     def deficit(self) -> float:
@@ -269,15 +274,15 @@ class Planner:
             band_sums[job.queue] += band
         # Classes: (queue, throughput row, GPUs, weight) -> jobs.
         classes: dict[tuple[str, tuple[float, ...], int, float], list[int]] = {}
-        facts: list[tuple[dict[str, float], float]] = []
+        facts: list[tuple[dict[str, float], float, int]] = []
         for i, (job, _) in enumerate(active):
             received = received_of[i]
             weight = bands[i]
             if self.queue_fair:
                 spec = queues.get(job.queue)
                 weight *= (spec.weight if spec is not None else 1.0) / band_sums[job.queue]
-            facts.append((received, weight))
             gpus = max(1, round(job.gpu_milli_total / MILLI_PER_GPU))
+            facts.append((received, weight, gpus))
             queue = job.queue if self.queue_fair else ""
             classes.setdefault((queue, self.row(models, job), gpus, weight), []).append(i)
         keys = sorted(classes)
@@ -298,7 +303,7 @@ class Planner:
             normalised = normalised_of[c]
             for i in classes[key]:
                 job, held = active[i]
-                received, weight = facts[i]
+                received, weight, gpus = facts[i]
                 unplaced = received.pop("", 0.0)
                 if unplaced and share:
                     shared = sum(share.values())
@@ -313,6 +318,7 @@ class Planner:
                     weight,
                     normalised,
                     gains[c],
+                    gpus,
                 )
         self._assign(result, dict(zip(models, counts, strict=True)), frozenset(j.id for j in stopping), now)
         return result
@@ -369,8 +375,7 @@ class Planner:
         short jobs, and without the floor the long ones starve at high load."""
         if isolated_rate <= 0:
             return (1, 0.0)
-        gpus = max(1, round(plan.job.gpu_milli_total / MILLI_PER_GPU))
-        expected = plan.age * min(1.0, isolated_rate / gpus)
+        expected = plan.age * min(1.0, isolated_rate / plan.gpus)
         if expected < MIN_AGE_S:
             return (1, 0.0)
         progress = plan.served / expected
@@ -430,9 +435,9 @@ class Planner:
         )
         wanted: dict[tuple[str, str], float] = defaultdict(float)
         for plan in result.jobs.values():
-            gpus = max(1, round(plan.job.gpu_milli_total / MILLI_PER_GPU))
+            gpus, queue = plan.gpus, plan.job.queue
             for model, share in plan.share.items():
-                wanted[(plan.job.queue, model)] += gpus * share
+                wanted[(queue, model)] += gpus * share
         round_index = int(np.floor(now / self.round_s))
         budget = {
             key: int(np.floor(amount + ((round_index * GOLDEN + i * 0.5) % 1.0)))
@@ -445,7 +450,16 @@ class Planner:
                 if unassigned <= 0:
                     break
                 plan = result.jobs[job_id]
-                gpus = max(1, round(plan.job.gpu_milli_total / MILLI_PER_GPU))
+                gpus, queue = plan.gpus, plan.job.queue
+                if not any(
+                    free.get(m, 0) >= gpus and (not within_budget or budget.get((queue, m), 0) >= gpus)
+                    for m in plan.share
+                ):
+                    # No model of its allocation has room for it (within budget): whatever the order of its
+                    # choices, it is not planned in this pass.
+                    if within_budget:
+                        left.append(job_id)
+                    continue
                 for model in self._choices(plan, movers):
                     key = (plan.job.queue, model)
                     if free.get(model, 0) < gpus or (within_budget and budget.get(key, 0) < gpus):

@@ -20,6 +20,8 @@ The plan is computed once per cycle by a `Planner` shared by the three plugins o
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import defaultdict
 from typing import ClassVar
 
@@ -68,8 +70,13 @@ def waiting_reason(plan: RoundPlan, job: Job, now: float) -> str:
     next_in = _minutes(max(0.0, plan.next_round - now))
     if entry is None or not entry.share:
         return f"waiting for a round: the allocation gives it no GPU share now; next round in {next_in}"
-    model = max(entry.share, key=entry.lag_s)
-    lag = entry.lag_s(model)
+    # The model it lags most on (the first of equals, as `max` gives), inline: this runs for every waiting job.
+    age, received = entry.age, entry.received
+    model, lag = "", -math.inf
+    for name, share in entry.share.items():
+        behind = share * age - received.get(name, 0.0)  # `entry.lag_s(name)`
+        if not model or behind > lag:
+            model, lag = name, behind
     gpus = job.gpu_milli_total / MILLI_PER_GPU or 1.0
     if lag > 0:
         where = f"behind its fair share of {model} time by {lag * gpus / 3600:.1f} GPU-hours"
@@ -191,6 +198,16 @@ class RoundPreempt:
 
         return cluster.per_cycle(("rounds.candidates", self), compute)
 
+    def _first_not_stopping(self, ranked: list[tuple[float, int, JobId]], model: str, cluster: ClusterView) -> int:
+        """The index in `ranked` (the model's candidates) of the first job not being stopped; the jobs before it
+        are being stopped, and stay so for the rest of the cycle."""
+        passed: dict[str, int] = cluster.per_cycle(("rounds.passed", self), dict)
+        start, evicting = passed.get(model, 0), cluster.evicting
+        while start < len(ranked) and ranked[start][2] in evicting:
+            start += 1
+        passed[model] = start
+        return start
+
     def preempt(self, view: JobView, cluster: ClusterView, blocked_by: Status, what_if: WhatIf) -> VictimChoice:
         job = view.job
         if not self.planner.at_boundary(cluster.now):
@@ -202,11 +219,13 @@ class RoundPreempt:
         if model is None:
             return VictimChoice((), _also(blocked_by, _waiting_reason(self.planner, plan, job, cluster)))
         evicting, removed, holdings = cluster.evicting, cluster.removed, cluster.holdings
-        # Lazily: the search stops at the first set of victims that fits, and the cycle's earlier victims (at the
-        # front, being the lowest ranked) are only skipped.
+        # Lazily: the search stops at the first set of victims that fits. The cycle's earlier victims gather at the
+        # front (being the lowest ranked), and jobs being stopped stay so for the rest of the cycle: the front of
+        # jobs being stopped is passed over once per cycle, not in every search.
+        ranked = self._candidates(cluster, plan).get(model, [])
         candidates = (
             c
-            for c in self._candidates(cluster, plan).get(model, ())
+            for c in itertools.islice(ranked, self._first_not_stopping(ranked, model, cluster), None)
             if c[2] not in evicting and c[2] not in removed and holdings[c[2]].job.priority <= job.priority
         )
         chosen: list[JobId] = []
