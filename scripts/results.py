@@ -72,12 +72,7 @@ SETS: dict[str, list[str]] = {
 }
 CHECK_SET, CHECK_SEED, CHECK_POLICY = "fgd-default-tuning", 42, "fgd"
 # Sets whose committed output predates a change of the policy they show: the reason, until they are run again.
-OUT_OF_DATE: dict[str, str] = {
-    "gavel": "made before `gavel` planned and moved at every round start (also when nobody waits) and let jobs "
-    "behind their isolated share go first; on the new code, measured at 2.8, 3.2, 4.4, 4.8 and 5.2 jobs/h only "
-    "(not through this script): avg JCT 14.48, 14.54, 14.98, 15.42, 16.01 h and rho 0.67, 0.67, 0.69, 0.70, 0.37. "
-    "Run `scripts/results --only gavel` (about an hour of CPU).",
-}
+OUT_OF_DATE: dict[str, str] = {}
 
 
 def traces(given: str | None) -> Path:
