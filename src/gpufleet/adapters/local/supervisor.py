@@ -130,6 +130,16 @@ class WorkerSupervisor:
     def stop_record(self, job_id: str, attempt: int, resize_count: int = 0) -> dict[str, Any] | None:
         return read_json(self.layout.generation_dir(job_id, attempt, resize_count) / "stop.json")
 
+    def give_up(self, job_id: str, attempt: int, detail: str) -> None:
+        """Record that the attempt is given up here (`given_up.json`, made with its folder if need be): none of
+        its workers starts here from now on, however late a start of it arrives. Raises OSError (disk full)."""
+        folder = self.layout.attempt_dir(job_id, attempt)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / "given_up.json", {"lost": detail, "at": time.time()})
+
+    def given_up(self, job_id: str, attempt: int) -> bool:
+        return (self.layout.attempt_dir(job_id, attempt) / "given_up.json").exists()
+
     def record_resize(self, job_id: str, attempt: int, info: dict[str, Any]) -> None:
         """Persist a resize under way (`resize.json`: its count, the new placement, the old workers' deadline),
         so that a restart before the new workers are recorded completes it. Raises OSError (disk full)."""
@@ -298,7 +308,11 @@ class WorkerSupervisor:
 
     def abandon(self, worker: Worker) -> None:
         """Kill a worker given up on (lost, or found running for no job): its cgroup and command, or its
-        shim before it started one; remove its cgroup once empty (its shim may be gone)."""
+        shim before it started one; remove its cgroup once empty (its shim may be gone). Whether the command
+        started is read from its files, not from the last `refresh`: killing only the shim of a command that
+        started since would leave the command running, unwatched."""
+        if worker.child is None:
+            worker.child = read_json(worker.dir / "child.pid")
         child = worker.child
         if child is not None and (worker.cgroup or is_running(int(child["pid"]), child.get("ticks"))):
             if worker.cgroup:

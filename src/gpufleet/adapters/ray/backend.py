@@ -499,6 +499,11 @@ class RayBackend:
         job = self._live.get(key)
         specs = self._pending_specs.get(key, {})
         if job is None:
+            if key in self._finished:  # it ended (lost) while this start was under way: nothing of it stays
+                agent = self.fleet.agent(node)
+                if agent is not None:
+                    agent.kill.remote(key[0], key[1], "the attempt ended while it was starting here")
+                    agent.forget.remote(key[0], key[1])
             return
         job.started_nodes.add(node)
         if node == job.nodes[0]:
@@ -694,10 +699,15 @@ class RayBackend:
             self._call("start", name, job.key, agent.start.remote(mine, info, False))
 
     def _kill_everywhere(self, job: _Job) -> None:
-        for name in job.started_nodes:
+        """Give the attempt up on every node told to start it: those that answered, and those whose start has
+        not answered yet (the agent records the kill, so a start that runs after it there starts nothing)."""
+        for name in job.started_nodes | self._starting_on(job.key):
             agent = self.fleet.agent(name)
             if agent is not None:
                 agent.kill.remote(job.key[0], job.key[1], job.lost or "killed")
+
+    def _starting_on(self, key: Key) -> set[str]:
+        return {node for what, node, job in self._calls.values() if what == "start" and job == key}
 
     def _finish(self, job: _Job) -> None:
         key = job.key
