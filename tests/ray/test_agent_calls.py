@@ -8,10 +8,13 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 from gpufleet.adapters.local.isolation import WorkerSpec
 from gpufleet.adapters.local.proc import is_running
 from gpufleet.adapters.ray.agent import AgentOptions, NodeAgent
+from gpufleet.domain.errors import GpufleetError
 from tests.kit.jobusers import reachable_by_jobs, users_created_here
 
 
@@ -75,7 +78,8 @@ def test_a_kill_that_runs_before_the_start_sent_before_it_leaves_nothing_running
 
             info = {"job_id": "gang", "workers": 2, "nodes": ["n0", "n1"]}
             agent.kill("gang", 1, "node n0 lost")
-            assert agent.start([spec(1)], {**info, "attempt": 1}, False) is None
+            with pytest.raises(GpufleetError, match="attempt 1 of job gang was given up on node n1"):
+                agent.start([spec(1)], {**info, "attempt": 1}, False)
             assert agent.status() == []
             attempt_dir = root / "n1" / "run" / "gang" / "attempt-1"
             assert not list(attempt_dir.glob("worker-*"))  # not even a folder of a worker of it

@@ -196,12 +196,16 @@ class NodeAgent:
         same resize) started before is only watched again. An attempt given up here (`kill`) starts nothing:
         the control plane may send the kill of a lost attempt before the start it sent earlier has run (calls
         run on several threads), and that start must not leave workers nobody watches. Raises GpufleetError
-        when no port is free, OSError when the agent's files cannot be written."""
+        when the attempt was given up here or no port is free, OSError when the agent's files cannot be
+        written."""
         job_id, attempt, resize_count = specs[0].job_id, specs[0].attempt, specs[0].resize_count
         key = (job_id, attempt)
         with self._lock:
             if self.supervisor.given_up(job_id, attempt):
-                return None
+                raise GpufleetError(
+                    f"attempt {attempt} of job {job_id} was given up on node {self.name}: it does not start there",
+                    "nothing to do: the job starts again as a new attempt",
+                )
             known = self._attempts.get(key)
             if known is not None and known.resize_count >= resize_count:
                 return known.port
