@@ -297,6 +297,7 @@ def test_launch_is_idempotent_per_attempt(harness: Harness) -> None:
     other = harness.backend()
     other.launch(launch)
     wait_for(other, has("once", K.STARTED))
+    wait_until(starts.exists, what="the command to write its line")  # a loaded machine may take a while
     time.sleep(0.3)  # a second start would take well under this to write its line
     assert starts.read_text() == "started\n"
     backend.stop("once", 1, grace_s=0.0, reason="done")

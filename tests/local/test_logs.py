@@ -113,6 +113,25 @@ def test_retention_removes_finished_jobs_logs_by_age_then_by_total_size(tmp_path
     assert (recent.exists(), newest.exists(), running.exists()) == (False, True, True)
 
 
+def test_retention_removes_run_records_without_logs_of_finished_jobs_by_age(tmp_path: Path) -> None:
+    # What a node agent keeps of an attempt given up before it started there: run records, and no log.
+    layout = Layout(tmp_path / "state")
+    now = time.time()
+    day = 86_400.0
+
+    def given_up(job_id: str, age_days: float) -> Path:
+        record = layout.attempt_dir(job_id, 1) / "given_up.json"
+        record.parent.mkdir(parents=True)
+        record.write_text("{}")
+        os.utime(record, (now - age_days * day, now - age_days * day))
+        return layout.run_dir(job_id)
+
+    old, recent, active = given_up("old", 40), given_up("recent", 5), given_up("active", 40)
+    done = prune_logs(layout, LogRetention(max_age_s=30 * day), {"old", "recent"}.__contains__)
+    assert done == {"jobs": 1, "bytes": 0}
+    assert (old.exists(), recent.exists(), active.exists()) == (False, True, True)
+
+
 def test_the_backend_never_prunes_a_live_jobs_logs(harness: Harness) -> None:
     backend = harness.backend()
     trigger = harness.root / "go"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.adapters.local import supervisor as supervisor_module
 from gpufleet.adapters.local.executor import LocalBackend
 from gpufleet.adapters.local.proc import is_running
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
@@ -54,6 +56,9 @@ os.replace(path + ".tmp", path)
 while True:
     time.sleep(0.05)
 """
+
+
+REAL_SPAWN = os.posix_spawn
 
 
 class CrashError(Exception):
@@ -112,6 +117,30 @@ def after_some_new_workers_started(loop: Reconciler, backend: LocalBackend) -> N
     backend.workers.start = starting  # type: ignore[method-assign]
 
 
+def after_a_new_worker_folder_before_its_spec(loop: Reconciler, backend: LocalBackend) -> None:
+    """Rank 0 of the new set started; rank 1's folder exists, its spec does not."""
+    prepare = backend.workers.isolation.prepare
+
+    def preparing(spec: Any, job_dir: Path) -> Any:
+        if spec.resize_count > 0 and spec.rank == 1:
+            raise CrashError
+        return prepare(spec, job_dir)
+
+    backend.workers.isolation.prepare = preparing  # type: ignore[method-assign]
+
+
+def after_a_new_worker_spec_before_its_spawn(loop: Reconciler, backend: LocalBackend) -> None:
+    """Rank 0 of the new set started; rank 1's folder and spec exist, its shim was never spawned (the test puts
+    `os.posix_spawn` back once the control plane has died)."""
+
+    def spawning(path: str, argv: list[str], *args: Any, **kwargs: Any) -> int:
+        if argv[4].endswith("resize-1/worker-1"):
+            raise CrashError
+        return REAL_SPAWN(path, argv, *args, **kwargs)
+
+    supervisor_module.os.posix_spawn = spawning  # type: ignore[assignment]
+
+
 def before_the_resize_record_is_cleared(loop: Reconciler, backend: LocalBackend) -> None:
     """Every new worker started; the record of the resize under way is still there."""
     backend.workers.clear_resize = crash  # type: ignore[method-assign]
@@ -138,6 +167,8 @@ POINTS: dict[str, Arm] = {
         while_the_old_workers_save,
         before_the_new_workers_are_recorded,
         after_some_new_workers_started,
+        after_a_new_worker_folder_before_its_spec,
+        after_a_new_worker_spec_before_its_spawn,
         before_the_resize_record_is_cleared,
         before_the_store_takes_resized,
     )
@@ -197,8 +228,11 @@ def test_a_restart_at_any_point_of_a_resize_completes_it_consistently(
 
     POINTS[point](loop, first)
     policy.want[JOB] = after
-    with pytest.raises(CrashError):
-        step_until(loop, lambda: False, f"the control plane to die {point.replace('_', ' ')}")
+    try:
+        with pytest.raises(CrashError):
+            step_until(loop, lambda: False, f"the control plane to die {point.replace('_', ' ')}")
+    finally:
+        supervisor_module.os.posix_spawn = REAL_SPAWN
     del loop, first  # the control plane is gone; its workers run on
 
     second = harness.backend()

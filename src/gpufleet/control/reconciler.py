@@ -33,6 +33,7 @@ from gpufleet.control.learning import Learning
 from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
 from gpufleet.control.resize import ProgressReader, Resizer
+from gpufleet.control.resume import resume_intents
 from gpufleet.control.throughput_learner import ThroughputLearner
 from gpufleet.domain.checkpoints import LossCause, ObservedPool, plan_checkpoints
 from gpufleet.domain.cluster import Node, WorkerPlacement
@@ -142,7 +143,7 @@ class Reconciler:
         self._rebuild()
         holding = [r for r in self.store.active() if r.holds_resources]
         self.backend.adopt([self._launch(r) for r in holding])
-        self._resume_resizes(holding)
+        resume_intents(self.backend, holding, self._launch, self._grace)
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -536,19 +537,6 @@ class Reconciler:
             released.add(record.job.queue)
         if self.resizer is not None:
             self.resizer.record_size(outcome)
-
-    def _resume_resizes(self, holding: Sequence[JobRecord]) -> None:
-        """After a restart: the resizes the store says are under way are asked of the backend again. Asked
-        once per count, so a backend that had taken one goes on with it (or has done it, and says RESIZED
-        again); one the control plane died before asking for starts now. Either way RESIZED ends the mark."""
-        if not self.backend.capabilities.resize:
-            return
-        for record in holding:
-            if record.state is not S.RUNNING or not record.resizing:
-                continue
-            target = record.resize_to or record.workers  # a shrink keeps `resize_to`; a grow holds its target
-            launch = dataclasses.replace(self._launch(record), workers=target)
-            self.backend.resize(launch, self._grace(record), record.resizes)
 
     def _resize(self, now: float, report: StepReport) -> None:
         """Ask the resize plugin for new sizes of running elastic jobs and start those resizes."""

@@ -145,6 +145,13 @@ class LocalBackend:
             # it twice.
             self._adopt(launch)
             return
+        self._begin(launch)
+
+    def _begin(self, launch: Launch) -> None:
+        """Start an attempt of which nothing ran: its record, then its workers."""
+        job = launch.job
+        key = (job.id, launch.attempt)
+        attempt_dir = self.workers.attempt_dir(job.id, launch.attempt)
         run = job.run
         if run is None:
             # Not something a retry can fix: it ends failed (127, as a shell says of a missing command).
@@ -499,8 +506,9 @@ class LocalBackend:
         self.workers.clear_resize(*key)
 
     def _start_rest(self, job: _Job, launch: Launch, ranks: Sequence[int]) -> None:
-        """Start the workers `ranks` of the resize `launch` whose other workers `job` already runs (a restart
-        found it half started), with the rendezvous those have. What goes wrong makes the attempt lost."""
+        """Start the workers `ranks` of `launch` (the attempt's, or a resize's) whose other workers `job` already
+        runs (a restart found it half started), with the rendezvous those have. What goes wrong makes the
+        attempt lost."""
         try:
             envs = self._envs(launch, job.port or 0, job.resize_count)
         except GpufleetError as exc:
@@ -531,7 +539,8 @@ class LocalBackend:
         attempt_dir = self.workers.attempt_dir(*key)
         info = read_json(attempt_dir / "attempt.json")
         if info is None:
-            self._inbox.lose(key, "never started (control plane stopped before launch)")
+            # Its record comes before any of its workers: none of them ever started. It starts now, once.
+            self._begin(launch)
             return
         run = launch.job.run
         signum = int(signal.Signals[run.checkpoint_signal]) if run is not None else int(signal.SIGTERM)
@@ -543,12 +552,14 @@ class LocalBackend:
         job.resized_reported = job.resize_count == 0  # RESIZED again: it may not have been seen before the restart
         size = int(info.get("workers", len(launch.workers)))
         resize = self.workers.resize_record(*key)
-        # A resize whose new workers were being started when the control plane stopped: those not started yet
-        # (no folder) start now; a worker is never started twice.
+        # Workers being started when the control plane stopped (the attempt's first, or a resize's new ones):
+        # those not started yet (no folder, or one no shim claimed: `void_unspawned`) start now; a worker is
+        # never started twice.
         finishing = resize if resize is not None and int(resize["resize_count"]) == job.resize_count else None
+        restartable = finishing is not None or (job.resize_count == 0 and resize is None)
         unstarted = []
         for rank in range(size):
-            if finishing is not None and not self.layout.worker_dir(*key, rank, job.resize_count).exists():
+            if restartable and self.workers.void_unspawned(*key, rank, job.resize_count):
                 unstarted.append(rank)
                 continue
             worker = self.workers.find(launch.job.id, launch.attempt, rank, job.resize_count)
@@ -566,6 +577,12 @@ class LocalBackend:
                 self._start_rest(job, target, unstarted)
             self.workers.clear_resize(*key)
             resize = None
+        elif unstarted and stop is None and job.lost is None:
+            # The attempt's first workers, at the store's placement (the one their record was made for).
+            if len(launch.workers) == size:
+                self._start_rest(job, launch, unstarted)
+            else:
+                job.lost = "its workers were being started when the control plane stopped"
         if stop is not None and stop.get("lost"):
             job.lost = job.lost or str(stop["lost"])  # given up on before: it stays lost
         elif stop is not None and stop.get("resize") is None:

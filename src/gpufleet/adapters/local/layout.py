@@ -6,7 +6,10 @@ jobs/<job>/                               the job's default working folder when 
                                           in their user's home (`isolation.py`)
 run/<job>/attempt-<n>/attempt.json        what runs now (job id, attempt, workers, MASTER_PORT, resize count)
 run/<job>/attempt-<n>/stop.json           a stop was asked for (signal, reason, kill deadline)
-run/<job>/attempt-<n>/worker-<r>/         spec.json (command, environment, user, cgroup), shim.pid,
+run/<job>/attempt-<n>/given_up.json       the attempt was given up here (a node agent's kill): none of its
+                                          workers starts here any more, even on a start that arrives late
+run/<job>/attempt-<n>/worker-<r>/         spec.json (command, environment, user, cgroup, spawn), claim
+                                          (taken by its shim, or by a restart that gave it up), shim.pid,
                                           child.pid, exit.reserve then exit.json
 run/<job>/attempt-<n>/resize.json         a resize under way: its count, the new placement, the deadline
 run/<job>/attempt-<n>/resize-<k>/         the workers after the k-th resize of the attempt: their own

@@ -61,7 +61,25 @@ def prune_logs(layout: Layout, retention: LogRetention, finished: Callable[[str]
         total -= logs.size
         removed += 1
         freed += logs.size
+    # Run records without logs (an attempt given up on a node before it started there, see `given_up`) go by age.
+    logged = {j.job_id for j in found}
+    for job_id, folder in run_records(layout):
+        if job_id in logged or not finished(job_id) or retention.max_age_s is None:
+            continue
+        if _usage(folder)[1] < now - retention.max_age_s:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
     return {"jobs": removed, "bytes": freed}
+
+
+def run_records(layout: Layout) -> list[tuple[str, Path]]:
+    """Every job with run records under `layout` (job id, its folder)."""
+    root = layout.run_root()
+    found = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
+        with contextlib.suppress(UnicodeDecodeError):
+            found.append((job_id_of(folder.name), folder))
+    return found
 
 
 def _usage(folder: Path) -> tuple[int, float]:

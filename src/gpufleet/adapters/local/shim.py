@@ -1,8 +1,9 @@
 """The worker shim: one small process per worker that starts the user's command and records how it ended.
 
-    python -I -m gpufleet.adapters.local.shim WORKER_DIR
+    python -I -m gpufleet.adapters.local.shim WORKER_DIR [SPAWN]
 
-(the supervisor runs the same through `-c`, with the folder of the control plane's own gpufleet on the path)
+(the supervisor runs the same through `-c`, with the folder of the control plane's own gpufleet on the path,
+and SPAWN, the spawn its spec.json names: the shim first claims the worker for it, see `_claim`)
 
 The supervisor starts it in a session of its own, as the control plane's user, so it outlives the control
 plane (a kill -9 of the control plane leaves jobs running, to be adopted at the next start) and the job
@@ -58,12 +59,14 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m gpufleet.adapters.local.shim WORKER_DIR", file=sys.stderr)
+    if len(argv) not in (2, 3):
+        print("usage: python -m gpufleet.adapters.local.shim WORKER_DIR [SPAWN]", file=sys.stderr)
         return 2
     for sig in _SURVIVE:
         signal.signal(sig, _ignore)
     worker = argv[1]
+    if len(argv) == 3 and not _claim(worker, argv[2]):
+        return 0  # a restarted control plane gave this worker up before the shim ran: another runs it
     _reserve(worker)
     # Written by the shim itself too: the control plane may die between spawning it and recording it.
     me = os.getpid()
@@ -351,6 +354,33 @@ def _read_all(fd: int) -> bytes:
         chunks.append(data)
     os.close(fd)
     return b"".join(chunks)
+
+
+def _claim(worker: str, spawn: str) -> bool:
+    """Take the worker for this shim, the spawn `spawn` of its spec, before anything else: `claim` made with
+    O_EXCL in the folder the shim found, through one directory handle. A control plane that restarted and found
+    the worker unclaimed claims it itself and starts a new one (`WorkerSupervisor.void_unspawned`): this shim,
+    however late it runs, then finds the claim taken, its folder gone, or a spec of another spawn, and stops
+    without touching anything, so a worker's command is never started twice."""
+    try:
+        folder = os.open(worker, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        with open(os.open("spec.json", os.O_RDONLY, dir_fd=folder), "rb") as spec:
+            spawned = json.loads(spec.read() or b"{}").get("spawn")
+        if spawned != spawn:
+            return False
+        claim = os.open("claim", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=folder)
+        try:
+            os.write(claim, spawn.encode())
+        finally:
+            os.close(claim)
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(folder)
+    return True
 
 
 def _reserve(worker: str) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import shutil
 import signal
 import sys
 import time
@@ -101,7 +103,7 @@ class WorkerSupervisor:
     def begin_attempt(self, job_id: str, attempt: int, info: dict[str, Any]) -> Path:
         """Record an attempt before its workers start (`attempt.json`); raises OSError (disk full)."""
         folder = self.layout.attempt_dir(job_id, attempt)
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)  # made before a restart that came before its record
         write_json(folder / "attempt.json", info)
         return folder
 
@@ -127,6 +129,16 @@ class WorkerSupervisor:
 
     def stop_record(self, job_id: str, attempt: int, resize_count: int = 0) -> dict[str, Any] | None:
         return read_json(self.layout.generation_dir(job_id, attempt, resize_count) / "stop.json")
+
+    def give_up(self, job_id: str, attempt: int, detail: str) -> None:
+        """Record that the attempt is given up here (`given_up.json`, made with its folder if need be): none of
+        its workers starts here from now on, however late a start of it arrives. Raises OSError (disk full)."""
+        folder = self.layout.attempt_dir(job_id, attempt)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / "given_up.json", {"lost": detail, "at": time.time()})
+
+    def given_up(self, job_id: str, attempt: int) -> bool:
+        return (self.layout.attempt_dir(job_id, attempt) / "given_up.json").exists()
 
     def record_resize(self, job_id: str, attempt: int, info: dict[str, Any]) -> None:
         """Persist a resize under way (`resize.json`: its count, the new placement, the old workers' deadline),
@@ -157,9 +169,11 @@ class WorkerSupervisor:
             return self._not_started(worker, log, message)
         worker.cgroup = tuple(prepared.cgroup)
         _create_log(log, prepared.log_gid)
+        spawn = secrets.token_hex(8)  # the shim claims the worker for this spawn (see `void_unspawned`)
         write_json(
             worker_dir / "spec.json",
             {
+                "spawn": spawn,
                 "argv": list(spec.argv),
                 "stop_file": str(worker_dir.parent / "stop.json"),
                 "log": str(log),
@@ -170,7 +184,7 @@ class WorkerSupervisor:
         try:
             pid = os.posix_spawn(
                 sys.executable,
-                [sys.executable, "-I", "-c", SHIM_BOOT, str(worker_dir)],
+                [sys.executable, "-I", "-c", SHIM_BOOT, str(worker_dir), spawn],
                 SHIM_ENV,
                 file_actions=[
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -213,6 +227,31 @@ class WorkerSupervisor:
         worker.exit = {"code": 126, "error": message, "ended_at": time.time()}
         write_json(worker.dir / "exit.json", worker.exit)
         return worker
+
+    def void_unspawned(self, job_id: str, attempt: int, rank: int, resize_count: int = 0) -> bool:
+        """After a restart: whether the worker never started, so that it may be started now. True when its
+        folder is missing, or when no shim has claimed it (the control plane died after making its folder,
+        before or just after spawning its shim): then it is claimed here, so that a shim of it that runs late
+        starts nothing, and its cgroup and folder are removed. False when a shim holds it (or it ended): it
+        was started, and `find` watches it."""
+        worker_dir = self.layout.worker_dir(job_id, attempt, rank, resize_count)
+        if not worker_dir.is_dir():
+            return True
+        if (worker_dir / "exit.json").exists() or (worker_dir / "shim.pid").exists():
+            return False
+        spec = read_json(worker_dir / "spec.json")
+        if spec is not None and "spawn" not in spec:
+            return False  # spawned by a version whose shim does not claim: watched as it is
+        try:
+            fd = os.open(worker_dir / "claim", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return False  # its shim runs
+        except FileNotFoundError:
+            return True
+        os.close(fd)
+        cgroup_ops.remove(list((spec or {}).get("cgroup") or ()))
+        shutil.rmtree(worker_dir, ignore_errors=True)
+        return True
 
     def find(self, job_id: str, attempt: int, rank: int, resize_count: int = 0) -> Worker:
         """A worker started earlier (by this or an earlier supervisor), as its files say."""
@@ -269,7 +308,11 @@ class WorkerSupervisor:
 
     def abandon(self, worker: Worker) -> None:
         """Kill a worker given up on (lost, or found running for no job): its cgroup and command, or its
-        shim before it started one; remove its cgroup once empty (its shim may be gone)."""
+        shim before it started one; remove its cgroup once empty (its shim may be gone). Whether the command
+        started is read from its files, not from the last `refresh`: killing only the shim of a command that
+        started since would leave the command running, unwatched."""
+        if worker.child is None:
+            worker.child = read_json(worker.dir / "child.pid")
         child = worker.child
         if child is not None and (worker.cgroup or is_running(int(child["pid"]), child.get("ticks"))):
             if worker.cgroup:

@@ -34,7 +34,7 @@ from typing import Any
 
 from gpufleet.adapters.local.isolation import Isolation, IsolationReport, WorkerSpec
 from gpufleet.adapters.local.layout import job_id_of, safe_name
-from gpufleet.adapters.local.logs import LogRetention, read_log_file
+from gpufleet.adapters.local.logs import LogRetention, read_log_file, run_records
 from gpufleet.adapters.local.proc import read_json
 from gpufleet.adapters.local.supervisor import Worker, WorkerSupervisor
 from gpufleet.domain.cluster import Node
@@ -193,11 +193,19 @@ class NodeAgent:
         MASTER_PORT on this node and give it to them (the node of rank 0). Returns the port (None without).
         After a resize (`resize_count` of the specs above 0) the workers start anew beside the ended ones
         of the same attempt (the control plane has `forget`-ten those). Idempotent: an attempt (after the
-        same resize) started before is only watched again. Raises GpufleetError when no port is free,
-        OSError when the agent's files cannot be written."""
+        same resize) started before is only watched again. An attempt given up here (`kill`) starts nothing:
+        the control plane may send the kill of a lost attempt before the start it sent earlier has run (calls
+        run on several threads), and that start must not leave workers nobody watches. Raises GpufleetError
+        when the attempt was given up here or no port is free, OSError when the agent's files cannot be
+        written."""
         job_id, attempt, resize_count = specs[0].job_id, specs[0].attempt, specs[0].resize_count
         key = (job_id, attempt)
         with self._lock:
+            if self.supervisor.given_up(job_id, attempt):
+                raise GpufleetError(
+                    f"attempt {attempt} of job {job_id} was given up on node {self.name}: it does not start there",
+                    "nothing to do: the job starts again as a new attempt",
+                )
             known = self._attempts.get(key)
             if known is not None and known.resize_count >= resize_count:
                 return known.port
@@ -261,8 +269,10 @@ class NodeAgent:
     def kill(self, job_id: str, attempt: int, detail: str) -> None:
         """Give the attempt up here: kill its workers (whole cgroups) at once; it stays given up after a
         restart. An attempt this agent no longer tracks is killed as its files show: the control plane sends
-        `kill` then `forget`, and this actor may run the two calls in either order (on several threads)."""
+        `kill` then `forget`, and this actor may run the two calls in either order (on several threads). It is
+        recorded first (`given_up.json`), so a start of the attempt that runs after it starts nothing."""
         with self._lock:
+            self.supervisor.give_up(job_id, attempt, detail)
             tracked = self._attempts.get((job_id, attempt))
             if tracked is None:
                 self._kill_untracked(job_id, attempt, detail)
@@ -411,13 +421,13 @@ class NodeAgent:
         return read_log_file(target, offset, limit, tail)
 
     def logged_jobs(self) -> list[str]:
-        """The jobs that have logs on this node."""
+        """The jobs that have logs or run records on this node."""
         root = self.supervisor.layout.log_root
         found = []
         for folder in root.iterdir() if root.is_dir() else ():
             with contextlib.suppress(UnicodeDecodeError):
                 found.append(job_id_of(folder.name))
-        return found
+        return list(dict.fromkeys([*found, *(job_id for job_id, _ in run_records(self.supervisor.layout))]))
 
     def prune_logs(self, retention: LogRetention, finished: Sequence[str]) -> dict[str, int]:
         """Delete the logs (and run records) of the `finished` jobs that `retention` no longer keeps; never

@@ -18,8 +18,9 @@ up to its last periodic checkpoint (the simulator's accounting). The LOST observ
 poll, so the loop has read the node as down before it puts the job back in its queue (it is never placed
 on the dead node again).
 
-A restart of the control plane adopts what the agents' files say runs (which workers, after how many resizes),
-so a resize under way goes on: workers stopping for it keep stopping, and the new set starts (or, started on
+A restart of the control plane adopts what the agents' files say runs (which workers, after how many resizes);
+an attempt no agent has heard of (the control plane died between writing the launch and sending it) starts
+then. A resize under way goes on: workers stopping for it keep stopping, and the new set starts (or, started on
 rank 0's node only, starts on the others, with the port leased there) once the loop has asked for the resize
 again, as it does at start for every job its store says is resizing.
 """
@@ -336,12 +337,17 @@ class RayBackend:
         if gone:
             job.lost = f"node {gone[0]} lost while the control plane was down"
         elif not current:
-            job.lost = "never started (control plane stopped before launch)"
+            # Nothing of it ran on any node: the control plane died between writing the launch and sending it.
+            # It starts now, as launched (an agent starts an attempt once, however often asked; one that gave
+            # it up refuses, and the attempt is lost then).
+            del self._live[key]
+            self.launch(launch)
+            return
         elif len(on) < size:
             master = current.get(nodes[0])
-            if generation and master is not None and master.record.get("port") is not None:
-                # A resize's new set, started on rank 0's node and not yet on the others: they start when the
-                # loop asks for the resize again, with the rendezvous rank 0's node leased.
+            if master is not None and master.record.get("port") is not None:
+                # Started on rank 0's node and not yet on the others: they start with the rendezvous rank 0's node
+                # leased; a resize's new set when the loop asks for the resize again, the attempt's first now.
                 job.port, job.half_started = int(master.record["port"]), True
             else:
                 job.lost = (
@@ -368,6 +374,14 @@ class RayBackend:
         for worker in job.workers:
             if worker.exit is not None and worker.exit.get("vanished") and job.lost is None:
                 job.lost = "worker died while the control plane was down"
+        if job.half_started and not generation and job.lost is None:
+            if job.stop_signal is None:
+                self._start_the_rest(job, launch)
+            else:  # stopped before its other nodes started: they never will
+                job.half_started = False
+                for worker in job.workers:
+                    if not worker.node:
+                        worker.exit = {"code": 0, "not_started": True, "ended_at": time.time()}
 
     # --- beyond the port ------------------------------------------------------------------------------
 
@@ -499,6 +513,11 @@ class RayBackend:
         job = self._live.get(key)
         specs = self._pending_specs.get(key, {})
         if job is None:
+            if key in self._finished:  # it ended (lost) while this start was under way: nothing of it stays
+                agent = self.fleet.agent(node)
+                if agent is not None:
+                    agent.kill.remote(key[0], key[1], "the attempt ended while it was starting here")
+                    agent.forget.remote(key[0], key[1])
             return
         job.started_nodes.add(node)
         if node == job.nodes[0]:
@@ -668,19 +687,21 @@ class RayBackend:
         self._start(job, specs)
 
     def _start_the_rest(self, job: _Job, launch: Launch) -> None:
-        """Start the workers of a resize's new set that a restart found not started (their nodes' start calls
-        went with the control plane), at `launch`, with the MASTER_PORT rank 0's node leased for them."""
+        """Start the workers of the attempt's first set or of a resize's new one that a restart found not started
+        (their nodes' start calls went with the control plane), at `launch`, with the MASTER_PORT rank 0's node
+        leased for them."""
         job.half_started = False
         started = {w.rank for w in job.workers if w.node}
+        which = f"resize {job.resize_count}: " if job.resize_count else ""
         if len(launch.workers) != len(job.workers) or any(
             launch.workers[r].node != job.workers[r].node for r in started
         ):
-            job.lost = f"resize {job.resize_count}: its workers were being started when the control plane stopped"
+            job.lost = f"{which}its workers were being started when the control plane stopped"
             return
         try:
             specs = self._specs(launch, job.resize_count)
         except GpufleetError as exc:
-            job.lost = f"resize {job.resize_count}: {exc}"
+            job.lost = f"{which}{exc}"
             return
         job.launch = launch
         job.workers = [w if w.rank in started else _Worker(w.rank, launch.workers[w.rank].node) for w in job.workers]
@@ -694,10 +715,15 @@ class RayBackend:
             self._call("start", name, job.key, agent.start.remote(mine, info, False))
 
     def _kill_everywhere(self, job: _Job) -> None:
-        for name in job.started_nodes:
+        """Give the attempt up on every node told to start it: those that answered, and those whose start has
+        not answered yet (the agent records the kill, so a start that runs after it there starts nothing)."""
+        for name in job.started_nodes | self._starting_on(job.key):
             agent = self.fleet.agent(name)
             if agent is not None:
                 agent.kill.remote(job.key[0], job.key[1], job.lost or "killed")
+
+    def _starting_on(self, key: Key) -> set[str]:
+        return {node for what, node, job in self._calls.values() if what == "start" and job == key}
 
     def _finish(self, job: _Job) -> None:
         key = job.key
