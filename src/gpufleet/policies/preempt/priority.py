@@ -285,16 +285,17 @@ class PriorityPreemption:
         put-back makes (a fits test is a pure function of the view: asking again gives the same answer).
         `on`: the victims all run on this node and the job fits no other node (only this one changes), so it
         fits exactly where it fits on this node: asked there, the node's bound answers most tests."""
-        kept = list(removed)
+        reprieved: set[str] = set()
         fits = search.fits if on is None else lambda: search.fits_on(on)
         for job_id in reversed(removed[:-1] if last_needed else removed):
             # The job fits the view here (all taken out, or what a put-back or a take-again left).
             placed_alike = on is None and search.placement_unchanged_by(job_id)
             search.restore(job_id)
             if search.admits() if placed_alike else fits():
-                kept.remove(job_id)
+                reprieved.add(job_id)
             else:
                 search.remove(job_id)
+        kept = [job_id for job_id in removed if job_id not in reprieved]
         for job_id in reversed(kept):
             search.restore(job_id)
         return kept
