@@ -7,7 +7,8 @@ whole-GPU gang's what-if fit counted instead of placed (`known_gang_fit`), what-
 jobs applied as arrays (`SHIFT_ARRAYS_FROM`), the gang check's count of workers that fit now kept and
 recounted on changed nodes only (`_count_now`), the reprieves not asking again about their last victim
 (`last_needed`), a single-worker search asking admission alone while a node it passed on is unchanged
-(`_Search.witness`), node-local
+(`_Search.witness`), a gang's reprieve asking admission alone when the victim put back runs only where
+no worker of the gang fits (`_Search.placement_unchanged_by`), node-local
 scores kept per request class and recomputed for changed nodes only (`Profile.local_scores`), and the
 node table, capacity memo and running-job facts reused from an earlier cycle of the same inventory.
 """
@@ -55,6 +56,7 @@ def _plain() -> Iterator[None]:
         patch.object(priority_preemption.PriorityPreemption, "_reprieve", _reprieve_asking_all),
         patch.object(priority_preemption._Search, "fits", _search_fits_asking_all),
         patch.object(priority_preemption._Search, "fits_on", _search_fits_on_asking_all),
+        patch.object(priority_preemption._Search, "placement_unchanged_by", lambda self, job_id: False),
     ):
         yield
 

@@ -16,7 +16,8 @@ stays full and the backlog stays near `pending`.
 Higher-priority arrivals preempt, teams over their quota are reclaimed from.
 
 Reported, over the measured steps (wall-clock, this machine): `decisions_per_s` (placements and
-preemptions the loop made, per second of loop time), `cycle_p50_s`/`cycle_p99_s` (one `Reconciler.step()`:
+preemptions the loop made, per second of loop time; `decisions_per_cpu_s`: per second of the process's CPU
+time in the steps), `cycle_p50_s`/`cycle_p99_s` (one `Reconciler.step()`:
 observe, intake, decide, write, launch), the store's write time per step (`store_write_*`, inside the step),
 the core's share, and `realtime_factor` (simulated seconds per wall second: >= 1 means the loop keeps up with
 that arrival and departure rate in real time). `cycle_cpu_*` is the process's CPU time per step: on a machine
@@ -285,6 +286,7 @@ def _figures(
         "finished": m.finished,
         "jobs_offered_per_step": round(float(np.mean(m.decided)), 1),
         "decisions_per_s": round(decisions / wall, 1) if wall else 0.0,
+        "decisions_per_cpu_s": round(decisions / sum(m.cpu), 1) if sum(m.cpu) else 0.0,
         "cycle_p50_s": round(float(np.percentile(cycle, 50)), 4),
         "cycle_p99_s": round(float(np.percentile(cycle, 99)), 4),
         "cycle_max_s": round(float(cycle.max()), 4),

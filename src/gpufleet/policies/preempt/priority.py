@@ -285,14 +285,17 @@ class PriorityPreemption:
         put-back makes (a fits test is a pure function of the view: asking again gives the same answer).
         `on`: the victims all run on this node and the job fits no other node (only this one changes), so it
         fits exactly where it fits on this node: asked there, the node's bound answers most tests."""
-        kept = list(removed)
+        reprieved: set[str] = set()
         fits = search.fits if on is None else lambda: search.fits_on(on)
         for job_id in reversed(removed[:-1] if last_needed else removed):
+            # The job fits the view here (all taken out, or what a put-back or a take-again left).
+            placed_alike = on is None and search.placement_unchanged_by(job_id)
             search.restore(job_id)
-            if fits():
-                kept.remove(job_id)
+            if search.admits() if placed_alike else fits():
+                reprieved.add(job_id)
             else:
                 search.remove(job_id)
+        kept = [job_id for job_id in removed if job_id not in reprieved]
         for job_id in reversed(kept):
             search.restore(job_id)
         return kept
@@ -489,6 +492,12 @@ class _Room:
     def could_fit(self) -> bool:
         return self.total >= self.gang
 
+    def holds_none_on(self, holding: Holding) -> bool:
+        """Whether no worker of the job fits on any node `holding` runs on (its bound is 0 on each)."""
+        index = self.index
+        workers = self.workers
+        return all(workers[index[worker.node]] == 0 for worker in holding.workers)
+
     def could_fit_on(self, node: int) -> bool:
         return self.workers[node] > 0
 
@@ -533,6 +542,21 @@ class _Search:
         self.witness = what_if.passing_node(job)
         self.witness_clock = self.table.clock
         return True
+
+    def admits(self) -> bool:
+        return self.what_if.admits(self.job).ok
+
+    def placement_unchanged_by(self, job_id: str) -> bool:
+        """Whether putting `job_id` back leaves the placement part of the fit test as it is, for a gang: its
+        nodes take no worker of the job now (bound 0) nor after (putting back only takes room), so they pass
+        no filter before or after (filters are per node), and a gang without a communication limit is placed
+        exactly when the passing nodes, each filled worker by worker in its own way, hold it all, whichever
+        the scores take first; those nodes are unchanged. Then the job fits the view after it exactly when it
+        fitted before and is admitted after: a search that saw it fit asks admission alone."""
+        job = self.job
+        if job.gang_size == 1 or (job.comm is not None and job.comm.max_overhead is not None):
+            return False
+        return self.room.holds_none_on(self.holdings[job_id])
 
     def fits_on(self, node: int) -> bool:
         """Whether one worker passes the filters on `node` and the job fits the view now (a single worker that
