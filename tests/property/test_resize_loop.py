@@ -56,6 +56,8 @@ def test_resizes_never_give_a_gpu_twice_nor_pass_a_quota(workload: Workload) -> 
     limits = {q.name: q.quotas[GPU].nominal // 1000 for q in workload.queues if GPU in q.quotas}
     jobs = {tj.job.id: tj.job for tj in workload.jobs}
     checked = [0]
+    gathered = [0]
+    sizes: dict[str, int] = {}
 
     def check(now: float, loop: Reconciler) -> None:
         held: Counter[tuple[str, int]] = Counter()
@@ -69,8 +71,13 @@ def test_resizes_never_give_a_gpu_twice_nor_pass_a_quota(workload: Workload) -> 
                     held[(worker.node, share.index)] += share.milli
             per_queue[job.queue] += sum(s.milli for w in record.workers for s in w.gpus) // 1000
             assert set(record.resize_to) <= set(record.workers)  # a shrink keeps some of the workers it holds
+            size = len(record.resize_to or record.workers)  # a re-placed grow also holds its old workers
+            if record.resize_to and size > sizes.get(record.id, size):
+                gathered[0] += 1
+            if not record.resizing:
+                sizes[record.id] = size
             if job.min_workers is not None and job.min_workers < job.workers:
-                assert job.min_workers <= len(record.workers) <= job.workers
+                assert job.min_workers <= size <= job.workers
             else:
                 assert len(record.workers) == job.workers or not record.workers
         assert all(milli <= 1000 for milli in held.values())  # no GPU given twice
@@ -83,6 +90,7 @@ def test_resizes_never_give_a_gpu_twice_nor_pass_a_quota(workload: Workload) -> 
 
     run = Simulation(workload, profile("default"), observer=check).run()
     event(f"resizes: {'some' if run.stats.resizes else 'none'}")
+    event(f"grows re-placed onto fewer nodes: {'some' if gathered[0] else 'none'}")
     room = {q.name: limits.get(q.name, 1 << 30) for q in workload.queues}
     cluster = sum(len(node.gpus) for node in workload.nodes)
     for record in run.store.all():  # every job that can ever fit ends

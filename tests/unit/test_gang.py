@@ -130,11 +130,15 @@ def test_a_gang_placed_worker_by_worker_rolls_back_when_a_worker_fails() -> None
 @pytest.mark.parametrize(
     ("taken", "job", "workers"),
     [
-        pytest.param(0, make_job("e").gpus(4).elastic(2, 6).build(), 5, id="grows-to-what-fits"),
-        pytest.param(0, make_job("e").gpus(4).elastic(2, 4).build(), 4, id="capped-at-max"),
+        # It grows on the nodes its gang took (a later resize grows it further, re-placing it).
+        pytest.param(
+            0, make_job("e").gpus(2).elastic(2, 6).models("A100-80GB").build(), 4, id="grows-to-what-fits-on-its-node"
+        ),
+        pytest.param(0, make_job("e").gpus(4).elastic(3, 6).build(), 3, id="not-beyond-the-nodes-its-gang-filled"),
+        pytest.param(0, make_job("e").gpus(1).elastic(2, 4).build(), 4, id="capped-at-max"),
         pytest.param(6, make_job("e").gpus(4).elastic(3, 6).build(), 3, id="min-exactly"),
         pytest.param(6, make_job("e").gpus(4).elastic(4, 6).build(), 0, id="below-min-nothing"),
-        pytest.param(0, make_job("e").gpus(8).elastic(1, 3).models("A100-80GB").build(), 2, id="model-bound"),
+        pytest.param(0, make_job("e").gpus(2).elastic(1, 8).models("H100").build(), 2, id="model-bound"),
     ],
 )
 def test_elastic_jobs_get_min_to_max_workers(taken: int, job: Job, workers: int) -> None:

@@ -32,7 +32,7 @@ from gpufleet.control.changes import (
 from gpufleet.control.learning import Learning
 from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
-from gpufleet.control.resize import ProgressReader, Resizer
+from gpufleet.control.resize import ProgressReader, Resizer, kept_on_densest
 from gpufleet.control.resume import resume_intents
 from gpufleet.control.throughput_learner import ThroughputLearner
 from gpufleet.domain.checkpoints import LossCause, ObservedPool, plan_checkpoints
@@ -565,16 +565,17 @@ class Reconciler:
                 "attained_gpu_seconds": attained_until(record, now),
             }
             if workers < current:
-                target = record.workers[:workers]
+                target = kept_on_densest(record.workers, workers)
                 why = f"shrinking from {current * step} to {workers * step} GPU(s) to admit waiting jobs"
                 new = record.evolve(resize_to=target, reason=why, **common)
             else:
-                extra = resizer.extra_workers(now, self.base, record, workers - current)
-                if extra is None:
+                grown = resizer.grow(now, self.base, record, workers)
+                if grown is None:
                     continue
-                target = (*record.workers, *extra)
+                target = grown.target
                 why = f"growing from {current * step} to {workers * step} GPU(s) into idle GPUs"
-                new = record.evolve(workers=target, reason=why, **common)
+                regathered = {"resize_to": target} if grown.held != target else {}
+                new = record.evolve(workers=grown.held, reason=why, **common, **regathered)
                 self.base.remove_running(job_id)
                 self.base.add_running(new.as_running())
             changes.add(new)

@@ -13,9 +13,12 @@ How holdings change (so that no GPU is ever held twice):
 - **Grow.** The extra workers are placed at the decision by the core itself, on a fork of the loop's state,
   as a job of the extra workers in the same queue with preemption off (filters, scores, quota: the same
   checks any placement passes); the job holds old + new workers from then on, and the backend restarts it on
-  all of them.
-- **Shrink.** The job keeps its first workers; it holds all of its old workers until the backend reports
-  RESIZED (its old workers may still be saving a checkpoint until then), and only then gives back the rest.
+  all of them. A resize restarts every worker anyway, so the whole job is also placed anew the same way (its
+  own GPUs counted free): when that spans fewer nodes, the job runs there instead, holding its old workers
+  as well until RESIZED.
+- **Shrink.** The job keeps its workers on the nodes where it has the most GPUs (the sparsest nodes are given
+  back first); it holds all of its old workers until the backend reports RESIZED (its old workers may still
+  be saving a checkpoint until then), and only then gives back the rest.
 
 A job being resized is not resized again before RESIZED; the plugin's own guard rails (minimum interval,
 restart cost, never below min, quota headroom) apply on top. Backends that cannot resize
@@ -41,6 +44,7 @@ from gpufleet.domain.progress import JobProgress, with_size
 from gpufleet.domain.quotas import GPU
 from gpufleet.domain.records import JobRecord
 from gpufleet.scheduling.cycle import decide
+from gpufleet.scheduling.ledger import job_usage
 from gpufleet.scheduling.plugin_api import ElasticJob, Profile, ResizeInput, ResizePlugin
 from gpufleet.scheduling.status import Code
 from gpufleet.scheduling.table import NodeTable
@@ -139,6 +143,20 @@ class Resizer:
             at = record.resized_at
             self.progress.update_progress(record.id, at, lambda progress: with_size(progress, at, gpus))
 
+    def grow(self, now: float, base: LoopState, record: JobRecord, workers: int) -> Regrow | None:
+        """Where the job runs grown to `workers` workers (None: the extra ones do not fit): its workers kept
+        and more added, or the whole job placed anew when that spans fewer nodes (a resize restarts every
+        worker anyway; its own GPUs count as free for that what-if)."""
+        current = record.workers
+        added = self.extra_workers(now, base, record, workers - len(current))
+        kept = None if added is None else (*current, *added)
+        gathered = self._gathered(now, base, record, workers)
+        if gathered is not None and (kept is None or _node_count(gathered) < _node_count(kept)):
+            fresh = tuple(w for w in gathered if w not in current)
+            if _fit_beside(now, base, record.job.queue, fresh):
+                return Regrow(held=(*current, *fresh), target=gathered)
+        return None if kept is None else Regrow(held=kept, target=kept)
+
     def extra_workers(
         self, now: float, base: LoopState, record: JobRecord, extra: int
     ) -> tuple[WorkerPlacement, ...] | None:
@@ -152,11 +170,77 @@ class Resizer:
         placed = [p.workers for p in result.placements if p.job == probe.id]
         return placed[0] if placed and len(placed[0]) == extra else None
 
+    def _gathered(
+        self, now: float, base: LoopState, record: JobRecord, workers: int
+    ) -> tuple[WorkerPlacement, ...] | None:
+        """Where all `workers` workers of the job would go were its own GPUs free (None: they do not fit, or
+        a new worker would share a GPU with an old one it is not: both are held until RESIZED)."""
+        if record.id not in base.holdings:
+            return None
+        probe = dataclasses.replace(
+            record.as_pending(), id=f"{record.id}/gather", workers=workers, min_workers=None, name=""
+        )
+        work = base.fork(now)
+        work.queued = ()
+        work.remove_running(record.id)
+        result = decide(work, [probe], self.grow_profile)
+        placed = [p.workers for p in result.placements if p.job == probe.id]
+        if not placed or len(placed[0]) != workers:
+            return None
+        old = {(w.node, i) for w in record.workers for i in w.gpu_indices}
+        if any((w.node, i) in old for w in placed[0] if w not in record.workers for i in w.gpu_indices):
+            return None
+        return placed[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Regrow:
+    """A grow's workers: `held` from the decision until RESIZED (the old ones and the new), `target` after."""
+
+    held: tuple[WorkerPlacement, ...]
+    target: tuple[WorkerPlacement, ...]
+
+
+def _fit_beside(now: float, base: LoopState, queue: str, fresh: Sequence[WorkerPlacement]) -> bool:
+    """Whether the new workers of a re-placed job fit while it still holds its old ones (until RESIZED): on
+    their nodes and within its queue's quota."""
+    table = base.fork(now).table
+    models: dict[str, int] = {}
+    for worker in fresh:
+        if not table.worker_fits_capacity(worker):
+            return False
+        table.apply(worker, -1)
+        row = table.index[worker.node]
+        for share in worker.gpus:
+            model = table.models[int(table.gpu_model[row, share.index])]
+            models[model] = models.get(model, 0) + share.milli
+    gpu_milli = sum(models.values())
+    cpu_milli = sum(w.cpu_milli for w in fresh)
+    memory = sum(w.memory for w in fresh)
+    ledger = base.state.ledger
+    usage = job_usage(gpu_milli, cpu_milli, memory, models)
+    return all(ledger.fits(queue, key, amount).fits for key, amount in usage.items())
+
+
+def kept_on_densest(workers: Sequence[WorkerPlacement], keep: int) -> tuple[WorkerPlacement, ...]:
+    """The `keep` workers a shrink keeps: those on the nodes where the job has the most GPUs (the sparsest
+    nodes are given back first; ties keep the earlier workers), in their order."""
+    on_node: dict[str, int] = {}
+    for worker in workers:
+        on_node[worker.node] = on_node.get(worker.node, 0) + len(worker.gpus)
+    ranked = sorted(range(len(workers)), key=lambda i: (-on_node[workers[i].node], workers[i].node, i))
+    return tuple(workers[i] for i in sorted(ranked[:keep]))
+
+
+def _node_count(workers: Iterable[WorkerPlacement]) -> int:
+    return len({w.node for w in workers})
+
 
 def _one_node_gpus(table: NodeTable, whole_free: npt.NDArray[np.bool_], record: JobRecord) -> int:
     """The most GPUs the job can hold on one node as it is placed: on its node, what it holds there and the
     whole GPUs free there (a grow beyond goes to other nodes); a job already on several nodes, 1 (every size
-    but one GPU spans nodes: a grow adds workers, it never gathers the old ones)."""
+    but one GPU spans nodes: a grow re-places the job onto fewer nodes only when the core places it so, and
+    counting on that was measured to do worse)."""
     nodes = {w.node for w in record.workers}
     if len(nodes) != 1:
         return 1

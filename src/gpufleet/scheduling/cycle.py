@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.snapshot import ClusterSnapshot, Migration, Placement, Preemption
@@ -327,15 +329,18 @@ class _Cycle:
         self.placements.append(Placement(job.id, state.holdings[job.id].workers))
 
     def _grow(self, job: Job) -> None:
-        """Add workers to an elastic job beyond its minimum while they fit, quota included."""
+        """Add workers to an elastic job beyond its minimum while they fit on the nodes its gang already uses, quota
+        included: it starts compact, and the resize step grows it later (re-placing it onto fewer nodes)."""
         state = self.state
         single = dataclasses.replace(job, workers=1, min_workers=None)
         context = GangContext([state.table.index[w.node] for w in state.holdings[job.id].workers])
+        only = np.zeros(len(state.table), dtype=bool)  # on the nodes of its gang: later grows gather
+        only[context.nodes] = True
         for _ in range(job.workers - job.gang_size):
             view, status = _admit(self.profile, single, state)
             if not status.ok:
                 return
-            outcome = place_worker(self.profile, view, state, context)
+            outcome = place_worker(self.profile, view, state, context, only)
             if isinstance(outcome, Status):
                 return
             state.extend(job.id, outcome)
