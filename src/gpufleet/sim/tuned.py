@@ -61,7 +61,10 @@ POLLUX_REBALANCE_HOW = (
     "mean avg JCT over workloads 1-4 with elastic jobs spared from LAS stops, 120 s between resizes, 32 GPUs at "
     "most: no rebalance 2,805 s; margin 1 3,226 s, 1.5 2,941 s, 2 2,667 s, 3 2,671 s, 4 2,702 s, 6 2,712 s, 8 "
     "2,739 s (below 2 GPUs go back and forth: 4.7 resizes per job at 1.5, 2.9 at 3); 3 is inside the flat part; "
-    "measured before the resize step also ran when more jobs wait (with that, 2,635 s at 3)"
+    "measured before the resize step also ran when more jobs wait (with that, 2,635 s at 3); re-checked with jobs "
+    "charged for the placement they hold, resizes that re-place a job and compact starts, margin x least time "
+    "between resizes (s): 3 x 120 2,598 s, 3 x 60 2,633, 3 x 180 2,625, 4 x 180 2,637, 4 x 60 2,650, 2 x 300 "
+    "2,677, 6 x 60 2,671, 2 x 120 2,726, 1.5 x 120 2,877 (20 settings; 3 and 120 s kept)"
 )
 POLLUX_NETWORK_HOW = (
     "mean avg JCT over workloads 1-4 of default, jobs running at the placement they hold (Pollux's measured step "
