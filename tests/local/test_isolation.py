@@ -143,6 +143,30 @@ def test_a_mapped_user_is_used_and_root_or_a_missing_user_is_refused(iso: Isolat
     assert "'nobody-here' does not exist" in backend.log_paths("x")[0].read_text()  # said in its log too
 
 
+def test_a_home_left_by_an_earlier_user_of_the_same_name_is_given_back_and_its_jobs_run(iso: Isolated) -> None:
+    """A queue's user removed and made again gets another uid; its home and working folders, still the old
+    uid's, made every job fail "Permission denied" on its working folder."""
+    backend = iso.backend(iso.per_queue_users())
+    backend.launch(iso.launch("first", iso.run("whoami", iso.out("first")), queue="iso-a"))
+    assert only(wait_for(backend, ended("first")), "first", K.EXITED).exit_code == 0
+    user = pwd.getpwnam("gpufleet-iso-a")
+    home = Path(user.pw_dir)
+    old = user.pw_uid + 1000  # the uid the user had before it was removed and made again
+    elsewhere = iso.shared / "not-the-homes.txt"
+    elsewhere.write_text("someone else's")
+    os.link(elsewhere, home / "hard-link")  # a second name, made by the old owner, for a file outside
+    for folder, _, files in os.walk(home):
+        for path in (folder, *(os.path.join(folder, name) for name in files)):
+            os.lchown(path, old, old)
+    os.symlink("/etc/hostname", home / "to-etc")
+    backend.launch(iso.launch("again", iso.run("whoami", out := iso.out("again")), queue="iso-a"))
+    assert only(wait_for(backend, ended("again")), "again", K.EXITED).exit_code == 0
+    assert read_out(out)["uid"] == user.pw_uid
+    assert (home.stat().st_uid, (home / "gpufleet-jobs" / "first").stat().st_uid) == (user.pw_uid, user.pw_uid)
+    assert elsewhere.stat().st_uid == old  # a hard link's file keeps its owner
+    assert os.stat("/etc/hostname").st_uid == 0  # a link is not followed
+
+
 def test_queue_names_that_are_not_user_names_get_distinct_valid_users() -> None:
     names = {q: queue_user(q) for q in ("team-a", "Team-A", "team.a", "a" * 63, "b" * 63, "9lives", "_x")}
     assert names["team-a"] == "gpufleet-team-a"

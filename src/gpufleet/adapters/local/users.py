@@ -13,10 +13,12 @@ whose name is not already a plain user name gets `gpufleet-<start>-<hash>` (dete
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ MAX_NAME = 32  # useradd's limit
 DEFAULT_JOBS_HOME = Path("/var/lib/gpufleet-jobs")
 COMMENT = "gpufleet jobs of queue"  # how the users gpufleet created are told from others
 _PLAIN = re.compile(r"[a-z0-9_][a-z0-9_-]*")
+log = logging.getLogger(__name__)
 NOLOGIN = next((s for s in ("/usr/sbin/nologin", "/sbin/nologin") if os.path.exists(s)), "/bin/false")
 
 
@@ -140,6 +143,30 @@ class Users:
             self.jobs_home.mkdir(parents=True, exist_ok=True)
             home.mkdir(mode=0o700, exist_ok=True)
             os.chown(home, entry.pw_uid, entry.pw_gid)
+            return
+        stale = home.lstat()
+        if stale.st_uid != entry.pw_uid:
+            # The user was removed and made again with another uid (or the home restored from elsewhere): every
+            # job would fail on its own working folder with "Permission denied" until the files are its again.
+            log.warning(
+                "home folder %s of %s belongs to uid %d, not to its user's uid %d: giving it back to %s",
+                home, entry.pw_name, stale.st_uid, entry.pw_uid, entry.pw_name,
+            )  # fmt: skip
+            _reown(home, stale.st_uid, stale.st_gid, entry)
+
+
+def _reown(home: Path, old_uid: int, old_gid: int, entry: pwd.struct_passwd) -> None:
+    """Give what the old owner of `home` owned in it to `entry`. Links are not followed, other file systems
+    not entered, and a file with more than one name is left alone: a hard link the old owner made to a file
+    elsewhere must not change hands with the home."""
+    device = home.lstat().st_dev
+    for folder, folders, files in os.walk(home, followlinks=False):
+        folders[:] = [name for name in folders if os.lstat(os.path.join(folder, name)).st_dev == device]
+        for path in (folder, *(os.path.join(folder, name) for name in files)):
+            info = os.lstat(path)
+            if info.st_uid != old_uid or (stat.S_ISREG(info.st_mode) and info.st_nlink > 1):
+                continue
+            os.lchown(path, entry.pw_uid, entry.pw_gid if info.st_gid == old_gid else -1)
 
 
 def check_mapped(name: str) -> RunAs:
