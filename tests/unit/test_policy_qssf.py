@@ -251,6 +251,45 @@ def test_running_jobs_of_the_class_count_with_their_run_time_so_far() -> None:
     assert bounded.predict(job("next"), 10_000.0) == 60.0  # median of 60, 60, 10,000
 
 
+_EVENT = st.one_of(
+    st.tuples(st.just("start"), st.integers(0, 5), st.integers(0, 1)),  # job k starts (queue k % 2)
+    st.tuples(st.just("end"), st.integers(0, 5), st.booleans()),  # job k ends, on its own or stopped
+    st.tuples(st.just("predict"), st.integers(0, 1), st.booleans()),  # a job of queue q; the clock moves or not
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=st.lists(_EVENT, max_size=40), seed_runs=st.lists(st.floats(1.0, 1e4), min_size=1, max_size=4))
+def test_predictions_with_running_jobs_follow_every_start_and_end_even_at_one_time(
+    events: list[tuple[str, int, object]], seed_runs: list[float]
+) -> None:
+    # Many jobs are predicted at one loop step's time; whatever the predictor keeps between them, each prediction
+    # is the quantile of the class's finished runs and its running jobs' run times so far at that moment.
+    p = DurationPredictor(window=5, min_samples=1, q=0.3)
+    for seconds in seed_runs:
+        for queue in ("q0", "q1"):
+            p.add(queue, 1.0, seconds)
+    finished: dict[str, list[float]] = {"q0": list(seed_runs), "q1": list(seed_runs)}
+    started: dict[str, tuple[str, float]] = {}  # job -> (queue, started at)
+    now = 100.0
+    for kind, number, flag in events:
+        if kind == "start":
+            j = job(f"j{number}", queue=f"q{flag}")
+            if j.id not in started:
+                started[j.id] = (j.queue, now)
+            p.started(running(j, 0, 0, started_at=now))
+        elif kind == "end":
+            seen = started.pop(f"j{number}", None)
+            p.ended(f"j{number}", now, finished=bool(flag))
+            if seen is not None and flag:
+                finished[seen[0]].append(now - seen[1])
+        else:
+            now += 7.0 if flag else 0.0
+            queue = f"q{number}"
+            so_far = [now - at for q, at in started.values() if q == queue]
+            assert p.predict(job("new", queue=queue), now) == quantile([*finished[queue][-5:], *so_far], 0.3)
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     alpha=st.floats(0.01, 100.0),

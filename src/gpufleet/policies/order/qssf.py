@@ -169,6 +169,10 @@ class DurationPredictor:
         self.by_queue: dict[str, _History] = {}
         self.overall = _History(window)
         self.learned = 0
+        # A class's quantile with its running jobs, at one time: every job that becomes pending in one loop step
+        # is predicted at the same time, and sorting the class's runs once per job was most of a step's intake.
+        # Dropped for a class whenever its runs or its running jobs change.
+        self._with_running_at: dict[ClassKey, tuple[float, float]] = {}  # class -> (now, its quantile)
 
     def started(self, run: RunningJob) -> None:
         """A job began holding resources (a job already running is kept as first seen)."""
@@ -178,6 +182,7 @@ class DurationPredictor:
         gpus = _gpus(job)
         self.running[run.id] = _Seen(job.queue, gpus, run.started_at, job.attained_gpu_seconds / gpus if gpus else 0.0)
         self.running_by_class.setdefault((job.queue, gpus), set()).add(run.id)
+        self._with_running_at.pop((job.queue, gpus), None)
 
     def ended(self, job_id: JobId, now: float, *, finished: bool) -> None:
         """A job released its resources at `now`; its run is learned if it `finished` (exited on its own)."""
@@ -185,6 +190,7 @@ class DurationPredictor:
         if seen is None:
             return
         self.running_by_class[(seen.queue, seen.gpus)].discard(job_id)
+        self._with_running_at.pop((seen.queue, seen.gpus), None)
         if finished:
             self.add(seen.queue, seen.gpus, seen.earlier_s + max(0.0, now - seen.started_at))
 
@@ -192,6 +198,7 @@ class DurationPredictor:
         """Record one finished job's run time."""
         window = self.window
         self.by_class.setdefault((queue, gpus), _History(window)).add(seconds)
+        self._with_running_at.pop((queue, gpus), None)
         self.by_queue.setdefault(queue, _History(window)).add(seconds)
         self.overall.add(seconds)
         self.learned += 1
@@ -213,9 +220,14 @@ class DurationPredictor:
         ids = self.running_by_class.get(key)
         if not ids:
             return history.quantile(self.q)
+        cached = self._with_running_at.get(key)
+        if cached is not None and cached[0] == now:
+            return cached[1]
         running = self.running
         so_far = [running[j].earlier_s + max(0.0, now - running[j].started_at) for j in ids]
-        return quantile([*history.runs, *so_far], self.q)
+        value = quantile([*history.runs, *so_far], self.q)
+        self._with_running_at[key] = (now, value)
+        return value
 
 
 class RunTimeLearner:
