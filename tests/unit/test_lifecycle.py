@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gpufleet.domain import TRANSITIONS, InvalidTransitionError, JobState, Transition, transition
+from gpufleet.domain import TRANSITIONS, InvalidTransitionError, Job, JobState, Transition, WorkerRequest, transition
 from gpufleet.domain.lifecycle import TERMINAL
+from gpufleet.domain.records import JobRecord, StopCause
 
 S = JobState
 EDGES = sorted(TRANSITIONS, key=lambda e: (e[0].value, e[1].value))
@@ -73,3 +77,40 @@ def test_every_non_terminal_state_is_reachable_and_can_end() -> None:
     for state in S:
         if not state.terminal:
             assert any(a is state and b.terminal for a, b in TRANSITIONS), state
+
+
+_RECORD_CHANGES = st.fixed_dictionaries(
+    {},
+    optional={
+        "state": st.sampled_from(list(S)),
+        "attempt": st.integers(0, 5),
+        "started_at": st.none() | st.floats(0, 1e6),
+        "finished_at": st.none() | st.floats(0, 1e6),
+        "reason": st.text(max_size=8),
+        "evicting_for": st.none() | st.text(max_size=4),
+        "stop_cause": st.none() | st.sampled_from(list(StopCause)),
+        "preemptions": st.integers(0, 9),
+        "attained_gpu_seconds": st.floats(0, 1e6),
+        "resizing": st.booleans(),
+    },
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(first=_RECORD_CHANGES, second=_RECORD_CHANGES)
+def test_a_record_evolves_into_the_next_version_with_only_the_changes(
+    first: dict[str, object], second: dict[str, object]
+) -> None:
+    job = Job(id="j1", queue="team", request=WorkerRequest(gpus=1))
+    record = JobRecord(job, S.PENDING).evolve(**first)
+    evolved = record.evolve(**second)
+    assert evolved == dataclasses.replace(record, version=record.version + 1, **second)  # type: ignore[arg-type]
+    assert evolved.version == 3
+    assert record.version == 2
+
+
+def test_a_record_refuses_to_evolve_a_field_it_lacks_or_its_version() -> None:
+    record = JobRecord(Job(id="j1", queue="team", request=WorkerRequest(gpus=1)), S.PENDING)
+    for bad in ({"colour": "red"}, {"version": 7}):
+        with pytest.raises(TypeError, match=next(iter(bad))):
+            record.evolve(**bad)
