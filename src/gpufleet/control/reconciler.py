@@ -54,7 +54,7 @@ from gpufleet.ports import (
     StaleWriteError,
     StateStore,
 )
-from gpufleet.scheduling.cycle import CycleResult, decide
+from gpufleet.scheduling.cycle import CycleResult, collector_paused, decide
 from gpufleet.scheduling.plugin_api import Profile, SortKey, Wake
 from gpufleet.scheduling.state import InventoryCache
 
@@ -152,6 +152,16 @@ class Reconciler:
         raises after keeping what it observed; the next step first resynchronises its working state from
         the store, then writes those observations again."""
         report = StepReport()
+        # The collector is paused for the whole step, not only for its cycles: observing, taking in and
+        # writing also allocate objects that die within the step, and each collection the collector ran
+        # among them walked them again, promoted those alive at that moment (and so brought the next
+        # full collection of every job's objects closer). The young objects a step leaves are collected
+        # once, when it ends.
+        with collector_paused():
+            self._step_or_resync(report)
+        return report
+
+    def _step_or_resync(self, report: StepReport) -> None:
         if self._dirty:
             self._resync()
         try:
@@ -165,7 +175,6 @@ class Reconciler:
             # Working state may hold changes the store never took (placements, removals): rebuild it.
             self._dirty = True
             raise
-        return report
 
     def _resync(self) -> None:
         self.pending = self._pending_index()

@@ -347,8 +347,8 @@ class _Cycle:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for one cycle.
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for one cycle (the control loop: for one whole step).
 
     A cycle allocates many short-lived objects (sort keys, statuses, placements); each time enough
     pile up, the collector walks the long-lived ones too (snapshot, jobs, holdings), which cost about
@@ -378,7 +378,7 @@ def run_cycle(
     `estimates`: what the profile's learner predicted for pending jobs (run times learned from finished jobs);
     without them, jobs count at the order's prior. `inventory`: a cache the caller keeps across calls on the
     same node inventory (speed only: the result is the same without it)."""
-    with _collector_paused():
+    with collector_paused():
         return decide(CycleState(snapshot, inventory, estimates), pending, profile, snapshot.nominated)
 
 
@@ -387,7 +387,7 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
 
     The state is consumed: it holds the cycle's decisions afterwards.
     """
-    with _collector_paused():
+    with collector_paused():
         state.pending = tuple(pending)
         cycle = _Cycle(state, profile)
         claims, by_queue = _intake(cycle, pending, set(nominated))
