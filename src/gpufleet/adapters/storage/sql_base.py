@@ -9,8 +9,9 @@ runs in one short transaction exactly as the others do.
 from __future__ import annotations
 
 import json
+import operator
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,19 @@ class DriverRows:
         self.sql = str(compiled)
         # Positional drivers (SQLite's `?`) take tuples in the compiled order; named ones (psycopg) the dicts.
         self.order: tuple[str, ...] | None = tuple(compiled.positiontup or ()) if compiled.positional else None
+        # A row's values in that order, read in C (a generator per row took four times as long).
+        self._values: Callable[[dict[str, Any]], tuple[Any, ...]] | None = None
+        if self.order:
+            getter = operator.itemgetter(*self.order)
+            self._values = getter if len(self.order) > 1 else lambda row: (getter(row),)
 
     def run(self, connection: sa.Connection, rows: Sequence[dict[str, Any]]) -> sa.CursorResult[Any]:
-        order = self.order
-        if order is None:
+        values = self._values
+        if self.order is None:
             return connection.exec_driver_sql(self.sql, list(rows))
-        return connection.exec_driver_sql(self.sql, [tuple(row[name] for name in order) for row in rows])
+        if values is None:  # a statement without parameters
+            return connection.exec_driver_sql(self.sql, [() for _ in rows])
+        return connection.exec_driver_sql(self.sql, [values(row) for row in rows])
 
 
 def names(listed: Sequence[str]) -> str:
