@@ -75,6 +75,8 @@ def test_bench_loop_prints_its_figures() -> None:
     assert figures["decisions"] == figures["placed"] + figures["preempted"]
     assert figures["decisions_per_s"] > 0
     assert figures["decisions_per_cpu_s"] > 0
+    assert 0 < figures["decisions_per_cpu_s_with_collector"] <= figures["decisions_per_cpu_s"]
+    assert 0 <= figures["collector_between_steps_cpu_s_per_step"] <= figures["collector_cpu_s_per_step"]
     assert 0 < figures["cycle_p50_s"] <= figures["cycle_p99_s"] <= figures["cycle_max_s"]
     assert 0 <= figures["store_write_share"] <= 1
     assert 0 < figures["store_write_cpu_p50_s"] <= figures["store_write_cpu_p99_s"] <= figures["cycle_cpu_p99_s"]

@@ -23,12 +23,17 @@ the core's share, and `realtime_factor` (simulated seconds per wall second: >= 1
 that arrival and departure rate in real time). `cycle_cpu_*` is the process's CPU time per step: on a machine
 shared with other work it says what the step costs when wall time is inflated by waiting for a core;
 `store_write_cpu_*` likewise for the store's write (`store_write_cpu_share`: its part of the steps' CPU time).
+The loop pauses Python's cyclic collector during a step, so its collections of what the loop keeps run when
+something allocates between steps (live: the API; here: the arrivals): `collector_cpu_s_per_step` is the
+collector's CPU time in and between the measured steps, `collector_between_steps_cpu_s_per_step` the part not
+in any step's time, and `decisions_per_cpu_s_with_collector` counts that part in.
 `decisions_digest` hashes where every running job runs and which jobs are stopping after every step (fill and
 warm-up included): two versions of the code that decide the same give the same digest for the same arguments.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import heapq
 import resource
@@ -79,6 +84,27 @@ class TimedStore(SqlStore):
             self.write_cpu_seconds += time.process_time() - cpu
 
 
+class _CollectorTime:
+    """The cyclic collector's CPU time while registered (`gc.callbacks`), split by whether a loop step was
+    running."""
+
+    def __init__(self) -> None:
+        self.in_steps = 0.0
+        self.between_steps = 0.0
+        self.stepping = False
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+            return
+        spent = time.process_time() - self._started
+        if self.stepping:
+            self.in_steps += spent
+        else:
+            self.between_steps += spent
+
+
 @dataclass
 class _Steps:
     seconds: list[float] = field(default_factory=list)
@@ -91,6 +117,8 @@ class _Steps:
     preempted: int = 0
     finished: int = 0
     submit_seconds: float = 0.0
+    collector_in_steps: float = 0.0
+    collector_between_steps: float = 0.0
 
     def add(self, report: StepReport, seconds: float, cpu: float, writes: float, write_cpu: float) -> None:
         self.seconds.append(seconds)
@@ -134,6 +162,7 @@ class SteadyLoop:
         self.backend = SimulatedBackend(self.clock, self._schedule, self.durations, _full_speed, settings)
         self.submit_seconds = 0.0
         self.digest = hashlib.sha256()
+        self.collector = _CollectorTime()
         self._arrive(self.fill_jobs)
         self.loop = Reconciler(store, self.backend, self.clock, named_profile(policy))
 
@@ -169,9 +198,11 @@ class SteadyLoop:
     def _step(self) -> tuple[StepReport, float, float]:
         while self._due and self._due[0][0] <= self.clock.now():
             self.backend.deliver(heapq.heappop(self._due)[2])
+        self.collector.stepping = True
         started, cpu = time.perf_counter(), time.process_time()
         report = self.loop.step()
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        self.collector.stepping = False
         self.running = len(self.loop.base.holdings)
         self._digest_decisions()
         return report, wall, cpu
@@ -234,12 +265,18 @@ def run(
             pending_before = len(world.loop.pending)
             world.submit_seconds = 0.0
             measured = _Steps()
-            for _ in range(steps):
-                writes_before, write_cpu_before = store.write_seconds, store.write_cpu_seconds
-                report, seconds, cpu = world.step()
-                writes, write_cpu = store.write_seconds - writes_before, store.write_cpu_seconds - write_cpu_before
-                measured.add(report, seconds, cpu, writes, write_cpu)
+            gc.callbacks.append(world.collector)
+            try:
+                for _ in range(steps):
+                    writes_before, write_cpu_before = store.write_seconds, store.write_cpu_seconds
+                    report, seconds, cpu = world.step()
+                    writes, write_cpu = store.write_seconds - writes_before, store.write_cpu_seconds - write_cpu_before
+                    measured.add(report, seconds, cpu, writes, write_cpu)
+            finally:
+                gc.callbacks.remove(world.collector)
             measured.submit_seconds = world.submit_seconds
+            measured.collector_in_steps = world.collector.in_steps
+            measured.collector_between_steps = world.collector.between_steps
             figures = _figures(
                 measured, steps, rate, pending_before, len(world.loop.pending), fill_report, fill_seconds
             )
@@ -273,6 +310,7 @@ def _figures(
     cycle = np.array(m.seconds)
     writes = np.array(m.writes)
     decisions = m.placed + m.preempted
+    all_in = sum(m.cpu) + m.collector_between_steps
     return {
         "benchmark": "loop",
         "store": "sqlite (WAL, a file)",
@@ -287,6 +325,9 @@ def _figures(
         "jobs_offered_per_step": round(float(np.mean(m.decided)), 1),
         "decisions_per_s": round(decisions / wall, 1) if wall else 0.0,
         "decisions_per_cpu_s": round(decisions / sum(m.cpu), 1) if sum(m.cpu) else 0.0,
+        "decisions_per_cpu_s_with_collector": round(decisions / all_in, 1) if all_in else 0.0,
+        "collector_cpu_s_per_step": round((m.collector_in_steps + m.collector_between_steps) / steps, 4),
+        "collector_between_steps_cpu_s_per_step": round(m.collector_between_steps / steps, 4),
         "cycle_p50_s": round(float(np.percentile(cycle, 50)), 4),
         "cycle_p99_s": round(float(np.percentile(cycle, 99)), 4),
         "cycle_max_s": round(float(cycle.max()), 4),
