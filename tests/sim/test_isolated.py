@@ -4,6 +4,8 @@ completion times worked out by hand on small clusters, in Gavel's rounds and fol
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 from gpufleet.domain import Job, QueueSpec, WorkerRequest
@@ -122,3 +124,24 @@ def test_rounds_stop_once_the_awaited_jobs_are_done() -> None:
     jobs = [("fast", 0.0, 100.0, 1), ("fast", 0.0, 10_000.0, 1)]
     assert set(isolated_jcts(workload("2xV100-32GB", jobs), until_done={"j0"})) == {"j0"}
     assert set(isolated_jcts(workload("2xV100-32GB", jobs))) == {"j0", "j1"}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["fast", "slow"]), st.floats(0.0, 5000.0), st.floats(1.0, 4000.0)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_rounds_every_job_finishes_no_faster_than_alone_on_its_fastest_model(
+    jobs: list[tuple[str, float, float]],
+) -> None:
+    # 1 A100 + 2 V100: a "fast" job runs at most 2x the reference speed, a "slow" one at most 1x (V100 only).
+    jobs = sorted(jobs, key=lambda job: job[1])  # a workload lists its jobs in arrival order
+    trace = [(kind, arrival, duration, 1) for kind, arrival, duration in jobs]
+    jct = isolated_jcts(workload("1xA100-80GB,2xV100-32GB", trace))
+    assert set(jct) == {f"j{i}" for i in range(len(jobs))}
+    for i, (kind, _, duration) in enumerate(jobs):
+        fastest = 2.0 if kind == "fast" else 1.0
+        assert jct[f"j{i}"] >= duration / fastest - 1e-6

@@ -173,7 +173,8 @@ def isolated_jcts(workload: Workload, *, until_done: Collection[str] | None = No
             now = float(arrival[order[next_arrival]])
             continue
         index = np.array(active, dtype=np.int64)
-        if changed and (last_reset == _UNSET or now - last_reset >= GAVEL_RESET_INTERVAL_S):
+        # (The tolerance: a run that waited for the recomputation lands on its time up to rounding.)
+        if changed and (last_reset == _UNSET or now - last_reset >= GAVEL_RESET_INTERVAL_S - 1e-6):
             elapsed = now - last_reset if last_reset != _UNSET else 0.0
             deficit[index] += allocation[index] * elapsed - (received[index] - half_round)
             received[index] = half_round
