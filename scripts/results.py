@@ -275,8 +275,8 @@ def _gavel_section() -> list[str]:
             "",
             f"Tuned on the single-GPU trace at {GAVEL_TUNING_RATES} jobs/h (see TUNED.md); every other rate, and "
             "the whole multi-GPU trace, is held out. rho is Gavel's: each job's JCT over its JCT under Gavel's "
-            "isolated allocation (1/n of each GPU model) on the same arrivals (`gpufleet.sim.isolated`). "
-            "Data: Narayanan et al., OSDI'20.",
+            "isolated allocation (1/n of each GPU model) on the same arrivals, run in rounds as Gavel's simulator "
+            "runs it (`gpufleet.sim.isolated`). Data: Narayanan et al., OSDI'20.",
             "",
         ]
         rows = [
