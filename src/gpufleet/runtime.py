@@ -108,13 +108,22 @@ def report(
     loss: float | None = None,
     grad_sqr: float | None = None,
     grad_var: float | None = None,
+    batch: float | None = None,
+    min_batch: float | None = None,
+    max_batch: float | None = None,
+    gpus: int | None = None,
+    nodes: int | None = None,
     **metrics: float,
 ) -> None:
     """Report training progress: `samples` processed so far by the whole job, the `loss` now, optionally the
-    gradient's squared norm and variance (`grad_sqr`, `grad_var`: the gradient noise scale), and any other
-    numbers (`lr=…`). Non-blocking; a no-op outside gpufleet and on ranks other than 0."""
+    gradient's squared norm and variance (`grad_sqr`, `grad_var`: the gradient noise scale, measured at the
+    current batch), how it trains (`batch`: total samples per step now; `min_batch`/`max_batch`: the range an
+    adaptive job chooses it from), where it runs (`gpus`, `nodes` spanned), and any other numbers (`lr=…`).
+    With `step` and `samples` counted and `nodes` given, the control plane learns the step time per placement
+    and batch (what sizes elastic jobs). Non-blocking; a no-op outside gpufleet and on ranks other than 0."""
     values: dict[str, Any] = {"step": step, "samples": samples, "loss": loss, "grad_sqr": grad_sqr, **metrics}
-    values["grad_var"] = grad_var
+    values |= {"grad_var": grad_var, "batch": batch, "min_batch": min_batch, "max_batch": max_batch}
+    values |= {"gpus": gpus, "nodes": nodes}
     _send("progress", values)
 
 
@@ -137,7 +146,7 @@ def _send(kind: str, values: dict[str, Any]) -> None:
         except (TypeError, ValueError):
             continue  # not a number: never the job's failure
         if math.isfinite(number):  # a NaN loss is the job's business, not a reason to lose the batch
-            item[name] = int(value) if name == "step" else number
+            item[name] = int(value) if name in ("step", "gpus", "nodes") else number
     reporter.put(item)
 
 

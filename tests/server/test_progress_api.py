@@ -37,7 +37,8 @@ def test_a_running_job_reports_and_its_team_reads_throughput_loss_and_checkpoint
     body = got.json()
     # Measured on the model its GPUs are.
     measured = {"gpus": 2, "model": "A100-80GB", "samples": 1280.0, "seconds": 20.0, "reports": 2}
-    assert body["throughput"] == [{**measured, "samples_per_s": 64.0}]
+    unplaced = {"nodes": None, "steps": None, "batch": None}  # its reports did not say where it ran
+    assert body["throughput"] == [{**measured, "samples_per_s": 64.0, **unplaced}]
     assert body["loss_curve"] == [[0.0, 4.0], [640.0, 3.0], [1280.0, 2.5]]
     assert (body["step"], body["samples"], body["loss"]) == (20, 1280.0, 2.5)
     assert (body["grad_sqr"], body["grad_var"], body["metrics"]) == (2.0, 0.5, {"lr": 0.1})
@@ -106,6 +107,42 @@ def test_bad_reports_name_every_field_and_keep_nothing(api: Api) -> None:
     assert_error(api.client.get(f"/v1/jobs/{job['id']}/progress", headers=api.h(api.team_a)), 404)
     # A bad body without a token is refused for the token first: nothing about the job is parsed.
     assert_error(api.client.post(f"/v1/jobs/{job['id']}/reports", content=b"{", headers={}), 401)
+
+
+def test_a_job_that_says_its_batch_and_placement_is_measured_per_placement_and_batch(api: Api) -> None:
+    job = submit(api, api.team_a, gpus=2)
+    run_on(api, job["id"], gpus=(0, 1))
+    token = job_token(api, job["id"])
+    how = {"batch": 64, "min_batch": 32, "max_batch": 512, "max_local_batch": 128, "gpus": 2, "nodes": 1}
+    reports = [
+        {"kind": "progress", "at": 900.0, "step": 0, "samples": 0, **how},
+        {"kind": "progress", "at": 910.0, "step": 50, "samples": 3200, **how},
+    ]
+    assert post(api, job["id"], reports, token).status_code == 202
+    body = api.client.get(f"/v1/jobs/{job['id']}/progress", headers=api.h(api.team_a)).json()
+    assert (body["batch"], body["min_batch"], body["max_batch"], body["nodes"]) == (64.0, 32.0, 512.0, 1)
+    [entry] = body["throughput"]
+    assert (entry["gpus"], entry["nodes"], entry["steps"], entry["batch"]) == (2, 1, 50.0, 64.0)
+    assert entry["samples_per_s"] == 320.0
+
+
+def test_bad_batch_or_placement_is_refused_with_the_field_and_a_fix(api: Api) -> None:
+    job = submit(api, api.team_a, gpus=2)
+    run_on(api, job["id"], gpus=(0, 1))
+    token = job_token(api, job["id"])
+    bad = [
+        {"kind": "progress", "samples": 10, "batch": 0, "nodes": 0, "gpus": 1.5},
+        {"kind": "progress", "samples": 10, "gpus": 2, "nodes": 3},
+        {"kind": "progress", "samples": 10, "min_batch": 64, "max_batch": 32},
+        {"kind": "progress", "samples": 10, "batch": 16, "min_batch": 32, "max_batch": 64},
+    ]
+    body = assert_error(post(api, job["id"], bad, token), 422, "invalid")
+    fields = {f["field"]: f for f in body["fields"]}
+    assert {"reports[0].batch", "reports[0].nodes", "reports[0].gpus", "reports[1].nodes"} <= set(fields)
+    assert {"reports[2].min_batch", "reports[3].batch"} <= set(fields)
+    assert "one node per GPU" in fields["reports[1].nodes"]["fix"]
+    assert all(f["fix"] for f in body["fields"])
+    assert_error(api.client.get(f"/v1/jobs/{job['id']}/progress", headers=api.h(api.team_a)), 404)
 
 
 def test_a_job_that_floods_reports_gets_429_and_other_jobs_carry_on(api: Api) -> None:

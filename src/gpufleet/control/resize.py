@@ -97,8 +97,9 @@ class Resizer:
         """The plugin's new sizes (in workers) for the running elastic jobs whose size should change."""
         table = base.table
         whole_free = (table.gpu_milli_free == MILLI) & table.schedulable[:, None]
+        node_gpus = int(table.gpu_count.max()) if len(table.gpu_count) else None
         jobs = tuple(
-            self._elastic(r, _one_node_gpus(table, whole_free, r))
+            self._elastic(r, _one_node_gpus(table, whole_free, r), node_gpus)
             for r in running
             if r.state is JobState.RUNNING and not r.resizing
         )
@@ -117,13 +118,13 @@ class Resizer:
         steps = {j.id: j.step for j in jobs}
         return {job_id: gpus // steps[job_id] for job_id, gpus in self.plugin.resize(given).items()}
 
-    def _elastic(self, record: JobRecord, gpus_per_node: int | None) -> ElasticJob:
+    def _elastic(self, record: JobRecord, gpus_per_node: int | None, node_gpus: int | None = None) -> ElasticJob:
         job = record.job
         step = job.request.gpus
         current = len(record.workers)
         sizes = range(job.gang_size * step, job.workers * step + 1, step)
         progress = self.progress.job_progress(job.id) if self.progress is not None else None
-        goodput = goodput_by_size(progress, current * step, sizes, gpus_per_node)
+        goodput = goodput_by_size(progress, current * step, sizes, gpus_per_node, node_gpus)
         now_rate = goodput.get(current * step) or 1.0
         return ElasticJob(
             id=job.id,

@@ -254,10 +254,12 @@ def _fgd_plus(data: PolicyData) -> Profile:
 DEFAULT_LAS_MIN_RUN_S = 900.0
 # `default`: the least time between two resizes of one elastic job (tuned on Pollux workloads 1-4; see
 # gpufleet.sim.tuned).
-DEFAULT_RESIZE_MIN_INTERVAL_S = 120.0
+DEFAULT_RESIZE_MIN_INTERVAL_S = 60.0
 # `default`: by how much more than it costs a move of GPUs between running elastic jobs must pay (the rebalance
 # of `GoodputResize`; tuned on Pollux workloads 1-4, see gpufleet.sim.tuned).
 DEFAULT_REBALANCE_MARGIN = 3.0
+# `default`: an elastic job better off at a smaller size gives the surplus back (`GoodputResize.shed`).
+DEFAULT_SHED = True
 
 
 def _default(data: PolicyData) -> Profile:
@@ -279,7 +281,10 @@ def _default(data: PolicyData) -> Profile:
         learner="qssf",
     )
     resize = GoodputResize(
-        min_interval_s=DEFAULT_RESIZE_MIN_INTERVAL_S, rebalance=True, rebalance_margin=DEFAULT_REBALANCE_MARGIN
+        min_interval_s=DEFAULT_RESIZE_MIN_INTERVAL_S,
+        rebalance=True,
+        rebalance_margin=DEFAULT_REBALANCE_MARGIN,
+        shed=DEFAULT_SHED,
     )
     return dataclasses.replace(profile, resize=resize)
 

@@ -97,7 +97,7 @@ class ProgressService:
         if progress is None:
             return None
         out = progress_to_dict(progress)
-        del out["anchor"]  # bookkeeping, not a fact about the job
+        del out["anchor"], out["anchor_step"]  # bookkeeping, not facts about the job
         for entry in out["throughput"]:  # type: ignore[attr-defined]
             entry["samples_per_s"] = entry["samples"] / entry["seconds"] if entry["seconds"] > 0 else None
         return out

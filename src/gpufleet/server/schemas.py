@@ -571,6 +571,9 @@ class SizeThroughputOut(BaseModel):
     seconds: float = Field(description="Seconds over which they were counted.")
     reports: int
     samples_per_s: float | None
+    nodes: int | None = Field(None, description="Nodes it spanned, when its reports said (and counted steps).")
+    steps: float | None = Field(None, description="Steps counted with the samples, when its reports counted them.")
+    batch: float | None = Field(None, description="The quarter octave of its mean batch (samples per step) counted.")
 
 
 class ProgressOut(BaseModel):
@@ -584,6 +587,10 @@ class ProgressOut(BaseModel):
     loss: float | None
     grad_sqr: float | None
     grad_var: float | None
+    batch: float | None = Field(None, description="Its total batch (samples per step) as last reported.")
+    min_batch: float | None = Field(None, description="The least total batch it said it may train at.")
+    max_batch: float | None = Field(None, description="The largest total batch it said it may train at.")
+    nodes: int | None = Field(None, description="Nodes it spanned as last reported.")
     metrics: dict[str, float] = Field(description="Other numbers it reported, as last seen (at most 32).")
     loss_curve: list[tuple[float, float]] = Field(description="(samples, loss), at most 512, thinner in the past.")
     sizes: list[tuple[float, int]] = Field(description="(time, GPUs) each time its size changed.")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpufleet.adapters.storage.memory import InMemoryStore
@@ -216,11 +216,9 @@ class Simulation:
     def _schedule_observation(self, at: float, observation: Observation) -> None:
         self._push(at, OBSERVATION, observation)
 
-    def _report(
-        self, job_id: str, attempt: int, gpus: int, at: float, samples: float, grad_sqr: float, grad_var: float
-    ) -> None:
+    def _report(self, job_id: str, attempt: int, gpus: int, at: float, values: Mapping[str, float]) -> None:
         """A simulated job's progress report, folded into the store as the API folds a real one's."""
-        report = Report("progress", at, {"samples": samples, "grad_sqr": grad_sqr, "grad_var": grad_var})
+        report = Report("progress", at, dict(values))
         context = ReportContext(attempt, gpus, at)
         self.store.update_progress(job_id, at, lambda progress: fold(progress, [report], context))
 

@@ -16,7 +16,7 @@ through `reporter` every `report_every_s` of run time, as a job calling `gpuflee
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -55,9 +55,18 @@ class WorkModel(Protocol):
         """(squared norm, variance) of the job's gradient at its batch at `layout`, at `done`."""
         ...
 
+    def counts(self, job: Job, layout: tuple[int, ...], start: float, end: float) -> tuple[float, float]:
+        """(samples, steps) the job processes at `layout` from work `start` to `end`."""
+        ...
 
-# (job, attempt, GPUs, time, samples so far, grad_sqr, grad_var): one progress report of a running job.
-Reporter = Callable[[JobId, int, int, float, float, float, float], None]
+    def batch(self, job: Job, layout: tuple[int, ...], done: float) -> tuple[float, float, float, float]:
+        """(total batch now, least and largest total batch it may choose, largest per GPU) at `layout`, at
+        `done`."""
+        ...
+
+
+# (job, attempt, GPUs, time, fields of a progress report): one progress report of a running job.
+Reporter = Callable[[JobId, int, int, float, Mapping[str, float]], None]
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,7 @@ class _Run:
     layout: tuple[int, ...] = ()  # whole GPUs per node, in node-name order (model jobs)
     done_before: float = 0.0  # work done before this run began (model jobs)
     samples_before: float = 0.0
+    steps_before: float = 0.0
     resizes: int = 0
     ends_at: float | None = None
     reported_at: float | None = None
@@ -141,6 +151,7 @@ class SimulatedBackend:
         self.model = model
         self.reporter = reporter
         self._samples: dict[JobId, float] = {}
+        self._steps: dict[JobId, float] = {}
 
     def launch(self, launch: Launch) -> None:
         job = launch.job
@@ -169,6 +180,7 @@ class SimulatedBackend:
             run.job, run.whole_gpus, run.done_before = job, round(gpus), done
             run.layout = _layout(launch.workers)
             run.samples_before = self._samples.get(job.id, 0.0)
+            run.steps_before = self._steps.get(job.id, 0.0)
         self._running[job.id] = run
         self._nodes_of[job.id] = frozenset(w.node for w in launch.workers)
         self.stats.penalty_gpu_seconds += penalty * gpus
@@ -209,8 +221,9 @@ class SimulatedBackend:
         saved = progress if self.settings.checkpoint_on_signal else self._periodic_saved(run, now, progress)[0]
         self.stats.done[job_id] = self.stats.done.get(job_id, 0.0) + saved
         if run.job is not None and self.model is not None:
-            rate = self.model.samples_per_s(run.job, run.layout, run.done_before)
-            self._samples[job_id] = run.samples_before + self._computed(run, now) * rate
+            samples, steps = self.model.counts(run.job, run.layout, run.done_before, run.done_before + progress)
+            self._samples[job_id] = run.samples_before + samples
+            self._steps[job_id] = run.steps_before + steps
         lost = progress - saved
         self.stats.lost_work_seconds += lost
         self.stats.lost_gpu_seconds += lost / run.speed * run.gpus
@@ -234,7 +247,6 @@ class SimulatedBackend:
         every = self.report_every_s
         begin = run.started + run.penalty
         at = begin if run.reported_at is None else run.reported_at + every
-        rate = model.samples_per_s(job, run.layout, run.done_before)
         total = model.total(job)
         while at <= now:
             computed = at - begin
@@ -242,7 +254,21 @@ class SimulatedBackend:
             if done >= total:
                 break
             sqr, var = model.gradient(job, run.layout, done)
-            reporter(job_id, run.attempt, run.whole_gpus, at, run.samples_before + computed * rate, sqr, var)
+            samples, steps = model.counts(job, run.layout, run.done_before, done)
+            batch, least, most, local = model.batch(job, run.layout, done)
+            values = {
+                "samples": run.samples_before + samples,
+                "step": float(int(run.steps_before + steps)),
+                "grad_sqr": sqr,
+                "grad_var": var,
+                "batch": batch,
+                "min_batch": least,
+                "max_batch": most,
+                "max_local_batch": local,
+                "gpus": float(run.whole_gpus),
+                "nodes": float(len(run.layout)),
+            }
+            reporter(job_id, run.attempt, run.whole_gpus, at, values)
             run.reported_at = at
             at += every
 

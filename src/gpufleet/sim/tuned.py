@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.control.goodput import PRIOR_NETWORK
+from gpufleet.control.goodput import PRIOR_NETWORK, PRIOR_NETWORK_SYNC
 from gpufleet.policies.catalog import (
     DEFAULT_LAS_MIN_RUN_S,
     DEFAULT_REBALANCE_MARGIN,
@@ -73,6 +73,16 @@ POLLUX_NETWORK_HOW = (
     "own node first, a variant not kept (without it, 0: 2,754 s); the same code with one node boundary "
     "for all at 4 GPUs and jobs charged as if placed compactly: 0 2,611 s, 0.5 2,589 s, 1 2,620 s, 4 2,845 s)"
 )
+POLLUX_BATCH_HOW = (
+    "mean avg JCT over workloads 1-4 of default with the batch-aware goodput model (jobs reporting batch, steps "
+    "and placement; batch chosen per size): least time between resizes 120 s 2,634 s (the model alone), 60 s "
+    "2,612 s; with jobs shedding GPUs they are better off without, 120 s 2,645 s, 60 s 2,585 s (loads 0.9 / 1.1: "
+    "2,525 / 2,709 s, against 2,568 / 2,708 s before the model); with 60 s and shedding, margin 2 2,589 s, 4 "
+    "2,615 s; prior network share 0 2,716 s, 0.25 2,585 s, 1 2,702 s (without shedding, 120 s: 0.5 2,658; and "
+    "before jobs reported their per-GPU batch limit, 0 2,698, 1 2,713, 2 2,744); noisy: neighbouring settings "
+    "differ by 1-3 %; held out (5-8): 2,932 s against 3,024 s before the model and 3,033 s with the model off "
+    "(shedding and 60 s kept)"
+)
 GAVEL_KEEP_HOW = (
     "avg JCT at 4.8 jobs/h with bands 0.5/2/10 h: no margin 19.38 h, 360 s 19.27 h; with moves at round starts "
     "(one queue) it is also the margin by which a job must lag on another model to move: 16.65 h (rho 0.82), "
@@ -110,7 +120,7 @@ TUNED: tuple[TunedConstant, ...] = (
         "s",
         "gpufleet.policies.catalog.DEFAULT_RESIZE_MIN_INTERVAL_S",
         POLLUX_TUNING,
-        POLLUX_HOW,
+        POLLUX_HOW + "; re-tuned with the batch-aware goodput model: " + POLLUX_BATCH_HOW,
         ("pollux",),
     ),
     TunedConstant(
@@ -129,6 +139,15 @@ TUNED: tuple[TunedConstant, ...] = (
         "gpufleet.control.goodput.PRIOR_NETWORK",
         POLLUX_TUNING,
         POLLUX_NETWORK_HOW,
+        ("pollux", "pollux-loads"),
+    ),
+    TunedConstant(
+        "batch-aware goodput prior: synchronisation across nodes, as a share of a step's compute, until measured",
+        PRIOR_NETWORK_SYNC,
+        "",
+        "gpufleet.control.goodput.PRIOR_NETWORK_SYNC",
+        POLLUX_TUNING,
+        POLLUX_BATCH_HOW,
         ("pollux", "pollux-loads"),
     ),
     TunedConstant(

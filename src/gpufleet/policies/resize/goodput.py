@@ -9,6 +9,9 @@ Each job's `goodput[g]` (throughput x statistical efficiency at g GPUs) is given
    per GPU first — a job whose loss has flattened loses nothing and gives first — never below its min and
    never a job resized less than `min_interval_s` ago. If even all of that would not admit the job, nobody
    shrinks for it (a shrink that admits nobody only costs restarts).
+1b. **Shed** (`shed`, on in `default`): a job whose goodput is higher at a smaller size (a size past its
+   node that pays more in synchronisation than it adds) shrinks to its best size when that pays its restart
+   within the horizon, never below its min; the GPUs go to the grow below.
 2. **Grow.** The free GPUs left go to the job that gains the most goodput per GPU, within its max and its
    queue's quota headroom, one grant at a time; a grant may be several steps when their gain per GPU together
    is the best (goodput need not rise step by step: a job whose next step would cross into another node may
@@ -47,6 +50,7 @@ class GoodputResize:
     horizon_s: float = 1800.0
     rebalance: bool = False
     rebalance_margin: float = 0.0
+    shed: bool = False  # a job whose goodput is higher at a smaller size shrinks to it (see the module)
 
     def resize(self, given: ResizeInput) -> Mapping[str, int]:
         size = {job.id: job.gpus for job in given.jobs}
@@ -69,12 +73,32 @@ class GoodputResize:
             free -= need
             if queue in headroom:
                 headroom[queue] -= need
+        if self.shed:
+            free += self._shed(movable, size, headroom)
         shrunk = {job.id for job in given.jobs if size[job.id] < job.gpus}
         growable = [job for job in movable if job.id not in shrunk]
         free = self._grow(growable, size, headroom, free)
         if self.rebalance:
             self._rebalance(growable, size, headroom)
         return {job.id: size[job.id] for job in given.jobs if size[job.id] != job.gpus}
+
+    def _shed(self, jobs: list[ElasticJob], size: dict[str, int], headroom: dict[str, int]) -> int:
+        """Jobs whose goodput is higher at a smaller size (past the restart) shrink to their best size; the
+        GPUs freed."""
+        freed = 0
+        for job in jobs:
+            now_at = size[job.id]
+            smaller = [g for g in range(job.min_gpus, now_at, job.step) if g in job.goodput]
+            if now_at != job.gpus or not smaller:
+                continue
+            best = max(smaller, key=lambda g: (job.goodput[g], -g))
+            if self._worth(job, best):
+                back = now_at - best
+                size[job.id] = best
+                freed += back
+                if job.queue in headroom:
+                    headroom[job.queue] += back
+        return freed
 
     def _may_resize(self, job: ElasticJob, now: float) -> bool:
         if job.min_gpus >= job.max_gpus:

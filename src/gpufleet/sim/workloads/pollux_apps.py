@@ -182,6 +182,16 @@ class Application:
             progress = end
         return self.total_progress
 
+    @property
+    def largest_local(self) -> float:
+        """The largest per-GPU batch an adaptive job chooses (`best`): the largest measured on one GPU, within
+        `max_local_batch`."""
+        one = self.steps.get("1")
+        locals_ = one[0] if one is not None else (float(self.base_batch),)
+        if self.max_local_batch is not None:
+            locals_ = tuple(b for b in locals_ if b <= self.max_local_batch) or locals_[:1]
+        return float(max(locals_))
+
     def best(self, layout: tuple[int, ...], epoch: int) -> tuple[float, float]:
         """(total batch, B0-steps per second) of an adaptive job placed as `layout` (GPUs per node) in `epoch`:
         the batch between B0 and the largest validated one, at a per-GPU batch measured on one GPU (or B0 or the
@@ -393,6 +403,32 @@ class PolluxWork:
         batch = self._batch(job, layout, done)
         sqr, var = app.epochs.stats(batch, app.epochs.index(done))
         return sqr, var / max(1.0, batch / app.base_batch)
+
+    def counts(self, job: Job, layout: tuple[int, ...], start: float, end: float) -> tuple[float, float]:
+        """(samples, steps) from progress `start` to `end` at `layout`: in each epoch, its progress over what
+        one step is worth there (B0-steps) is its steps, each of the epoch's batch."""
+        app = self.apps[job.job_type]
+        samples = steps = 0.0
+        low = start
+        for i, epoch_end in enumerate(app.epochs.ends):
+            if epoch_end <= low:
+                continue
+            high = min(end, epoch_end)
+            if high <= low:
+                break
+            batch = self._batch(job, layout, low)
+            n = (high - low) / app.gain(batch, epoch_end - 1e-9 if i else 0.0)
+            steps += n
+            samples += n * batch
+            low = high
+        return samples, steps
+
+    def batch(self, job: Job, layout: tuple[int, ...], done: float) -> tuple[float, float, float, float]:
+        app = self.apps[job.job_type]
+        now = self._batch(job, layout, done)
+        if not self.adaptive:
+            return now, now, now, now / max(1, sum(layout))
+        return now, float(app.base_batch), float(max(app.max_batch, app.base_batch)), app.largest_local
 
 
 def elastic_workload(
