@@ -191,3 +191,16 @@ def test_a_job_better_off_smaller_sheds_to_its_best_size_but_never_below_min() -
     # A gain too small to pay the restart within the horizon: kept.
     almost_flat = {g: 1.0 + 0.001 * (g == 2) for g in range(1, 9)}
     assert shed.resize(ResizeInput(0.0, 0, (elastic(almost_flat, 3),), {})) == {}
+
+
+def test_what_a_placed_job_reported_survives_the_store_round_trip() -> None:
+    from gpufleet.domain.progress import progress_from_dict, progress_to_dict
+
+    how = {"batch": 64.0, "min_batch": 32.0, "max_batch": 512.0, "max_local_batch": 128.0, "nodes": 1.0}
+    progress = fold(
+        JobProgress(), [report(100.0, 0, 0.0, **how), report(110.0, 40, 2560.0, **how)], ReportContext(1, 4, 0.0)
+    )
+    assert progress_from_dict(progress_to_dict(progress)) == progress
+    # A history stored before entries had placements reads as unplaced.
+    old = {"throughput": [{"gpus": 2, "model": "", "samples": 10.0, "seconds": 1.0, "reports": 1}]}
+    assert progress_from_dict(old).throughput == (SizeThroughput(2, 10.0, 1.0, 1),)

@@ -34,11 +34,16 @@ def summary_lines(progress: dict[str, Any] | None, now: float | None = None) -> 
     if progress["loss"] is not None:
         parts.append(f"loss {progress['loss']:.4g}")
     lines = [f"progress: {', '.join(parts) or 'no progress report yet'} ({_ago(progress['last_at'], now)})"]
+    # One rate per size and model, over the placements and batches its entries are kept by.
+    sums: dict[tuple[int, str], list[float]] = {}
+    for entry in progress["throughput"]:
+        pair = sums.setdefault((entry["gpus"], entry.get("model") or ""), [0.0, 0.0])
+        pair[0] += entry["samples"]
+        pair[1] += entry["seconds"]
     rates = [
-        f"{entry['gpus']} GPU{'s' if entry['gpus'] != 1 else ''}{' ' + entry['model'] if entry.get('model') else ''}"
-        f" {entry['samples_per_s']:,.1f}/s"
-        for entry in progress["throughput"]
-        if entry["samples_per_s"] is not None
+        f"{gpus} GPU{'s' if gpus != 1 else ''}{' ' + model if model else ''} {samples / seconds:,.1f}/s"
+        for (gpus, model), (samples, seconds) in sums.items()
+        if seconds > 0
     ]
     if rates:
         lines.append("throughput (samples/s): " + ", ".join(rates))
