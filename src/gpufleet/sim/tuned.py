@@ -80,7 +80,7 @@ POLLUX_BATCH_HOW = (
     "2,525 / 2,709 s, against 2,568 / 2,708 s before the model); with 60 s and shedding, margin 2 2,589 s, 4 "
     "2,615 s; prior network share 0 2,716 s, 0.25 2,585 s, 1 2,702 s (without shedding, 120 s: 0.5 2,658; and "
     "before jobs reported their per-GPU batch limit, 0 2,698, 1 2,713, 2 2,744); noisy: neighbouring settings "
-    "differ by 1-3 %; held out (5-8): 2,932 s against 3,024 s before the model and 3,033 s with the model off "
+    "differ by 1-3 %; held out (5-8): 2,944 s against 3,024 s before the model and 3,033 s with the model off "
     "(shedding and 60 s kept)"
 )
 GAVEL_KEEP_HOW = (
