@@ -15,6 +15,7 @@ from gpufleet.domain import ClusterSnapshot, GiB, Job, QueueSpec, Quota, Running
 from gpufleet.domain.comm import CommNeeds
 from gpufleet.policies.catalog import profile
 from gpufleet.policies.preempt import priority as priority_preemption
+from gpufleet.scheduling import cycle as cycle_module
 from gpufleet.scheduling.cycle import run_cycle
 from tests.kit import GPU_MEMORY_GIB
 
@@ -103,3 +104,17 @@ def test_a_gang_reprieve_asking_admission_alone_keeps_the_same_victims(
     with patch.object(priority_preemption._Search, "placement_unchanged_by", lambda self, job_id: False):
         full = run_cycle(snapshot, pending, profile(name)).to_json()
     assert shortcut == full
+
+
+@given(packed_worlds())
+def test_victims_taken_and_put_back_in_runs_are_those_taken_one_by_one(
+    world: tuple[ClusterSnapshot, tuple[Job, ...], str],
+) -> None:
+    """With monotone admission (`WhatIf.admission_monotone`), the greedy search skips the prefixes admission
+    refuses (growing steps, then halving back) and the reprieve puts back runs of victims that leave the
+    placement as it is at once: the same victims as taking and putting back one at a time."""
+    snapshot, pending, name = world
+    runs = run_cycle(snapshot, pending, profile(name)).to_json()
+    with patch.object(cycle_module._WhatIf, "admission_monotone", property(lambda self: False)):
+        one_by_one = run_cycle(snapshot, pending, profile(name)).to_json()
+    assert runs == one_by_one
