@@ -8,7 +8,10 @@ jobs applied as arrays (`SHIFT_ARRAYS_FROM`), the gang check's count of workers 
 recounted on changed nodes only (`_count_now`), the reprieves not asking again about their last victim
 (`last_needed`), a single-worker search asking admission alone while a node it passed on is unchanged
 (`_Search.witness`), a gang's reprieve asking admission alone when the victim put back runs only where
-no worker of the gang fits (`_Search.placement_unchanged_by`), node-local
+no worker of the gang fits (`_Search.placement_unchanged_by`), searches with monotone admission taking
+out and putting back victims in runs (`WhatIf.admission_monotone`: the greedy search skipping prefixes
+admission refuses, the reprieve putting back runs at once) and shifting their bound over arrays
+(`_Room.shift_many`), node-local
 scores kept per request class and recomputed for changed nodes only (`Profile.local_scores`), and the
 node table, capacity memo and running-job facts reused from an earlier cycle of the same inventory.
 """
@@ -57,6 +60,8 @@ def _plain() -> Iterator[None]:
         patch.object(priority_preemption._Search, "fits", _search_fits_asking_all),
         patch.object(priority_preemption._Search, "fits_on", _search_fits_on_asking_all),
         patch.object(priority_preemption._Search, "placement_unchanged_by", lambda self, job_id: False),
+        patch.object(cycle_module._WhatIf, "admission_monotone", property(lambda self: False)),
+        patch.object(priority_preemption, "ROOM_ARRAYS_FROM", 10**9),
     ):
         yield
 
@@ -91,7 +96,7 @@ def test_shortcuts_decide_as_the_plain_path(world: World, data: st.DataObject) -
     with _plain():
         plain = run_cycle(world.snapshot, world.pending, policy).to_json()
     # Arrays from two jobs on, so that the small worlds exercise the vectorised what-if too.
-    with patch.object(state_module, "SHIFT_ARRAYS_FROM", 2):
+    with patch.object(state_module, "SHIFT_ARRAYS_FROM", 2), patch.object(priority_preemption, "ROOM_ARRAYS_FROM", 2):
         inventory = InventoryCache()
         cold = run_cycle(world.snapshot, world.pending, policy, inventory=inventory).to_json()
         again = run_cycle(world.snapshot, world.pending, policy, inventory=inventory).to_json()
@@ -171,3 +176,27 @@ def test_the_kept_gang_count_is_a_fresh_count_as_the_view_changes(world: World, 
         outcome = placer_module.place_gang(policy, view, state, job.gang_size)
         if not isinstance(outcome, Status):  # placed: its nodes changed for the next jobs' counts
             assert gang_module._count_now(view, state.view) == _fresh_count(view, state.view), job
+
+
+@given(worlds(max_pending=6), st.data())
+def test_a_search_bound_shifted_at_once_is_the_bound_shifted_one_by_one(world: World, data: st.DataObject) -> None:
+    """`_Room.shift_many` (victims taken out or put back in runs) keeps the per-node bound and its total that
+    shifting each holding in turn keeps."""
+    running = sorted(r.id for r in world.snapshot.running)
+    if not running or not world.pending:
+        return
+    state = CycleState(world.snapshot)
+    job = data.draw(st.sampled_from(world.pending))
+    ids = data.draw(st.lists(st.sampled_from(running), unique=True, min_size=1))
+    back = data.draw(st.lists(st.sampled_from(ids), unique=True))
+    at_once = priority_preemption._Room(job, state.view)
+    one_by_one = priority_preemption._Room(job, state.view)
+    at_once.shift_many(state.held(ids), +1)
+    for job_id in ids:
+        one_by_one.shift(state.holdings[job_id], +1)
+    assert (at_once.workers, at_once.total) == (one_by_one.workers, one_by_one.total)
+    at_once.shift_many(state.held(back), -1)
+    for job_id in back:
+        one_by_one.shift(state.holdings[job_id], -1)
+    assert (at_once.workers, at_once.total) == (one_by_one.workers, one_by_one.total)
+    assert at_once.total == sum(at_once.workers)

@@ -192,3 +192,34 @@ def test_preemption_search_restores_the_what_if_view_exactly(world: World) -> No
         policy.preempt.preempt(view_of(job, state), state.view, blocked, what_if)
         assert fingerprint(state) == before, f"preempting for {job.id} left the view changed"
         assert not state.removed
+
+
+def _full_fingerprint(state: CycleState) -> tuple[bytes, ...]:
+    """`fingerprint` with the node totals and the cohorts' pooled usage too."""
+    pools = sorted((k, v) for k, v in state.ledger.pool_used.items() if v)
+    return (*fingerprint(state), state.table.node_milli_free.tobytes(), repr(pools).encode())
+
+
+@given(worlds(profile_names=PREEMPTING), st.data())
+def test_running_jobs_taken_out_and_put_back_at_once_leave_the_view_of_one_by_one(
+    world: World, data: st.DataObject
+) -> None:
+    """`remove_many` / `restore_many` (what a search takes out or puts back in runs) give the view that removing
+    or restoring each job in turn gives, and date every node they touch as changed."""
+    running = sorted(r.id for r in world.snapshot.running)
+    if not running:
+        return
+    ids = data.draw(st.lists(st.sampled_from(running), unique=True, min_size=1))
+    at_once, one_by_one = CycleState(world.snapshot), CycleState(world.snapshot)
+    clock = at_once.table.clock
+    at_once.remove_many(ids)
+    for job_id in ids:
+        one_by_one.remove(job_id)
+    assert _full_fingerprint(at_once) == _full_fingerprint(one_by_one)
+    touched = sorted({at_once.table.index[w.node] for j in ids for w in at_once.holdings[j].workers})
+    assert (at_once.table.version[touched] > clock).all()
+    back = data.draw(st.lists(st.sampled_from(ids), unique=True))
+    at_once.restore_many(back)
+    for job_id in back:
+        one_by_one.restore(job_id)
+    assert _full_fingerprint(at_once) == _full_fingerprint(one_by_one)

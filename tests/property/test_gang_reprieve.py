@@ -15,6 +15,7 @@ from gpufleet.domain import ClusterSnapshot, GiB, Job, QueueSpec, Quota, Running
 from gpufleet.domain.comm import CommNeeds
 from gpufleet.policies.catalog import profile
 from gpufleet.policies.preempt import priority as priority_preemption
+from gpufleet.scheduling import cycle as cycle_module
 from gpufleet.scheduling.cycle import run_cycle
 from tests.kit import GPU_MEMORY_GIB
 
@@ -103,3 +104,54 @@ def test_a_gang_reprieve_asking_admission_alone_keeps_the_same_victims(
     with patch.object(priority_preemption._Search, "placement_unchanged_by", lambda self, job_id: False):
         full = run_cycle(snapshot, pending, profile(name)).to_json()
     assert shortcut == full
+
+
+@given(packed_worlds())
+def test_victims_taken_and_put_back_in_runs_are_those_taken_one_by_one(
+    world: tuple[ClusterSnapshot, tuple[Job, ...], str],
+) -> None:
+    """With monotone admission (`WhatIf.admission_monotone`), the greedy search skips the prefixes admission
+    refuses (growing steps, then halving back) and the reprieve puts back runs of victims that leave the
+    placement as it is at once: the same victims as taking and putting back one at a time."""
+    snapshot, pending, name = world
+    runs = run_cycle(snapshot, pending, profile(name)).to_json()
+    with patch.object(cycle_module._WhatIf, "admission_monotone", property(lambda self: False)):
+        one_by_one = run_cycle(snapshot, pending, profile(name)).to_json()
+    assert runs == one_by_one
+
+
+class _Prefixes:
+    """A search stand-in for `_first_admitted`: victims are taken out as a prefix of `ordered`, and admission
+    admits from `threshold` of them on (monotone)."""
+
+    def __init__(self, ordered: list[str], taken: int, threshold: int) -> None:
+        self.ordered = ordered
+        self.taken = taken
+        self.threshold = threshold
+        self.asked = 0
+
+    def take_many(self, job_ids: list[str]) -> None:
+        assert job_ids == self.ordered[self.taken : self.taken + len(job_ids)]
+        self.taken += len(job_ids)
+
+    def put_back_many(self, job_ids: list[str]) -> None:
+        assert job_ids == self.ordered[self.taken - len(job_ids) : self.taken]
+        self.taken -= len(job_ids)
+
+    def admits(self) -> bool:
+        self.asked += 1
+        return self.taken >= self.threshold
+
+
+@given(st.integers(1, 300), st.data())
+def test_the_first_admitted_prefix_is_the_shortest_one_admission_admits(count: int, data: st.DataObject) -> None:
+    """`_first_admitted` finds the shortest prefix that admission admits after one it refused (all of them when
+    none is), leaves exactly that prefix taken out, and asks admission a logarithmic number of times."""
+    refused = data.draw(st.integers(0, count - 1))
+    threshold = data.draw(st.integers(refused + 1, count + 1))  # count + 1: no prefix is admitted
+    ordered = [f"v{i:03d}" for i in range(count)]
+    search = _Prefixes(ordered, refused, threshold)
+    found = priority_preemption.PriorityPreemption._first_admitted(search, ordered, refused)  # type: ignore[arg-type]
+    assert found == min(threshold, count)
+    assert search.taken == found
+    assert search.asked <= 2 * max(1, count - refused).bit_length() + 1

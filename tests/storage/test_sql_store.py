@@ -4,6 +4,7 @@ the checks a shared store makes (unknown queue, unknown job)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 
@@ -12,9 +13,10 @@ from gpufleet.domain import JobState as S
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.jobs import Job, RunSpec
 from gpufleet.domain.records import StopCause
-from gpufleet.ports import RequestKind
+from gpufleet.ports import RequestKind, StaleWriteError
+from gpufleet.ports.admin import JobQuery
 from tests.storage.conftest import Harness
-from tests.storage.test_contract import job, move
+from tests.storage.test_contract import ids, job, move
 
 
 def test_submit_numbers_jobs_in_submission_order(sql: Harness) -> None:
@@ -118,3 +120,28 @@ def test_nul_characters_are_refused_with_a_clear_error(sql: Harness) -> None:
     with pytest.raises(GpufleetError, match="refused a value") if sql.kind == "postgres" else contextlib.nullcontext():
         sql.store.request("a", RequestKind.CANCEL, "why\x00", 2.0)
     assert sql.store.get("a") == record
+
+
+def test_a_rewrite_sets_the_job_columns_that_changed_and_keeps_the_others(sql: Harness) -> None:
+    """Rows that hold the job's queue, name, priority and submitter take the state, version and record alone;
+    a job whose name or priority changed gets them rewritten too, in the same write, and a stale version is still
+    refused."""
+    store = sql.sql
+    kept = store.submit(job("a", name="train", priority=1, user="ann"), at=1.0)
+    changed = store.submit(job("b", name="eval", priority=1, user="bob"), at=1.0)
+    update_a, tr_a = move(kept, S.ADMITTED, 2.0)
+    renamed = changed.evolve(
+        job=dataclasses.replace(changed.job, name="eval-2", priority=2, user="carl", queue="team-a"),
+        state=S.ADMITTED,
+    )
+    store.write([update_a, (changed.version, renamed)], [tr_a])
+    assert store.get("a") == update_a[1]
+    assert store.get("b") == renamed
+    assert ids(store.jobs(JobQuery(name="eval-2"))) == ["b"]
+    assert ids(store.jobs(JobQuery(user="carl"))) == ["b"]
+    assert ids(store.jobs(JobQuery(queue="team-a"))) == ["b"]
+    assert list(store.jobs(JobQuery(name="eval"))) == []
+    assert ids(store.jobs(JobQuery(name="train", states=frozenset({S.ADMITTED})))) == ["a"]
+    with pytest.raises(StaleWriteError):
+        store.write([update_a], [])
+    assert store.get("a") == update_a[1]

@@ -85,6 +85,16 @@ class _WhatIf:
     def restore(self, job_id: JobId) -> None:
         self.state.restore(job_id)
 
+    def remove_many(self, job_ids: list[JobId]) -> None:
+        self.state.remove_many(job_ids)
+
+    def restore_many(self, job_ids: list[JobId]) -> None:
+        self.state.restore_many(job_ids)
+
+    @property
+    def admission_monotone(self) -> bool:
+        return all(getattr(plugin, "monotone", False) for plugin in self.profile.admit)
+
     def without(self, job_ids: list[JobId]) -> AbstractContextManager[None]:
         return self.state.without(job_ids)
 

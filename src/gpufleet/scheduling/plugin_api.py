@@ -334,6 +334,11 @@ class OrderPlugin(Protocol):
 
 
 class AdmitPlugin(Protocol):
+    """An admission check. A plugin may declare `monotone: ClassVar[bool] = True` when its verdict can only
+    turn from refusal to success as free resources grow and quota usage shrinks (node by node, GPU by GPU,
+    queue by queue): victim searches then test several victims taken out or put back at once
+    (`WhatIf.admission_monotone`). Without it, they test them one by one."""
+
     name: ClassVar[str]
 
     def admit(self, view: JobView, cluster: ClusterView) -> Status:
@@ -398,6 +403,21 @@ class WhatIf(Protocol):
         ...
 
     def restore(self, job_id: JobId) -> None: ...
+
+    def remove_many(self, job_ids: list[JobId]) -> None:
+        """`remove` each of these jobs (the view is the same as after removing them one by one)."""
+        ...
+
+    def restore_many(self, job_ids: list[JobId]) -> None:
+        """`restore` each of these jobs (the view is the same as after restoring them one by one)."""
+        ...
+
+    @property
+    def admission_monotone(self) -> bool:
+        """Whether every admission plugin of the profile is `monotone` (see `AdmitPlugin`): then a job
+        admitted on a view is admitted on every view with more free resources and less quota usage, which a
+        search may use to test many put-backs at once."""
+        ...
 
     def without(self, job_ids: list[JobId]) -> AbstractContextManager[None]:
         """A what-if with these jobs taken out; everything is restored on exit."""

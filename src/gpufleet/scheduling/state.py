@@ -435,6 +435,19 @@ class CycleState:
         self._shift([job_id], -1)
         self.removed.discard(job_id)
 
+    def remove_many(self, job_ids: list[JobId]) -> None:
+        """`remove` for each of these jobs, in one shift of the table and the ledger (integer sums: the same
+        free resources and usage as one by one)."""
+        if job_ids:
+            self._shift(job_ids, +1)
+            self.removed.update(job_ids)
+
+    def restore_many(self, job_ids: list[JobId]) -> None:
+        """`restore` for each of these jobs, in one shift."""
+        if job_ids:
+            self._shift(job_ids, -1)
+            self.removed.difference_update(job_ids)
+
     def running_arrays(self) -> tuple[dict[JobId, int], WorkerArrays]:
         """What the running jobs (not placements of this cycle) hold, as arrays with one owner number
         per job: what-if views and victim searches over many jobs update the table in a few vectorised

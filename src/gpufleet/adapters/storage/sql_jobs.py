@@ -73,6 +73,27 @@ def _replace_statement(sqlite_dialect: bool) -> sa.Update:
     )
 
 
+# Columns a job's rewrite sets only where they differ: the job's queue, name, priority and submitter. SQLite
+# rewrites the entries of every index on a column an UPDATE sets, changed or not (PostgreSQL compares values).
+_KEPT_COLUMNS = ("queue", "name", "priority", "username")
+
+
+def _replace_state_statement() -> sa.Update:
+    """`_replace_statement` for SQLite rows that already hold the job's queue, name, priority and submitter
+    (the usual case: they never change while the loop moves a job): it sets the state, version and record only,
+    so only the indexes on the state are rewritten. A row that differs in one of them is not matched."""
+    kept = [getattr(_J, name) == _REPLACED_COLUMNS[name] for name in _KEPT_COLUMNS]
+    return (
+        sa.update(t.jobs)
+        .where(_J.id == sa.bindparam("b_id"), _J.version == sa.bindparam("b_expected"), *kept)
+        .values(
+            state=_REPLACED_COLUMNS["state"],
+            version=_REPLACED_COLUMNS["version"],
+            record=sa.bindparam("b_record", type_=sa.Text()),
+        )
+    )
+
+
 _INSERT_TRANSITIONS = sa.insert(t.transitions).values(
     {name: sa.bindparam(name) for name in ("job_id", "source", "target", "reason", "at")}
 )
@@ -113,6 +134,7 @@ class JobTables(SqlBase):
             .with_for_update()
         )
         self._replace_rows = DriverRows(_replace_statement(self._sqlite), engine.dialect)
+        self._replace_state_rows = DriverRows(_replace_state_statement(), engine.dialect) if self._sqlite else None
         self._insert_transitions = DriverRows(_INSERT_TRANSITIONS, engine.dialect)
 
     # --- StateStore: jobs ---------------------------------------------------------------------------------
@@ -293,10 +315,22 @@ class JobTables(SqlBase):
             }
             for expected, r in changes
         ]
+        replaced = 0
+        narrow = self._replace_state_rows
+        if narrow is not None and all(r.version != expected for expected, r in changes):
+            # Rows that hold the job's other columns already take the state, version and record alone; the full
+            # rewrite below then matches only the others (a row rewritten here no longer has the expected
+            # version). Where every row was, it is not run.
+            result = narrow.run(c, params)
+            if result.supports_sane_multi_rowcount():
+                replaced = result.rowcount
+                if replaced == len(params):
+                    return
         result = self._replace_rows.run(c, params)
         # The rows are locked and checked above; the count is a second check where the driver reports it.
-        if result.supports_sane_multi_rowcount() and result.rowcount != len(params):
-            raise StaleWriteError(f"{len(params) - result.rowcount} of {len(params)} jobs changed under the write")
+        if result.supports_sane_multi_rowcount() and replaced + result.rowcount != len(params):
+            missing = len(params) - replaced - result.rowcount
+            raise StaleWriteError(f"{missing} of {len(params)} jobs changed under the write")
 
     def history(self, job_id: JobId) -> Sequence[Transition]:
         with self._tx(write=False) as c:

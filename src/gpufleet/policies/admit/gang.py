@@ -77,6 +77,8 @@ def _workers_now(view: JobView, cluster: ClusterView, rows: IntArray | None) -> 
 
 class GangAdmission:
     name: ClassVar[str] = NAME
+    # More free GPUs, CPU and memory on a node never fit fewer workers there: monotone.
+    monotone: ClassVar[bool] = True
 
     def admit(self, view: JobView, cluster: ClusterView) -> Status:
         job = view.job

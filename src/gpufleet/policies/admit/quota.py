@@ -22,6 +22,8 @@ def _status(verdicts: list[QuotaVerdict]) -> Status:
 
 class QuotaAdmission:
     name: ClassVar[str] = NAME
+    # Less usage never fails a limit (queue, cohort pool, per model) that more usage passed: monotone.
+    monotone: ClassVar[bool] = True
 
     def admit(self, view: JobView, cluster: ClusterView) -> Status:
         job = view.job

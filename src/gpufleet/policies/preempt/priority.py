@@ -38,6 +38,7 @@ from gpufleet.scheduling.plugin_api import (
     Status,
     VictimChoice,
     WhatIf,
+    WorkerArrays,
     rows_count,
     unschedulable,
     wait,
@@ -45,6 +46,9 @@ from gpufleet.scheduling.plugin_api import (
 
 NAME = "priority"
 NODES_TRIED = 32
+# From this many victims taken out or put back at once, the search's bound is shifted over arrays (what they hold
+# as the view's arrays) instead of victim by victim.
+ROOM_ARRAYS_FROM = 8
 
 
 def _eligible(
@@ -267,15 +271,61 @@ class PriorityPreemption:
         return order
 
     def _greedy(self, search: _Search, ordered: list[str]) -> list[str]:
-        removed: list[str] = []
-        for job_id in ordered:
-            search.remove(job_id)
-            removed.append(job_id)
-            if search.fits():
+        """The shortest prefix of `ordered` (cheapest first) whose removal makes the job fit, then reprieved.
+
+        Taking victims out never makes the bound (`_Room`) smaller, nor, with monotone admission, turns an
+        admitted job away: every prefix shorter than the first that the bound allows and admission admits fails
+        the fit test, so those prefixes are skipped without asking it (the bound alone first, then admission
+        over growing steps and halving back: `_first_admitted`); from there on each victim is asked as before."""
+        taken = 0
+        count = len(ordered)
+        while taken < count:
+            search.take(ordered[taken])
+            taken += 1
+            if search.room.could_fit():
                 break
+        if search.monotone and taken < count and search.room.could_fit() and not search.admits():
+            taken = self._first_admitted(search, ordered, taken)
+        while not search.fits() and taken < count:
+            search.take(ordered[taken])
+            taken += 1
+        removed = ordered[:taken]
         # With more than one taken, the job was seen not to fit without the last: it is needed, no need to ask
         # again. (With one, nothing was asked with none taken.)
         return self._reprieve(search, removed, last_needed=len(removed) > 1)
+
+    @staticmethod
+    def _first_admitted(search: _Search, ordered: list[str], refused: int) -> int:
+        """The shortest prefix of `ordered` longer than `refused` (the prefix taken out now, which admission
+        refuses) that admission admits, taken out on return; all of `ordered` if none is. Admission is monotone:
+        the prefixes are tried at growing steps, then halved back between the last refused and the first
+        admitted."""
+        count = len(ordered)
+        low, step = refused, 1
+        high = min(count, low + step)
+        search.take_many(ordered[low:high])
+        while not search.admits():
+            if high == count:
+                return count
+            low, step = high, 2 * step
+            high = min(count, low + step)
+            search.take_many(ordered[low:high])
+        # Refused with `low` taken, admitted with `high`: `high` are taken out now.
+        at = high
+        while high - low > 1:
+            middle = (low + high) // 2
+            if middle < at:
+                search.put_back_many(ordered[middle:at])
+            else:
+                search.take_many(ordered[at:middle])
+            at = middle
+            if search.admits():
+                high = middle
+            else:
+                low = middle
+        if at < high:
+            search.take_many(ordered[at:high])
+        return high
 
     def _reprieve(
         self, search: _Search, removed: list[str], last_needed: bool = False, on: int | None = None
@@ -287,18 +337,48 @@ class PriorityPreemption:
         fits exactly where it fits on this node: asked there, the node's bound answers most tests."""
         reprieved: set[str] = set()
         fits = search.fits if on is None else lambda: search.fits_on(on)
-        for job_id in reversed(removed[:-1] if last_needed else removed):
+        order = list(reversed(removed[:-1] if last_needed else removed))
+        i = 0
+        while i < len(order):
+            job_id = order[i]
             # The job fits the view here (all taken out, or what a put-back or a take-again left).
-            placed_alike = on is None and search.placement_unchanged_by(job_id)
+            if on is None and search.placement_unchanged_by(job_id):
+                # Putting back only takes room, so a victim the bound says leaves the placement as it is stays so
+                # while the ones before it are put back: with monotone admission, a run of them is tried at once.
+                end = i + 1
+                if search.monotone:
+                    while end < len(order) and search.placement_unchanged_by(order[end]):
+                        end += 1
+                reprieved.update(self._put_back_admitted(search, order[i:end]))
+                i = end
+                continue
             search.restore(job_id)
-            if search.admits() if placed_alike else fits():
+            if fits():
                 reprieved.add(job_id)
             else:
                 search.remove(job_id)
+            i += 1
         kept = [job_id for job_id in removed if job_id not in reprieved]
-        for job_id in reversed(kept):
-            search.restore(job_id)
+        search.put_back_many(kept[::-1])
         return kept
+
+    def _put_back_admitted(self, search: _Search, run: list[str]) -> list[str]:
+        """Put back each victim of `run` in turn, keeping it back when the job is still admitted (its placement
+        being unchanged by each); returns those kept back. With monotone admission, admitted with all of them
+        back means admitted with each prefix of them back, which is what putting them back one by one asks:
+        the run is tried at once and halved only where admission refuses."""
+        if len(run) == 1:
+            search.restore(run[0])
+            if search.admits():
+                return run
+            search.remove(run[0])
+            return []
+        search.put_back_many(run)
+        if search.admits():
+            return run
+        search.take_many(run)
+        half = len(run) // 2
+        return self._put_back_admitted(search, run[:half]) + self._put_back_admitted(search, run[half:])
 
     def _on_one_node(
         self,
@@ -489,6 +569,39 @@ class _Room:
             self.total += now - self.workers[node]
             self.workers[node] = now
 
+    def shift_many(self, held: WorkerArrays, sign: int) -> None:
+        """`shift` for many holdings at once (what they hold as arrays): integer sums, then each node they touch
+        recounted once, over arrays; the same bound as shifting them one by one."""
+        np.add.at(self.cpu, held.node, sign * held.cpu)
+        np.add.at(self.mem, held.node, sign * held.memory)
+        if len(held.share_node):
+            at = (held.share_node, held.share_gpu)
+            np.add.at(self.milli, at, sign * held.share_milli)
+            np.add.at(self.gpu_mem, at, sign * held.share_memory)
+        touched = np.unique(held.node)
+        if not len(touched):
+            return
+        now: list[int] = self._nodes(touched).tolist()
+        workers = self.workers
+        total = self.total
+        for node, count in zip(touched.tolist(), now, strict=True):
+            total += count - workers[node]
+            workers[node] = count
+        self.total = total
+
+    def _nodes(self, rows: IntArray) -> IntArray:
+        """`_node` for these nodes, over arrays."""
+        request = self.request
+        workers = np.where(self.capable[rows], self.gang, 0).astype(np.int64)
+        if request.cpu_milli:
+            workers = np.minimum(workers, self.cpu[rows] // request.cpu_milli)
+        if request.memory:
+            workers = np.minimum(workers, self.mem[rows] // request.memory)
+        if request.gpus:
+            gpus = self._gpu_workers(self.usable[rows], self.milli[rows], self.gpu_mem[rows]).sum(axis=-1)
+            workers = np.minimum(workers, gpus if request.fractional else gpus // request.gpus)
+        return np.maximum(workers, 0)
+
     def could_fit(self) -> bool:
         return self.total >= self.gang
 
@@ -517,19 +630,63 @@ class _Search:
         # exactly when it is admitted: the search asks admission alone, not the filters over the view.
         self.witness: int | None = None
         self.witness_clock = -1
+        # Victims taken out of the bound but not yet of the view (`take`): the view catches up before a test.
+        self._pending: list[str] = []
+        # Admission monotone in free resources and quota usage: put-backs and take-outs may be tested in runs.
+        self.monotone = what_if.admission_monotone
+
+    def _sync(self) -> None:
+        """Take the victims taken in the bound only (`take`) out of the view too."""
+        pending = self._pending
+        if pending:
+            self._pending = []
+            if len(pending) == 1:
+                self.what_if.remove(pending[0])
+            else:
+                self.what_if.remove_many(pending)
+
+    def take(self, job_id: str) -> None:
+        """Take a victim out: in the bound now, in the view when a test needs the view (a fit test the bound
+        answers needs neither). Many taken out at once are one shift of the table and the ledger."""
+        self.room.shift(self.holdings[job_id], +1)
+        self._pending.append(job_id)
+
+    def take_many(self, job_ids: list[str]) -> None:
+        if len(job_ids) < ROOM_ARRAYS_FROM:
+            for job_id in job_ids:
+                self.take(job_id)
+            return
+        self.room.shift_many(self.what_if.held(job_ids), +1)
+        self._pending.extend(job_ids)
 
     def remove(self, job_id: str) -> None:
+        self._sync()
         self.what_if.remove(job_id)
         self.room.shift(self.holdings[job_id], +1)
 
     def restore(self, job_id: str) -> None:
+        self._sync()
         self.what_if.restore(job_id)
         self.room.shift(self.holdings[job_id], -1)
+
+    def put_back_many(self, job_ids: list[str]) -> None:
+        """`restore` each of these (taken out of the view), in one shift."""
+        self._sync()
+        if not job_ids:
+            return
+        self.what_if.restore_many(job_ids)
+        if len(job_ids) >= ROOM_ARRAYS_FROM:
+            self.room.shift_many(self.what_if.held(job_ids), -1)
+            return
+        holdings = self.holdings
+        for job_id in job_ids:
+            self.room.shift(holdings[job_id], -1)
 
     def fits(self) -> bool:
         """Whether the job fits the view now (admission and placement)."""
         if not self.room.could_fit():
             return False
+        self._sync()
         job = self.job
         what_if = self.what_if
         if job.gang_size > 1:
@@ -544,6 +701,7 @@ class _Search:
         return True
 
     def admits(self) -> bool:
+        self._sync()
         return self.what_if.admits(self.job).ok
 
     def placement_unchanged_by(self, job_id: str) -> bool:
@@ -561,6 +719,9 @@ class _Search:
     def fits_on(self, node: int) -> bool:
         """Whether one worker passes the filters on `node` and the job fits the view now (a single worker that
         passes somewhere fits exactly when it is admitted)."""
-        if not (self.room.could_fit_on(node) and self.what_if.worker_fits(self.job, node)):
+        if not self.room.could_fit_on(node):
+            return False
+        self._sync()
+        if not self.what_if.worker_fits(self.job, node):
             return False
         return self.what_if.admits(self.job).ok if self.job.gang_size == 1 else self.what_if.fits(self.job)
