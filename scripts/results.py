@@ -72,12 +72,7 @@ SETS: dict[str, list[str]] = {
 }
 CHECK_SET, CHECK_SEED, CHECK_POLICY = "fgd-default-tuning", 42, "fgd"
 # Sets whose committed output predates a change of the policy they show: the reason, until they are run again.
-OUT_OF_DATE: dict[str, str] = {
-    "gavel-multi": "its rho column divides by the exact (fluid) isolated run, not by Gavel's isolated run in 360 s "
-    "rounds as the gavel set now does (JCTs are unaffected); regenerate it with --only gavel-multi",
-    "gavel-baselines": "its rho column divides by the exact (fluid) isolated run, not by Gavel's isolated run in "
-    "360 s rounds as the gavel set now does (JCTs are unaffected); regenerate it with --only gavel-baselines",
-}
+OUT_OF_DATE: dict[str, str] = {}
 
 
 def traces(given: str | None) -> Path:
