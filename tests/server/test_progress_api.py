@@ -18,10 +18,15 @@ def post(api: Api, job_id: str, reports: Any, headers: dict[str, str]) -> Any:
     return api.client.post(f"/v1/jobs/{job_id}/reports", json={"reports": reports}, headers=headers)
 
 
-def test_a_running_job_reports_and_its_team_reads_throughput_loss_and_checkpoint(api: Api) -> None:
+def running_job(api: Api) -> tuple[Any, dict[str, str]]:
+    """A two-GPU job of team A, running, and the headers that carry its report token."""
     job = submit(api, api.team_a, gpus=2)
     run_on(api, job["id"], gpus=(0, 1))
-    token = job_token(api, job["id"])
+    return job, job_token(api, job["id"])
+
+
+def test_a_running_job_reports_and_its_team_reads_throughput_loss_and_checkpoint(api: Api) -> None:
+    job, token = running_job(api)
     first = [
         {"kind": "progress", "at": 900.0, "step": 0, "samples": 0, "loss": 4.0},
         {"kind": "progress", "at": 910.0, "step": 10, "samples": 640, "loss": 3.0, "grad_sqr": 2.0, "lr": 0.1},
@@ -110,9 +115,7 @@ def test_bad_reports_name_every_field_and_keep_nothing(api: Api) -> None:
 
 
 def test_a_job_that_says_its_batch_and_placement_is_measured_per_placement_and_batch(api: Api) -> None:
-    job = submit(api, api.team_a, gpus=2)
-    run_on(api, job["id"], gpus=(0, 1))
-    token = job_token(api, job["id"])
+    job, token = running_job(api)
     how = {"batch": 64, "min_batch": 32, "max_batch": 512, "max_local_batch": 128, "gpus": 2, "nodes": 1}
     reports = [
         {"kind": "progress", "at": 900.0, "step": 0, "samples": 0, **how},
@@ -127,9 +130,7 @@ def test_a_job_that_says_its_batch_and_placement_is_measured_per_placement_and_b
 
 
 def test_bad_batch_or_placement_is_refused_with_the_field_and_a_fix(api: Api) -> None:
-    job = submit(api, api.team_a, gpus=2)
-    run_on(api, job["id"], gpus=(0, 1))
-    token = job_token(api, job["id"])
+    job, token = running_job(api)
     bad = [
         {"kind": "progress", "samples": 10, "batch": 0, "nodes": 0, "gpus": 1.5},
         {"kind": "progress", "samples": 10, "gpus": 2, "nodes": 3},
