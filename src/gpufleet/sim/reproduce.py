@@ -590,7 +590,13 @@ def reproduce_gavel(
         "allocation (every active job 1/n of each GPU model) on the same arrivals, run as Gavel's simulator runs it, "
         "since its published rho divides by that run (scheduler/scheduler.py: 360 s rounds, an arrival joins at "
         "the round's end and runs from the next recomputation of the allocation, at most every 1920 s; "
-        "gpufleet.sim.isolated). Followed exactly instead (a fluid run), the isolated JCTs are shorter.",
+        "gpufleet.sim.isolated). Followed exactly instead (a fluid run), the isolated JCTs are "
+        + (
+            "shorter."
+            if trace == "continuous-single"
+            else "longer on average: in rounds, GPUs that the 1/n shares leave idle go to whoever waits, which a "
+            "fluid run never does."
+        ),
         f"Workload: {w.citation} License: {w.license}",
     )
     label = "single-GPU" if trace == "continuous-single" else "multi-GPU"
