@@ -10,6 +10,7 @@ import pytest
 from gpufleet.domain import ClusterSnapshot, GiB, make_node
 from gpufleet.policies.catalog import profile
 from gpufleet.policies.filter.spot import REASON_CHECKPOINTS_ONLY, REASON_CLOSED, REASON_NOT_ALLOWED, REASON_PROBED
+from gpufleet.scheduling.plugin_api import Code
 from tests.kit import make_job, run
 
 ON_DEMAND = make_node("a-od", "A100-80GB", 8, 80 * GiB)
@@ -69,3 +70,26 @@ def test_a_half_open_pool_takes_one_probe_job_per_cycle_per_pool(name: str) -> N
     # Without the gate, the pools take every job.
     open_pools = [dataclasses.replace(n, admits="all") for n in pools]
     assert len(place(*jobs, nodes=tuple(open_pools), name=name).placements) == 5
+
+
+def test_a_gang_that_fits_only_with_spot_nodes_is_told_so_when_it_says_never() -> None:
+    """The gang check counts only the nodes the `spot` filter lets the job use: a `spot: never` gang of two whole
+    nodes with one on-demand node can never run, and says why; the same gang allowed on spot runs."""
+    never = place(make_job("never").gpus(8).workers(2).build())
+    status = never.waiting["never"]
+    assert status.code is Code.UNRESOLVABLE, status
+    assert any("outside spot capacity, which the job does not allow (spot: never)" in r for r in status.reasons), (
+        status.reasons
+    )
+    allowed = place(make_job("ok").gpus(8).workers(2).spot("allowed").build())
+    assert sorted(w.node for w in allowed.placements[0].workers) == ["a-od", "b-spot"]
+
+
+def test_a_gang_waiting_for_on_demand_room_is_not_counted_on_free_spot_nodes() -> None:
+    """Half the on-demand node is taken and the spot node is free: two 4-GPU workers of a `spot: never` gang fit
+    in what is free only by counting the spot node, so the gang check says it waits (all or nothing)."""
+    result = place(make_job("busy").gpus(4).build(), make_job("gang").gpus(4).workers(2).build(), name="fifo")
+    status = result.waiting["gang"]
+    assert status.code is Code.UNSCHEDULABLE, status
+    assert status.plugin == "gang", status
+    assert any("only 1 fit in what is free now" in r for r in status.reasons), status.reasons

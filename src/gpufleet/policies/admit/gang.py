@@ -27,12 +27,30 @@ from gpufleet.scheduling.plugin_api import (
 NAME = "gang"
 
 
-def _capable_gpus(lut: BoolArray, gpu_memory: int, cluster: ClusterView) -> BoolArray:
-    """GPUs of an allowed model with enough memory, free or not (depends on capacity only)."""
+def _capable_gpus(lut: BoolArray, gpu_memory: int, spot: bool, cluster: ClusterView) -> BoolArray:
+    """GPUs of an allowed model with enough memory, on nodes the job may use as to spot (`spot`: spot nodes
+    too), free or not (depends on capacity only)."""
+    table = cluster.nodes
+
+    def compute() -> BoolArray:
+        capable = lut[table.gpu_model] & table.gpu_exists & (table.gpu_mem_total >= gpu_memory)
+        return capable if spot else capable & ~table.spot[:, None]
+
+    return cluster.memo(("gang.capable", lut.tobytes(), gpu_memory, spot), compute)
+
+
+def _spot_ok(view: JobView) -> bool:
+    """Whether the job may run on spot nodes (the `spot` filter refuses them to `spot: never`)."""
+    return view.job.request.spot != "never"
+
+
+def _schedulable_capable(view: JobView, cluster: ClusterView) -> BoolArray:
+    """`_capable_gpus` on nodes that take new work."""
+    request, lut, spot = view.job.request, view.model_lut, _spot_ok(view)
     table = cluster.nodes
     return cluster.memo(
-        ("gang.capable", lut.tobytes(), gpu_memory),
-        lambda: lut[table.gpu_model] & table.gpu_exists & (table.gpu_mem_total >= gpu_memory),
+        ("gang.capable_schedulable", lut.tobytes(), request.gpu_memory, spot),
+        lambda: _capable_gpus(lut, request.gpu_memory, spot, cluster) & table.schedulable[:, None],
     )
 
 
@@ -56,11 +74,7 @@ def _workers_now(view: JobView, cluster: ClusterView, rows: IntArray | None) -> 
     table = cluster.nodes
     at: IntArray | slice = slice(None) if rows is None else rows
     if request.gpus:
-        lut = view.model_lut
-        capable = cluster.memo(
-            ("gang.capable_schedulable", lut.tobytes(), request.gpu_memory),
-            lambda: _capable_gpus(lut, request.gpu_memory, cluster) & table.schedulable[:, None],
-        )[at]
+        capable = _schedulable_capable(view, cluster)[at]
         milli = table.gpu_milli_free[at]
         free = capable & ((milli >= request.gpu_milli) if request.fractional else (milli == MILLI_PER_GPU))
         per_node = rows_count(free) // request.gpus
@@ -107,26 +121,16 @@ class GangAdmission:
             return unresolvable(NAME, "needs more memory per worker than any node has")
         if request.gpus:
             # Whether it could ever fit depends on the spec's models, not on today's quota.
-            capable = _capable_gpus(table.model_lut(models), request.gpu_memory, cluster)
-            capacity = capable.sum(axis=1)
-            largest = int(capacity.max(initial=0))
-            what = "|".join(sorted(models)) if models else "any model"
-            if request.gpus > largest:
-                if largest == 0 and request.gpu_memory:
-                    return unresolvable(
-                        NAME,
-                        f"no GPU ({what}) has {request.gpu_memory / 1024**3:g} GiB of memory",
-                    )
-                return unresolvable(
-                    NAME, f"needs {request.gpus} GPUs ({what}) on one node; the largest node has {largest}"
-                )
-            ever = int((capacity // request.gpus).sum())
-            if job.gang_size > ever:
-                return unresolvable(
-                    NAME,
-                    f"gang of {job.gang_size} workers x {request.gpus} GPUs ({what}); the cluster can hold at "
-                    f"most {ever} such workers",
-                )
+            problem = _gpu_capacity_problem(view, cluster, spot=_spot_ok(view))
+            if problem is None:
+                return SUCCESS
+            if (
+                not _spot_ok(view)
+                and bool(table.spot.any())
+                and _gpu_capacity_problem(view, cluster, spot=True) is None
+            ):
+                problem += " outside spot capacity, which the job does not allow (spot: never)"
+            return unresolvable(NAME, problem)
         return SUCCESS
 
     def _now(self, view: JobView, cluster: ClusterView) -> Status:
@@ -138,6 +142,27 @@ class GangAdmission:
                 NAME, f"gang of {job.gang_size} workers: only {now} fit in what is free now (all or nothing)"
             )
         return SUCCESS
+
+
+def _gpu_capacity_problem(view: JobView, cluster: ClusterView, *, spot: bool) -> str | None:
+    """Why no set of nodes (spot ones too, with `spot`) could ever hold the request's gang, or None."""
+    job = view.job
+    request = job.request
+    models = request.models
+    capacity = _capable_gpus(cluster.nodes.model_lut(models), request.gpu_memory, spot, cluster).sum(axis=1)
+    largest = int(capacity.max(initial=0))
+    what = "|".join(sorted(models)) if models else "any model"
+    if request.gpus > largest:
+        if largest == 0 and request.gpu_memory:
+            return f"no GPU ({what}) has {request.gpu_memory / 1024**3:g} GiB of memory"
+        return f"needs {request.gpus} GPUs ({what}) on one node; the largest node has {largest}"
+    ever = int((capacity // request.gpus).sum())
+    if job.gang_size > ever:
+        return (
+            f"gang of {job.gang_size} workers x {request.gpus} GPUs ({what}); the cluster can hold at most {ever} "
+            "such workers"
+        )
+    return None
 
 
 def _count_now(view: JobView, cluster: ClusterView) -> int:
@@ -174,11 +199,7 @@ def _workers_on(view: JobView, cluster: ClusterView, node: int) -> int:
     request = view.job.request
     table = cluster.nodes
     if request.gpus:
-        lut = view.model_lut
-        capable = cluster.memo(
-            ("gang.capable_schedulable", lut.tobytes(), request.gpu_memory),
-            lambda: _capable_gpus(lut, request.gpu_memory, cluster) & table.schedulable[:, None],
-        )[node].tolist()
+        capable = _schedulable_capable(view, cluster)[node].tolist()
         milli = table.gpu_milli_free[node].tolist()
         if request.fractional:
             free = sum(1 for ok, m in zip(capable, milli, strict=True) if ok and m >= request.gpu_milli)
