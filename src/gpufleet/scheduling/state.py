@@ -26,6 +26,7 @@ from gpufleet.domain.throughput_table import ThroughputTable
 from gpufleet.scheduling.classes import FilterClass
 from gpufleet.scheduling.ledger import QuotaLedger, job_usage
 from gpufleet.scheduling.plugin_api import ClusterView, Holding, RunEstimate
+from gpufleet.scheduling.running_layout import RunningArrays, RunningFacts, RunningLayout, RunningUsage, worker_arrays
 from gpufleet.scheduling.table import BoolArray, FloatArray, IntArray, NodeTable, WorkerArrays
 
 T = TypeVar("T")
@@ -46,7 +47,7 @@ class InventoryCache:
         self._nodes: tuple[Node, ...] | None = None
         self._table: NodeTable | None = None
         self.memo: dict[tuple[object, ...], object] = {}
-        self.running: dict[int, _RunningFacts] = {}
+        self.running: dict[int, RunningFacts] = {}
 
     def table(self, nodes: tuple[Node, ...]) -> NodeTable:
         """A fresh table (all free) of this inventory, from the cache when it is the one held."""
@@ -89,16 +90,6 @@ class Evaluation:
 
 # From this many jobs on, a what-if takes the running jobs' arrays instead of going job by job.
 SHIFT_ARRAYS_FROM = 16
-
-
-@dataclass(frozen=True, slots=True)
-class _RunningFacts:
-    """What a running job holds, derived once: its holding, and its workers laid out for `WorkerArrays`."""
-
-    running: RunningJob
-    holding: Holding
-    workers: IntArray  # [workers, 3]: node, CPU, memory
-    shares: IntArray  # [GPU shares, 4]: node, GPU, milli, memory
 
 
 def _running_id(running: RunningJob) -> JobId:
@@ -146,9 +137,6 @@ class CycleState:
         self._inherited: Mapping[FilterClass, Evaluation] = {}
         self._current: dict[tuple[object, ...], tuple[int, object]] = {}
         self._per_cycle: dict[tuple[object, ...], object] = {}
-        # What running jobs hold, as arrays (built when first needed; see `running_arrays`).
-        self._running_arrays: tuple[dict[JobId, int], WorkerArrays] | None = None
-        self._usage_arrays: tuple[list[str], IntArray, list[str], IntArray] | None = None
         self._last_pick: tuple[object, tuple[JobId, ...], BoolArray | None] | None = None
         self._last_subset: tuple[BoolArray, WorkerArrays] | None = None
         self.capacity = {
@@ -157,13 +145,10 @@ class CycleState:
             "memory": int(self.table.mem_total.sum()),
         }
         facts = self._take_running(sorted(snapshot.running, key=_running_id), inventory)
-        # What each running job holds as flat lists, by job id (for `running_arrays`): shared with copies,
-        # which have the same node index; an entry counts only for the very running object it was made from.
-        self._facts_by_job: dict[JobId, _RunningFacts] = {f.running.job.id: f for f in facts}
         self._hold_all(facts)
         self.view = ClusterView(self)
 
-    def _hold_all(self, facts: list[_RunningFacts]) -> None:
+    def _hold_all(self, facts: list[RunningFacts]) -> None:
         """Record what the snapshot's running jobs hold: holdings, quota usage, who is stopping, who may be."""
         per_queue: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         holdings = self.holdings
@@ -183,8 +168,9 @@ class CycleState:
         for queue in sorted(per_queue):
             self.ledger.add(queue, per_queue[queue])
 
-    def _facts(self, running: RunningJob) -> _RunningFacts:
-        """Check that a running job's workers exist in the inventory and derive what it holds."""
+    def _facts(self, running: RunningJob, holding: Holding | None = None) -> RunningFacts:
+        """Check that a running job's workers exist in the inventory and derive what it holds (`holding`: its
+        holding, when the caller made it)."""
         index = self.table.index
         gpu_count = self.table.gpu_count_list
         nodes: list[int] = []
@@ -215,28 +201,30 @@ class CycleState:
                 share_gpus.append(share.index)
                 share_milli.append(share.milli)
                 share_mems.append(share.memory)
-        usage = self.usage_of(running.workers)
-        holding = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
+        if holding is None:
+            usage = self.usage_of(running.workers)
+            holding = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
         workers = np.array([nodes, cpus, mems], dtype=np.int64).T.reshape(len(nodes), 3)
         shares = np.array([share_nodes, share_gpus, share_milli, share_mems], dtype=np.int64).T.reshape(-1, 4)
-        return _RunningFacts(running, holding, workers, shares)
+        return RunningFacts(running, holding, workers, shares)
 
-    def _take_running(self, ordered: list[RunningJob], inventory: InventoryCache) -> list[_RunningFacts]:
+    def _take_running(self, ordered: list[RunningJob], inventory: InventoryCache) -> list[RunningFacts]:
         """Apply what running jobs hold to the table, refusing a snapshot that overcommits a node.
         Nothing is applied before every job is checked."""
         table = self.table
         known = inventory.running
-        facts: list[_RunningFacts] = []
+        facts: list[RunningFacts] = []
         for running in ordered:
             fact = known.get(id(running))
             if fact is None or fact.running is not running:
                 fact = self._facts(running)
             facts.append(fact)
         inventory.running = {id(f.running): f for f in facts}
-        arrays = _worker_arrays(facts)
+        arrays = worker_arrays(facts)
         table.apply_flat(arrays, -1)
-        # Kept for victim searches and what-ifs: `ordered` is the order of the holdings built next.
-        self._running_arrays = ({r.job.id: k for k, r in enumerate(ordered)}, arrays)
+        # Kept for victim searches and what-ifs, and kept up to date as running jobs start and end.
+        self._layout = RunningLayout(facts, arrays)
+        self._layout_owned = True  # copies share it until they change their running jobs (`_own_layout`)
         if (
             (table.gpu_milli_free < 0).any()
             or (table.gpu_mem_free < 0).any()
@@ -267,6 +255,7 @@ class CycleState:
         other.evicting_for = defaultdict(list, {j: list(v) for j, v in self.evicting_for.items()})
         other.evicting = set(self.evicting)
         other._groups_shared = True  # shared until the copy changes them (`_own_groups`)
+        other._layout_owned = False  # shared until the copy changes its running jobs (`_own_layout`)
         other._memo = self._memo  # capacity-only values: shared, filled by any copy
         other.evaluations = {}
         other._inherited = self.evaluations
@@ -287,11 +276,12 @@ class CycleState:
 
     def add_running(self, running: RunningJob) -> None:
         """A job now holds resources (launched, or adopted after restart)."""
-        self._running_arrays = None
-        self._usage_arrays = None
-        self.table.apply_many(list(running.workers), -1)
         usage = self.usage_of(running.workers)
-        self.holdings[running.id] = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
+        holding = Holding(running.job, running.workers, tuple(sorted(usage.items())), running)
+        fact = self._facts(running, holding)
+        self.table.apply_many(list(running.workers), -1)
+        self.holdings[running.id] = holding
+        self._own_layout().add(fact)
         self.ledger.add(running.job.queue, usage)
         if running.evicting_for is not None:
             self.set_evicting(running.id, running.evicting_for)
@@ -316,6 +306,13 @@ class CycleState:
                 if not victims:
                     del self.evicting_for[for_job]
 
+    def _own_layout(self) -> RunningLayout:
+        """The running jobs' layout, copied from the original's before this copy changes it."""
+        if not self._layout_owned:
+            self._layout = self._layout.copy()
+            self._layout_owned = True
+        return self._layout
+
     def _own_groups(self) -> None:
         """Copy the preemptible groups shared with the original before changing them."""
         if self._groups_shared:
@@ -328,8 +325,7 @@ class CycleState:
         if holding.running is None:
             return
         running = dataclasses.replace(holding.running, last_checkpoint_at=at)
-        self.holdings[job_id] = dataclasses.replace(holding, running=running)
-        self._running_arrays = None
+        self.holdings[job_id] = dataclasses.replace(holding, running=running)  # holds the same: laid out as it was
 
     def set_evicting(self, job_id: JobId, for_job: JobId) -> None:
         """A running job is being stopped (for `for_job`; "" for a cancel, requeue or timeout)."""
@@ -418,8 +414,7 @@ class CycleState:
     def release(self, job_id: JobId) -> None:
         holding = self.holdings.pop(job_id)
         if holding.running is not None:
-            self._running_arrays = None
-            self._usage_arrays = None
+            self._own_layout().drop(job_id)
         for worker in holding.workers:
             self.table.apply(worker, +1)
         self.ledger.add(holding.job.queue, dict(holding.usage), sign=-1)
@@ -448,28 +443,12 @@ class CycleState:
             self._shift(job_ids, -1)
             self.removed.difference_update(job_ids)
 
-    def running_arrays(self) -> tuple[dict[JobId, int], WorkerArrays]:
+    def running_arrays(self) -> RunningArrays:
         """What the running jobs (not placements of this cycle) hold, as arrays with one owner number
         per job: what-if views and victim searches over many jobs update the table in a few vectorised
-        steps instead of one Python step per GPU share. Immutable: copies share it."""
-        if self._running_arrays is None:
-            ids = [job_id for job_id, holding in self.holdings.items() if holding.running is not None]
-            known = self._facts_by_job
-            if len(known) > 2 * len(ids) + 1024:  # jobs that ended: dropped now and then (in place: shared)
-                kept = {j: known[j] for j in ids if j in known}
-                known.clear()
-                known.update(kept)
-            facts: list[_RunningFacts] = []
-            for job_id in ids:
-                running = self.holdings[job_id].running
-                assert running is not None
-                fact = known.get(job_id)
-                if fact is None or fact.running is not running:
-                    fact = known[job_id] = self._facts(running)
-                facts.append(fact)
-            arrays = _worker_arrays(facts)
-            self._running_arrays = ({j: k for k, j in enumerate(ids)}, arrays)
-        return self._running_arrays
+        steps instead of one Python step per GPU share. Immutable: copies share it. Kept across cycles
+        (`RunningLayout`): jobs that started since are appended, those that ended are no longer numbered."""
+        return self._layout.current()
 
     def arrays_of(self, job_ids: list[JobId]) -> WorkerArrays | None:
         """What these running jobs hold, as arrays; None if one of them is not a running job (or repeats)."""
@@ -494,12 +473,11 @@ class CycleState:
         last = self._last_pick
         if last is not None and last[0] is arrays and last[1] == key:
             return last[2]
-        position = arrays[0]
-        get = position.get
+        get = arrays.position.get
         found = [get(job_id) for job_id in key]
         picked: BoolArray | None = None
         if None not in found:
-            mask = np.zeros(len(position), dtype=np.bool_)
+            mask = np.zeros(arrays.owners, dtype=np.bool_)
             mask[cast(list[int], found)] = True
             if int(np.count_nonzero(mask)) == len(key):
                 mask.flags.writeable = False  # shared by every caller that asks for the same jobs
@@ -512,30 +490,13 @@ class CycleState:
         last = self._last_subset
         if last is not None and last[0] is picked:
             return last[1]
-        rows = self.running_arrays()[1].subset(picked)
+        rows = self.running_arrays().arrays.subset(picked)
         self._last_subset = (picked, rows)
         return rows
 
-    def _running_usage(self) -> tuple[list[str], IntArray, list[str], IntArray]:
-        """Quota usage of the running jobs by owner number: the usage keys, a [jobs, keys] matrix,
-        the queue names and each job's queue number (built when first needed)."""
-        if self._usage_arrays is None:
-            position = self.running_arrays()[0]
-            holdings = [self.holdings[job_id] for job_id in position]
-            keys = sorted({key for h in holdings for key, _ in h.usage})
-            queues = sorted({h.job.queue for h in holdings})
-            column = {key: i for i, key in enumerate(keys)}
-            queue_number = {queue: i for i, queue in enumerate(queues)}
-            rows: list[list[int]] = []
-            for holding in holdings:
-                row = [0] * len(keys)
-                for key, amount in holding.usage:
-                    row[column[key]] = amount
-                rows.append(row)
-            usage = np.asarray(rows, dtype=np.int64).reshape(len(holdings), len(keys))
-            queue_of = np.asarray([queue_number[h.job.queue] for h in holdings], dtype=np.int64)
-            self._usage_arrays = (keys, usage, queues, queue_of)
-        return self._usage_arrays
+    def _running_usage(self) -> RunningUsage:
+        """Quota usage of the running jobs by owner number (see `RunningUsage`)."""
+        return self._layout.usage()
 
     def _shift(self, job_ids: list[JobId], sign: int) -> None:
         """Give back (+1) or take again (-1) what these jobs hold, in the table and the ledger."""
@@ -585,28 +546,3 @@ class CycleState:
         finally:
             self._shift(job_ids, -1)
             self.removed.difference_update(job_ids)
-
-
-def _worker_arrays(facts: list[_RunningFacts]) -> WorkerArrays:
-    """What running jobs hold, laid out as flat arrays; job `k` of `facts` is owner `k`. Each job's rows are
-    arrays made when it started: joining them is one concatenation per table, not a Python step per row."""
-    owners = np.arange(len(facts), dtype=np.int64)
-    workers = np.concatenate([f.workers for f in facts]) if facts else np.zeros((0, 3), dtype=np.int64)
-    shares = np.concatenate([f.shares for f in facts]) if facts else np.zeros((0, 4), dtype=np.int64)
-    worker_owner = np.repeat(owners, [len(f.workers) for f in facts])
-    share_owner = np.repeat(owners, [len(f.shares) for f in facts])
-
-    def column(rows: IntArray, k: int) -> IntArray:
-        return np.ascontiguousarray(rows[:, k])
-
-    return WorkerArrays(
-        worker_owner,
-        column(workers, 0),
-        column(workers, 1),
-        column(workers, 2),
-        share_owner,
-        column(shares, 0),
-        column(shares, 1),
-        column(shares, 2),
-        column(shares, 3),
-    )
