@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import ClassVar
 
 import numpy as np
@@ -227,12 +228,13 @@ class PriorityPreemption:
         potential = _potential_workers(job, cluster, what_if, everyone)
         if int(np.minimum(potential, job.gang_size).sum()) < job.gang_size:
             return _refusal(blocked_by, f"preempting all {len(candidates)} eligible jobs would not make room")
-        # A victim's cost depends on the victim and the time only, not on the view: each is computed once per
-        # cycle, when a search first meets it. (cost, id) is a total order: sorting the candidates by it gives
-        # their order among all preemptible jobs.
-        costs = self._costs(candidates, cluster)
-        order = self._order(candidates, costs, cluster)
-        candidates.sort(key=lambda h: order[h.job.id])
+        # A victim's cost depends on the victim and the time only, not on the view: each is costed once per cycle,
+        # when a search first meets it, and ranked by (cost, id), a total order, among the jobs met so far in the
+        # cycle (`_Ranks`); each search sorts its candidates by those integer ranks: their order among all
+        # preemptible jobs.
+        ranks = self._ranks(candidates, everyone, cluster)
+        costs = ranks.costs
+        candidates = ranks.sort(candidates, everyone)
         chosen: list[str] | None = None
         search = _Search(job, cluster, what_if)
         if job.gang_size == 1 and quota_ok:
@@ -250,25 +252,14 @@ class PriorityPreemption:
         status = wait(NAME, f"preempting {len(chosen)} job(s) to make room: {', '.join(chosen)}")
         return VictimChoice(victims, status)
 
-    def _costs(self, holdings: list[Holding], cluster: ClusterView) -> dict[str, tuple[float, ...]]:
-        """The cycle's victim costs by job id, with those of `holdings` added where not known yet."""
-        costs: dict[str, tuple[float, ...]] = cluster.per_cycle(("preempt.costs", self), dict)
-        for holding in holdings:
-            job_id = holding.job.id
-            if job_id not in costs:
-                costs[job_id] = self.cost(holding, cluster)
-        return costs
-
-    def _order(
-        self, holdings: list[Holding], costs: dict[str, tuple[float, ...]], cluster: ClusterView
-    ) -> dict[str, tuple[object, ...]]:
-        """The cycle's sort keys (cost, id) by job id, with those of `holdings` added where not known yet."""
-        order: dict[str, tuple[object, ...]] = cluster.per_cycle(("preempt.order", self), dict)
-        for holding in holdings:
-            job_id = holding.job.id
-            if job_id not in order:
-                order[job_id] = (*costs[job_id], job_id)
-        return order
+    def _ranks(self, candidates: list[Holding], ids: list[JobId], cluster: ClusterView) -> _Ranks:
+        """The cycle's victim ranks, with `candidates` (whose ids are `ids`) ranked: a victim's cost depends on the
+        victim and the time only, so each is costed once per cycle, when a search first meets it."""
+        ranks: _Ranks = cluster.per_cycle(("preempt.ranks", self), _Ranks)
+        rank = ranks.rank
+        if not all(map(rank.__contains__, ids)):
+            ranks.add([h for h in candidates if h.job.id not in rank], self.cost, cluster)
+        return ranks
 
     def _greedy(self, search: _Search, ordered: list[str]) -> list[str]:
         """The shortest prefix of `ordered` (cheapest first) whose removal makes the job fit, then reprieved.
@@ -455,6 +446,43 @@ def _lower_bound(
 
 def _cohort(spec: QueueSpec | None) -> str | None:
     return spec.cohort if spec is not None else None
+
+
+class _Ranks:
+    """Victims' order in one cycle as integer ranks: jobs costed once (`costs`) and numbered by (cost, id), a total
+    order, so a search sorts its candidates by an integer each instead of comparing tuples of its own."""
+
+    __slots__ = ("costs", "keys", "rank")
+
+    def __init__(self) -> None:
+        self.costs: dict[JobId, tuple[float, ...]] = {}
+        self.keys: list[tuple[object, ...]] = []  # (cost, id) of every ranked job, sorted
+        self.rank: dict[JobId, int] = {}
+
+    def add(
+        self, holdings: list[Holding], cost: Callable[[Holding, ClusterView], tuple[float, ...]], cluster: ClusterView
+    ) -> None:
+        """Cost and rank these jobs (those not ranked yet); every job is numbered again."""
+        costs = self.costs
+        added: list[tuple[object, ...]] = []
+        for holding in holdings:
+            job_id = holding.job.id
+            if job_id not in costs:
+                costs[job_id] = value = cost(holding, cluster)
+                added.append((*value, job_id))
+        if not added:
+            return
+        keys = self.keys
+        keys.extend(added)
+        keys.sort()
+        self.rank = dict(zip(map(itemgetter(-1), keys), range(len(keys)), strict=True))
+
+    def sort(self, holdings: list[Holding], ids: list[JobId]) -> list[Holding]:
+        """`holdings` (whose ids are `ids`, all ranked) in rank order."""
+        if len(holdings) < 2:
+            return list(holdings)
+        ranks = np.fromiter(map(self.rank.__getitem__, ids), dtype=np.int64, count=len(ids))
+        return [holdings[k] for k in np.argsort(ranks).tolist()]
 
 
 class _Group:
