@@ -141,3 +141,19 @@ def test_table_reference_is_v100(table: ThroughputTable) -> None:
     assert table.reference == "V100"
     assert table.relative_speed(RESNET18, "K80", 1) == table.relative_speed(RESNET18, "K80", 1, reference="v100")
     assert table.relative_speed(RESNET18, "V100", 4) == 1.0
+
+
+def test_the_round_plan_keeps_wide_resnet50_off_k80s(table: ThroughputTable) -> None:
+    """ResNet-50 on 8 K80s is measured only on one node, at 0 (it does not fit): a job of two 4-GPU workers
+    (unconsolidated) must count at 0 there too, not at the other models' mean, or the LP gives it K80 time on
+    which it makes no progress."""
+    from gpufleet.domain import Job, WorkerRequest
+    from gpufleet.policies.rounds.plan import Planner
+
+    job = Job(id="r50", queue="q", request=WorkerRequest(gpus=4), workers=2, job_type="ResNet-50 (batch size 128)")
+    row = dict(
+        zip(("K80", "P100", "V100"), Planner(table, round_s=360.0).row(("K80", "P100", "V100"), job), strict=True)
+    )
+    assert row["K80"] == 0.0
+    assert row["V100"] == table.get(job.job_type, "v100", 8, consolidated=False)
+    assert row["P100"] == table.get(job.job_type, "p100", 8, consolidated=False)

@@ -96,3 +96,24 @@ def test_clearing_nodes_stops_only_what_the_gang_needs(run: Simulation) -> None:
                 stopped_for[t.at] = stopped_for.get(t.at, 0) + 1
     assert stopped_for, "the gang should have stopped single-GPU jobs to start"
     assert max(stopped_for.values()) <= 2 * GPUS_PER_NODE
+
+
+def test_a_spread_gang_counts_a_model_measured_only_on_one_node_by_that_measurement() -> None:
+    from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable
+    from gpufleet.policies.rounds.plan import Planner
+
+    table = ThroughputTable(
+        (
+            ThroughputEntry("big", "V100", 8, 14.0, consolidated=False),
+            ThroughputEntry("big", "P100", 8, 10.0, consolidated=False),
+            ThroughputEntry("big", "K80", 8, 0.0, consolidated=True),
+            ThroughputEntry("big", "T4", 1, 1.0),
+        ),
+        source="test",
+        reference="V100",
+    )
+    gang = Job(id="g", queue="q", request=WorkerRequest(gpus=4), workers=2, job_type="big")
+    planner = Planner(table, round_s=360.0)
+    # K80: the one-node measurement (0: it does not run there); T4, not measured at 8 GPUs at all: the mean of
+    # the others (K80 included).
+    assert planner.row(("K80", "P100", "T4", "V100"), gang) == (0.0, 10.0, 8.0, 14.0)
