@@ -279,12 +279,8 @@ class RoundPreempt:
         """Whether the GPUs of `model` free now or held by the jobs the plan left out there add up to what `job`
         needs: then only their arrangement keeps it out, and clearing nodes is worth it. (Otherwise it waits for
         GPUs being freed: jobs being stopped, jobs whose round is not over.)"""
-        table, models = cluster.nodes, gpu_models(cluster)
-        available = sum(
-            int(table.node_milli_free[row]) // MILLI_PER_GPU
-            for row in range(len(table.names))
-            if models[row] and models[row][0] == model
-        )
+        table = cluster.nodes
+        available = int((table.node_milli_free[_model_rows(cluster, model)] // MILLI_PER_GPU).sum())
         for job_id in left_out:
             available += sum(len(worker.gpus) for worker in cluster.holdings[job_id].workers)
         return available * MILLI_PER_GPU >= job.gpu_milli_total
@@ -302,7 +298,6 @@ class RoundPreempt:
         if rank is None:
             return [], frozenset()
         table, evicting, removed = cluster.nodes, cluster.evicting, cluster.removed
-        models = gpu_models(cluster)
         on_node: dict[int, list[JobId]] = defaultdict(list)
         later: set[JobId] = set()
         displaced: dict[int, int] = defaultdict(int)  # node row -> GPUs of planned jobs a clear would stop there
@@ -330,7 +325,8 @@ class RoundPreempt:
             return (displaced[row], -(freed[row] + int(table.node_milli_free[row]) // MILLI_PER_GPU), row)
 
         chosen: list[JobId] = []
-        for row in sorted((r for r in on_node if models[r] and models[r][0] == model), key=node_order):
+        of_model = frozenset(_model_rows(cluster, model).tolist())
+        for row in sorted((r for r in on_node if r in of_model), key=node_order):
             chosen.extend(j for j in on_node[row] if j not in chosen)
             with what_if.without(chosen):
                 if what_if.fits(job):
@@ -389,6 +385,15 @@ class RoundMigrate:
             source = plan.jobs[job_id].running_on
             moved.append((job_id, f"the round's plan moves it from {source} to {target} (its share of {target})"))
         return moved
+
+
+def _model_rows(cluster: ClusterView, model: str) -> np.ndarray:
+    """The node rows whose GPUs are of `model` (`model_key`; depends on the inventory only)."""
+
+    def compute() -> np.ndarray:
+        return np.array([row for row, gpus in enumerate(gpu_models(cluster)) if gpus and gpus[0] == model], np.int64)
+
+    return cluster.memo(("rounds.model_rows", model), compute)
 
 
 def _idle_gpus(cluster: ClusterView) -> dict[str, int]:
