@@ -39,11 +39,16 @@ def test_kill_9_during_submits_loses_and_duplicates_nothing(tmp_path: Path) -> N
     retried = Counter[str]()
     lock = threading.Lock()
     done = threading.Event()
+    # Each client holds its last submit until every kill has landed, so all kills fall while clients submit
+    # (on a fast machine the clients could otherwise finish before the last kill).
+    all_killed = threading.Event()
 
     def submit_all(index: int) -> None:
         with Client(Target(live.url, live.server.token), timeout=10.0) as client:
             for n in range(JOBS_PER_CLIENT):
                 name = f"c{index}-{n}"
+                if n == JOBS_PER_CLIENT - 1:
+                    all_killed.wait(180)
                 body = {"queue": "default", "name": name, "command": command}
                 try:
                     job = client.call(
@@ -69,6 +74,7 @@ def test_kill_9_during_submits_loses_and_duplicates_nothing(tmp_path: Path) -> N
             kills += 1
             # On the same port: the clients keep the address they were given, as a user's CLI does.
             live.server = LocalServer(live.root / "data", extra=(), token=live.server.token, port=live.server.port)
+        all_killed.set()
         for thread in threads:
             thread.join(180)
         done.set()
@@ -80,6 +86,7 @@ def test_kill_9_during_submits_loses_and_duplicates_nothing(tmp_path: Path) -> N
                     break
                 time.sleep(0.3)
     finally:
+        all_killed.set()
         live.server.stop()
 
     names = Counter(j["name"] for j in listed)
