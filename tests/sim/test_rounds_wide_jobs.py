@@ -1,7 +1,8 @@
 """A gang of whole nodes under the round allocator (`gavel`) among many single-GPU jobs, through the same control
 loop as live (`Reconciler`) with the simulated backend: the plan puts the gang first once it lags its share, and
 the round's preemption clears whole nodes for it even when the GPUs the plan keeps for single-GPU jobs are spread
-over every node (on Gavel's multi-GPU trace at 2.2 jobs/h such gangs used to wait for hundreds of hours)."""
+over every node (on Gavel's multi-GPU trace at 2.2 jobs/h such gangs used to wait for hundreds of hours); and how
+GPU models where a job makes no progress are kept from it."""
 
 from __future__ import annotations
 
@@ -117,3 +118,85 @@ def test_a_spread_gang_counts_a_model_measured_only_on_one_node_by_that_measurem
     # K80: the one-node measurement (0: it does not run there); T4, not measured at 8 GPUs at all: the mean of
     # the others (K80 included).
     assert planner.row(("K80", "P100", "T4", "V100"), gang) == (0.0, 10.0, 8.0, 14.0)
+
+
+def test_a_spread_gang_runs_at_its_unconsolidated_speed_for_all_its_gpus() -> None:
+    """The simulator reads a gang over two nodes at its whole GPU count spread over nodes, as the plan and the
+    isolated run do: here half the reference speed, where the per-worker one-node entry says equal speed."""
+    from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable
+
+    table = ThroughputTable(
+        (
+            ThroughputEntry("big", "V100", 8, 14.0, consolidated=False),
+            ThroughputEntry("big", "P100", 8, 7.0, consolidated=False),
+            ThroughputEntry("big", "V100", 4, 8.0),
+            ThroughputEntry("big", "P100", 4, 8.0),
+        ),
+        source="test",
+        reference="V100",
+    )
+    nodes = tuple(n for i in range(2) for n in parse_emulate("4xP100", f"node-{i}"))
+    gang = Job(id="g", queue="q", request=WorkerRequest(gpus=4), workers=2, job_type="big", submitted_at=1.0)
+    hour = 3600.0
+    load = Workload(
+        name="spread-gang",
+        citation="synthetic",
+        license="-",
+        nodes=nodes,
+        queues=(QueueSpec("q"),),
+        jobs=(TraceJob(gang, hour),),
+        throughput=table,
+    )
+    sim = Simulation(load, profile("default", PolicyData()), SimSettings(horizon_s=10 * hour))
+    sim.run()
+    history = sim.store.history("g")
+    assert history[-1].target is JobState.SUCCEEDED
+    started = next(t.at for t in history if t.target is JobState.RUNNING)
+    # 1 h of work at reference speed takes 2 h at half of it (plus the launch's restart cost, well under 0.2 h).
+    assert 2 * hour <= history[-1].at - started <= 2.2 * hour
+
+
+def test_the_rounds_fill_never_puts_a_job_on_a_model_where_it_makes_no_progress() -> None:
+    """Mid-round a new job may take GPUs nobody planned for, but not on a model where the table gives it
+    throughput 0 (Gavel's ResNet-50 on 2-8 K80s): there it held the K80s for three hours without progress. It
+    waits for the next round, whose plan gives it V100 time."""
+    from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable
+
+    table = ThroughputTable(
+        (
+            ThroughputEntry("big", "V100", 4, 8.0),
+            ThroughputEntry("big", "K80", 4, 0.0),
+            ThroughputEntry("small", "V100", 4, 8.0),
+            ThroughputEntry("small", "K80", 4, 2.0),
+        ),
+        source="test",
+        reference="V100",
+    )
+    hour = 3600.0
+    nodes = (*parse_emulate("4xV100", "v100-0"), *parse_emulate("4xK80", "k80-0"))
+    jobs = (
+        TraceJob(Job(id="hog", queue="q", request=WorkerRequest(gpus=4), job_type="small", submitted_at=1.0), 3 * hour),
+        TraceJob(
+            Job(id="big", queue="q", request=WorkerRequest(gpus=4), job_type="big", submit_seq=1, submitted_at=500.0),
+            hour,
+        ),
+    )
+    load = Workload(
+        name="fill",
+        citation="synthetic",
+        license="-",
+        nodes=nodes,
+        queues=(QueueSpec("q"),),
+        jobs=jobs,
+        throughput=table,
+    )
+    sim = Simulation(load, profile("gavel", PolicyData(throughput=table)), SimSettings(horizon_s=20 * hour))
+    sim.run()
+    record = sim.store.get("big")
+    assert record is not None
+    assert record.state is JobState.SUCCEEDED
+    assert record.attempt == 1, [(t.at, t.reason) for t in sim.store.history("big")]
+    assert {w.node for w in record.workers} == {"v100-0"}
+    round_s = 360.0
+    assert record.finished_at is not None
+    assert record.finished_at - 500.0 <= hour + 2 * round_s

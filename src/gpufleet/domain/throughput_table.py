@@ -79,10 +79,12 @@ class ThroughputTable:
         return tuple(sorted({e.gpus for e in self.entries if e.job_type == job_type}))
 
     def get(self, job_type: str, model: str, gpus: int, *, consolidated: bool = True) -> float | None:
-        """Throughput, or None when not measured. On one GPU, placement makes no difference."""
+        """Throughput, or None when not measured. On one GPU, placement makes no difference; spread over servers
+        (unconsolidated) on a model measured only on one server, the one-server measurement says whether and how
+        fast it runs there (Gavel's table has ResNet-50 on 8 K80s only consolidated, at 0: it does not fit)."""
         value = self._index.get((job_type, model_key(model), gpus, consolidated))
-        if value is None and gpus == 1:
-            value = self._index.get((job_type, model_key(model), 1, not consolidated))
+        if value is None and (gpus == 1 or not consolidated):
+            value = self._index.get((job_type, model_key(model), gpus, not consolidated))
         return value
 
     def speed(self, job_type: str, model: str, gpus: int, *, consolidated: bool = True) -> float:

@@ -31,6 +31,7 @@ from gpufleet.domain.jobs import Job
 from gpufleet.domain.lifecycle import Transition
 from gpufleet.domain.progress import Report, ReportContext, fold
 from gpufleet.domain.quotas import QueueSpec
+from gpufleet.domain.throughput_table import job_scale
 from gpufleet.ports import Observation
 from gpufleet.scheduling.comm_gate import placement_estimate
 from gpufleet.scheduling.plugin_api import Profile
@@ -235,11 +236,13 @@ class Simulation:
         table = self.workload.throughput
         if table is None or not job.job_type or not workers:
             return 1.0
-        gpus = max(1, job.request.gpus)
+        gpus, consolidated = job_scale(job)
         names = self.reconciler.base.table.gpu_model_names
         index = self.reconciler.base.table.index
         models = {names[index[w.node]][s.index] for w in workers for s in w.gpus}
-        speeds = [table.relative_speed(job.job_type, m, gpus) for m in sorted(models)]
+        speeds = [
+            table.relative_speed(job.job_type, m, max(1, gpus), consolidated=consolidated) for m in sorted(models)
+        ]
         return min(speeds) if speeds else 1.0
 
     # --- cluster events ----------------------------------------------------------------------------

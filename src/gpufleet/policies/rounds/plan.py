@@ -29,10 +29,10 @@ counts), which changes only when jobs come, go or change weight band.
 
 Active jobs are the running ones and every waiting one (`ClusterView.queued`; jobs being stopped count as
 waiting). A job type the throughput table lacks, or a model it lacks, counts at the same speed on every
-model (as the agnostic baseline counts every job), except that a job spread over nodes (unconsolidated) on a
-model measured only on one node takes that measurement (Gavel's table has ResNet-50 on 8 K80s only consolidated,
-at 0: it does not run there; filled with the other models' mean, the LP gave it K80 time, and such jobs made no
-progress for hundreds of hours); `agnostic=True` counts every job that way (Gavel's
+model (as the agnostic baseline counts every job); a job spread over nodes (unconsolidated) on a model measured
+only on one node takes that measurement (`ThroughputTable.get`: filled with the other models' mean instead, the LP
+gave ResNet-50 on 8 GPUs K80 time, where it does not run, and such jobs made no progress for hundreds of hours);
+`agnostic=True` counts every job that way (Gavel's
 `max_min_fairness`). Bands of service (`WeightBands`) weigh jobs inside a queue only: a queue's jobs share
 its weight in proportion to their bands.
 """
@@ -211,12 +211,6 @@ class Planner:
                 cached = (1.0,) * len(models)
             else:
                 speeds = [self.table.get(job.job_type, m, gpus, consolidated=consolidated) for m in models]
-                if not consolidated:
-                    # Not measured across nodes: the same GPUs on one node say whether it runs there at all.
-                    speeds = [
-                        s if s is not None else self.table.get(job.job_type, m, gpus, consolidated=True)
-                        for s, m in zip(speeds, models, strict=True)
-                    ]
                 known = [s for s in speeds if s is not None]
                 fill = float(np.mean(known)) if known else 1.0
                 cached = tuple(float(s) if s is not None else fill for s in speeds)

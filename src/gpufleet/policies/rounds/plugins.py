@@ -126,23 +126,30 @@ class RoundAdmit:
         if not planner.at_boundary(cluster.now):
             if not planner.fill:
                 return wait(NAME, f"waiting for a round: next round in {_next_round_in(planner, cluster.now)}")
-            return self._if_free(job, cluster, None)
+            return self._if_free(view, cluster, None)
         plan = current_plan(planner, cluster)
         model = plan.assigned.get(job.id)
         if model is None:
             # Not planned this round: it may take GPUs nobody planned for, if there are any.
             return (
-                self._if_free(job, cluster, plan)
+                self._if_free(view, cluster, plan)
                 if planner.fill
                 else wait(NAME, _waiting_reason(planner, plan, job, cluster))
             )
         view.model_lut &= self._only(cluster, model)
         return SUCCESS
 
-    def _if_free(self, job: Job, cluster: ClusterView, plan: RoundPlan | None) -> Status:
+    def _if_free(self, view: JobView, cluster: ClusterView, plan: RoundPlan | None) -> Status:
+        job = view.job
         nodes = cluster.nodes
         free = cluster.current(("rounds.free_milli",), lambda: int(nodes.node_milli_free.sum()))
         if free >= job.gpu_milli_total:
+            # Unplanned GPUs, but never on a model where the table says the job makes no progress.
+            models, _ = self.planner.models(cluster)
+            row = self.planner.row(models, job)
+            for model, speed in zip(models, row, strict=True):
+                if speed <= 0:
+                    view.model_lut &= ~self._only(cluster, model)
             return SUCCESS
         if plan is None:
             return wait(
