@@ -137,6 +137,7 @@ class CostTables(SqlBase):
         self, c: sa.Connection, records: Mapping[str, JobRecord], transitions: Sequence[Transition]
     ) -> None:
         """Keep the work lost by the attempts that end in this write (called inside its transaction)."""
+        rows: dict[str, dict[str, Any]] = {}
         for tr in transitions:
             record = records.get(tr.job_id)
             if tr.source not in HOLDING or tr.target in HOLDING or record is None:
@@ -144,7 +145,8 @@ class CostTables(SqlBase):
             loss = record.attempt_loss
             if loss is None or loss.ended_at != tr.at:
                 continue
-            self._upsert(c, t.attempt_losses, {"job_id": tr.job_id, **loss.to_dict()})
+            rows[tr.job_id] = {"job_id": tr.job_id, **loss.to_dict()}
+        self._upsert_many(c, t.attempt_losses, list(rows.values()))
 
     def attempt_losses(self, since: float, until: float) -> list[tuple[str, AttemptLoss]]:
         """(job id, loss) of every attempt that ended in [since, until], oldest first."""
