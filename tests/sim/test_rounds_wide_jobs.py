@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
-from gpufleet.domain import Job, QueueSpec, WorkerRequest
+from gpufleet.domain import Job, Node, QueueSpec, WorkerRequest
 from gpufleet.domain.lifecycle import JobState
+from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable
 from gpufleet.policies.catalog import PolicyData, profile
 from gpufleet.sim.engine import SimSettings, Simulation
 from gpufleet.sim.workload import TraceJob, Workload
@@ -123,8 +124,6 @@ def test_a_spread_gang_counts_a_model_measured_only_on_one_node_by_that_measurem
 def test_a_spread_gang_runs_at_its_unconsolidated_speed_for_all_its_gpus() -> None:
     """The simulator reads a gang over two nodes at its whole GPU count spread over nodes, as the plan and the
     isolated run do: here half the reference speed, where the per-worker one-node entry says equal speed."""
-    from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable
-
     table = ThroughputTable(
         (
             ThroughputEntry("big", "V100", 8, 14.0, consolidated=False),
@@ -138,17 +137,7 @@ def test_a_spread_gang_runs_at_its_unconsolidated_speed_for_all_its_gpus() -> No
     nodes = tuple(n for i in range(2) for n in parse_emulate("4xP100", f"node-{i}"))
     gang = Job(id="g", queue="q", request=WorkerRequest(gpus=4), workers=2, job_type="big", submitted_at=1.0)
     hour = 3600.0
-    load = Workload(
-        name="spread-gang",
-        citation="synthetic",
-        license="-",
-        nodes=nodes,
-        queues=(QueueSpec("q"),),
-        jobs=(TraceJob(gang, hour),),
-        throughput=table,
-    )
-    sim = Simulation(load, profile("default", PolicyData()), SimSettings(horizon_s=10 * hour))
-    sim.run()
+    sim = _run_one_queue("spread-gang", nodes, (TraceJob(gang, hour),), table, "default", 10 * hour)
     history = sim.store.history("g")
     assert history[-1].target is JobState.SUCCEEDED
     started = next(t.at for t in history if t.target is JobState.RUNNING)
@@ -160,8 +149,6 @@ def test_the_rounds_fill_never_puts_a_job_on_a_model_where_it_makes_no_progress(
     """Mid-round a new job may take GPUs nobody planned for, but not on a model where the table gives it
     throughput 0 (Gavel's ResNet-50 on 2-8 K80s): there it held the K80s for three hours without progress. It
     waits for the next round, whose plan gives it V100 time."""
-    from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable
-
     table = ThroughputTable(
         (
             ThroughputEntry("big", "V100", 4, 8.0),
@@ -181,17 +168,7 @@ def test_the_rounds_fill_never_puts_a_job_on_a_model_where_it_makes_no_progress(
             hour,
         ),
     )
-    load = Workload(
-        name="fill",
-        citation="synthetic",
-        license="-",
-        nodes=nodes,
-        queues=(QueueSpec("q"),),
-        jobs=jobs,
-        throughput=table,
-    )
-    sim = Simulation(load, profile("gavel", PolicyData(throughput=table)), SimSettings(horizon_s=20 * hour))
-    sim.run()
+    sim = _run_one_queue("fill", nodes, jobs, table, "gavel", 20 * hour)
     record = sim.store.get("big")
     assert record is not None
     assert record.state is JobState.SUCCEEDED
@@ -200,3 +177,20 @@ def test_the_rounds_fill_never_puts_a_job_on_a_model_where_it_makes_no_progress(
     round_s = 360.0
     assert record.finished_at is not None
     assert record.finished_at - 500.0 <= hour + 2 * round_s
+
+
+def _run_one_queue(
+    name: str,
+    nodes: tuple[Node, ...],
+    jobs: tuple[TraceJob, ...],
+    table: ThroughputTable,
+    policy: str,
+    horizon_s: float,
+) -> Simulation:
+    """`jobs` in one queue on `nodes`, with `table` as the workload's and the profile's throughput table, run."""
+    load = Workload(
+        name=name, citation="synthetic", license="-", nodes=nodes, queues=(QueueSpec("q"),), jobs=jobs, throughput=table
+    )
+    sim = Simulation(load, profile(policy, PolicyData(throughput=table)), SimSettings(horizon_s=horizon_s))
+    sim.run()
+    return sim
