@@ -72,12 +72,7 @@ SETS: dict[str, list[str]] = {
 }
 CHECK_SET, CHECK_SEED, CHECK_POLICY = "fgd-default-tuning", 42, "fgd"
 # Sets whose committed output predates a change of the policy they show: the reason, until they are run again.
-OUT_OF_DATE: dict[str, str] = {
-    "gavel-multi": "made before the round plan counted a gang spread over nodes on a GPU model measured only on one "
-    "node by that measurement (ResNet-50 on 8 K80s: 0, it does not run there; the set's plan filled it with the "
-    "other models' mean, so such jobs were given K80 time without progress). Measured after the change at 2.4 "
-    "jobs/h only: rho 1.48 -> ~0.71 (8-GPU jobs' mean 13.97 -> 1.52); run `scripts/results.py --only gavel-multi`",
-}
+OUT_OF_DATE: dict[str, str] = {}
 
 
 def traces(given: str | None) -> Path:
