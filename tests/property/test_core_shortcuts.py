@@ -82,12 +82,19 @@ def _reprieve_asking_all(
 
 
 def _search_fits_asking_all(self: priority_preemption._Search) -> bool:
-    """A victim search's fit test asking admission and placement each time (no node known to pass kept)."""
-    return self.room.could_fit() and self.what_if.fits(self.job)
+    """A victim search's fit test asking admission and placement each time (no node known to pass kept). The
+    victims taken out in the bound only are taken out of the view first, as `_Search.fits` does."""
+    if not self.room.could_fit():
+        return False
+    self._sync()
+    return self.what_if.fits(self.job)
 
 
 def _search_fits_on_asking_all(self: priority_preemption._Search, node: int) -> bool:
-    return self.room.could_fit_on(node) and self.what_if.worker_fits(self.job, node) and self.what_if.fits(self.job)
+    if not self.room.could_fit_on(node):
+        return False
+    self._sync()
+    return self.what_if.worker_fits(self.job, node) and self.what_if.fits(self.job)
 
 
 @given(worlds(max_pending=12), st.data())

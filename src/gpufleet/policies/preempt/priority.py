@@ -240,11 +240,9 @@ class PriorityPreemption:
         if job.gang_size == 1 and quota_ok:
             chosen = self._on_one_node(job, cluster, search, candidates, potential > 0, costs)
         if chosen is None:
-            with what_if.without(everyone):
-                helps = what_if.fits(job)
-            if not helps:
-                return _refusal(blocked_by, f"preempting all {len(everyone)} eligible jobs would not make room")
             chosen = self._greedy(search, [h.job.id for h in candidates])
+            if chosen is None:
+                return _refusal(blocked_by, f"preempting all {len(everyone)} eligible jobs would not make room")
         with what_if.without(chosen):
             if not what_if.fits(job):  # pragma: no cover - defensive: the search guarantees it
                 return VictimChoice((), unschedulable(NAME, "preemption search found no valid victim set"))
@@ -261,8 +259,9 @@ class PriorityPreemption:
             ranks.add([h for h in candidates if h.job.id not in rank], self.cost, cluster)
         return ranks
 
-    def _greedy(self, search: _Search, ordered: list[str]) -> list[str]:
-        """The shortest prefix of `ordered` (cheapest first) whose removal makes the job fit, then reprieved.
+    def _greedy(self, search: _Search, ordered: list[str]) -> list[str] | None:
+        """The shortest prefix of `ordered` (cheapest first) whose removal makes the job fit, then reprieved;
+        None (the view as it was) when removing all of them would not make it fit.
 
         Taking victims out never makes the bound (`_Room`) smaller, nor, with monotone admission, turns an
         admitted job away: every prefix shorter than the first that the bound allows and admission admits fails
@@ -277,9 +276,18 @@ class PriorityPreemption:
                 break
         if search.monotone and taken < count and search.room.could_fit() and not search.admits():
             taken = self._first_admitted(search, ordered, taken)
-        while not search.fits() and taken < count:
-            search.take(ordered[taken])
-            taken += 1
+        if not search.fits():
+            # A search that cannot succeed would test every prefix: whether all of them make room is asked
+            # once, here, where the first prefix the bound and admission allow has failed (most searches
+            # succeed there and never ask).
+            if not search.fits_without(ordered[taken:]):
+                search.put_back_many(ordered[:taken][::-1])
+                return None
+            while taken < count:
+                search.take(ordered[taken])
+                taken += 1
+                if search.fits():
+                    break
         removed = ordered[:taken]
         # With more than one taken, the job was seen not to fit without the last: it is needed, no need to ask
         # again. (With one, nothing was asked with none taken.)
@@ -727,6 +735,17 @@ class _Search:
         self.witness = what_if.passing_node(job)
         self.witness_clock = self.table.clock
         return True
+
+    def fits_without(self, rest: list[str]) -> bool:
+        """Whether the job fits the view with `rest` (not taken out yet) taken out too; the view and the bound
+        are as they were on return. Asked of the view itself, not through the witness (see `fits`)."""
+        if not rest:
+            return False
+        self.take_many(rest)
+        self._sync()
+        fits = self.room.could_fit() and self.what_if.fits(self.job)
+        self.put_back_many(rest[::-1])
+        return fits
 
     def admits(self) -> bool:
         self._sync()
