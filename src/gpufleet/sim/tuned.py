@@ -81,7 +81,10 @@ POLLUX_BATCH_HOW = (
     "2,615 s; prior network share 0 2,716 s, 0.25 2,585 s, 1 2,702 s (without shedding, 120 s: 0.5 2,658; and "
     "before jobs reported their per-GPU batch limit, 0 2,698, 1 2,713, 2 2,744); noisy: neighbouring settings "
     "differ by 1-3 %; held out (5-8): 2,944 s against 3,024 s before the model and 3,033 s with the model off "
-    "(shedding and 60 s kept)"
+    "(shedding and 60 s kept); re-checked on the code of the tenth loop round, 2,584 s, every neighbour worse: "
+    "least time between resizes 45 / 90 s 2,603 / 2,611 s, rebalance margin 2.5 / 3.5 2,641 / 2,621 s, prior "
+    "network share 0.15 / 0.35 2,634 / 2,626 s, prior weight 150 / 600 s 2,657 / 2,603 s, rebalance horizon 20 / "
+    "45 min 2,624 / 2,590 s, resize step every 30 s 2,623 s, most GPUs 24 / 48 / 64 2,611 / 2,604 / 2,640 s"
 )
 GAVEL_KEEP_HOW = (
     "avg JCT at 4.8 jobs/h with bands 0.5/2/10 h: no margin 19.38 h, 360 s 19.27 h; with moves at round starts "
