@@ -18,6 +18,7 @@ is not needed) and checked once more on the view.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -392,26 +393,33 @@ class PriorityPreemption:
         index = cluster.nodes.index
         hosts = set(np.flatnonzero(potential).tolist())
         per_node: dict[int, list[Holding]] = defaultdict(list)
+        # Per node, as the candidates are met (in their order): the highest first cost and the sum of the second
+        # costs, the same values and additions as max() and sum() over the node's list.
+        highest: dict[int, float] = {}
+        summed: dict[int, float] = {}
+        # A running job's nodes hold for the cycle: found once per cycle, not once per search.
+        nodes_of: dict[JobId, tuple[int, ...]] = cluster.per_cycle(("preempt.nodes_of", NAME), dict)
         for holding in candidates:
-            workers = holding.workers
-            if len(workers) == 1:
-                node = index[workers[0].node]
-                if node in hosts:
-                    per_node[node].append(holding)
-                continue
-            for node in sorted({index[w.node] for w in workers}):
-                if node in hosts:
-                    per_node[node].append(holding)
-        ranked = sorted(
-            per_node,
-            key=lambda n: (
-                max(costs[h.job.id][0] for h in per_node[n]),
-                sum(costs[h.job.id][1] for h in per_node[n]),
-                n,
-            ),
-        )
+            job_id = holding.job.id
+            nodes = nodes_of.get(job_id)
+            if nodes is None:
+                workers = holding.workers
+                nodes = nodes_of[job_id] = (
+                    (index[workers[0].node],) if len(workers) == 1 else tuple(sorted({index[w.node] for w in workers}))
+                )
+            cost = costs[job_id]
+            first, second = cost[0], cost[1]
+            for node in nodes:
+                if node not in hosts:
+                    continue
+                per_node[node].append(holding)
+                if node not in highest or first > highest[node]:
+                    highest[node] = first
+                summed[node] = summed.get(node, 0) + second
+        # The NODES_TRIED first by (highest first cost, sum of second costs, node): what sorting them all gives.
+        ranked = heapq.nsmallest(NODES_TRIED, per_node, key=lambda n: (highest[n], summed[n], n))
         best: tuple[tuple[float, ...], list[str]] | None = None
-        for node in ranked[:NODES_TRIED]:
+        for node in ranked:
             if best is not None and _lower_bound(node, per_node[node], costs) >= best[0]:
                 continue  # no victim set on this node can beat the best one: same choice, no search
             removed: list[str] = []
