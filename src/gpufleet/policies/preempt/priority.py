@@ -745,8 +745,9 @@ class _Search:
         return True
 
     def fits_without(self, rest: list[str]) -> bool:
-        """Whether the job fits the view with `rest` (not taken out yet) taken out too; the view and the bound
-        are as they were on return. Asked of the view itself, not through the witness (see `fits`)."""
+        """Whether the job fits the view with `rest` (not taken out yet) taken out too; on return `rest` is back
+        in the view and the bound, and the victims taken before stay taken (in the view too). Asked of the view
+        itself, not through the witness (see `fits`)."""
         if not rest:
             return False
         self.take_many(rest)
