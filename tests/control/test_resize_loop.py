@@ -4,6 +4,9 @@ its progress history gets the new size; a backend that cannot resize is never as
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 from gpufleet.adapters.storage.memory import InMemoryStore
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings
 from gpufleet.control.resize import MILLI, _one_node_gpus
@@ -11,9 +14,11 @@ from gpufleet.domain import GiB, JobState, make_node
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.records import JobRecord
 from gpufleet.policies.catalog import profile
+from gpufleet.scheduling.plugin_api import ResizeInput
 from gpufleet.scheduling.table import NodeTable
 from tests.kit import fingerprint, make_job
 from tests.kit.fake_backend import ManualClock, ResizingBackend, ScriptedBackend
+from tests.kit.scripted_resize import ScriptedResize
 
 S = JobState
 
@@ -177,3 +182,31 @@ def test_a_jobs_node_boundary_is_where_it_runs() -> None:
     assert _one_node_gpus(table, whole_free, JobRecord(job, S.RUNNING, workers=alone)) == 3
     spread = (alone[0], WorkerPlacement("n1", (GpuShare(0),)))
     assert _one_node_gpus(table, whole_free, JobRecord(job, S.RUNNING, workers=spread)) == 1
+
+
+def test_the_resize_policy_sees_the_gpu_time_each_job_has_had() -> None:
+    seen: list[ResizeInput] = []
+
+    class Recording(ScriptedResize):
+        def resize(self, given: ResizeInput) -> Mapping[str, int]:
+            seen.append(given)
+            return super().resize(given)
+
+    store = InMemoryStore([make_node("n0", "A100-80GB", 8, 80 * GiB)])
+    backend = ResizingBackend()
+    clock = ManualClock()
+    chosen = dataclasses.replace(profile("default"), resize=Recording())
+    loop = Reconciler(store, backend, clock, chosen, settings=ReconcilerSettings(grace_s=12.0))
+    store.submit(make_job("elastic").gpus(1).elastic(1, 8).build(), at=0.0)
+    store.submit(make_job("fixed").gpus(4).build(), at=0.0)
+    step_at(clock, loop, 0.0)
+    backend.started("elastic", 1.0)
+    backend.started("fixed", 1.0)
+    backend.exited("fixed", 10.0)
+    step_at(clock, loop, 10.0)
+    step_at(clock, loop, 100.0)
+    last = seen[-1]
+    assert last.now == 100.0
+    (job,) = last.jobs
+    assert job.id == "elastic"
+    assert job.attained_gpu_s == job.gpus * (100.0 - 1.0)  # its GPUs since it started, at the time of asking

@@ -35,6 +35,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from gpufleet.control.changes import attained_until
 from gpufleet.control.goodput import goodput_by_size
 from gpufleet.control.loop_state import LoopState
 from gpufleet.domain.cluster import WorkerPlacement
@@ -99,7 +100,7 @@ class Resizer:
         whole_free = (table.gpu_milli_free == MILLI) & table.schedulable[:, None]
         node_gpus = int(table.gpu_count.max()) if len(table.gpu_count) else None
         jobs = tuple(
-            self._elastic(r, _one_node_gpus(table, whole_free, r), node_gpus)
+            self._elastic(now, r, _one_node_gpus(table, whole_free, r), node_gpus)
             for r in running
             if r.state is JobState.RUNNING and not r.resizing
         )
@@ -118,7 +119,9 @@ class Resizer:
         steps = {j.id: j.step for j in jobs}
         return {job_id: gpus // steps[job_id] for job_id, gpus in self.plugin.resize(given).items()}
 
-    def _elastic(self, record: JobRecord, gpus_per_node: int | None, node_gpus: int | None = None) -> ElasticJob:
+    def _elastic(
+        self, now: float, record: JobRecord, gpus_per_node: int | None, node_gpus: int | None = None
+    ) -> ElasticJob:
         job = record.job
         step = job.request.gpus
         current = len(record.workers)
@@ -135,6 +138,7 @@ class Resizer:
             step=step,
             goodput={g: rate / now_rate for g, rate in goodput.items()},
             last_resized_at=record.resized_at,
+            attained_gpu_s=attained_until(record, now),
         )
 
     def record_size(self, record: JobRecord) -> None:

@@ -8,7 +8,8 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
                    and inside a queue LAS preemption (`las`: a job may suspend one of its queue, priority at
                    most its own, that has had more GPU time by Tiresias' bands, 1 and 10 GPU-hours, once that
                    one has run 15 minutes since it started); placement by `fgd-plus`'s scores (FGD as
-                   published + model scarcity 0.3) + topology, FGD GPU selection
+                   published + model scarcity 0.3) + topology, FGD GPU selection; elastic jobs resized by
+                   goodput (`goodput`: grow, shrink to admit, shed, rebalance; less GPU time first)
     fair-binpack   fair share between queues, priority then FIFO inside a queue, priority preemption and
                    quota reclaim, bin_pack + topology (the default before QSSF ordering and FGD placement)
     fifo           strict FIFO (a head that does not fit holds its queue), bin_pack
@@ -260,6 +261,10 @@ DEFAULT_RESIZE_MIN_INTERVAL_S = 60.0
 DEFAULT_REBALANCE_MARGIN = 3.0
 # `default`: an elastic job better off at a smaller size gives the surplus back (`GoodputResize.shed`).
 DEFAULT_SHED = True
+# `default`: a job's goodput gains weigh (1 + attained GPU-s / scale) ^ -exponent in resizing (less service
+# first; `GoodputResize.service_scale_s`). Tuned on Pollux workloads 1-4 (see gpufleet.sim.tuned).
+DEFAULT_SERVICE_SCALE_S = 7200.0
+DEFAULT_SERVICE_EXPONENT = 0.5
 
 
 def _default(data: PolicyData) -> Profile:
@@ -269,8 +274,9 @@ def _default(data: PolicyData) -> Profile:
     # stranding, scarce models kept for the jobs bound to them) and topology for multi-GPU workers and gangs;
     # on openb it allocates as `fgd-plus` does. Measured figures: docs/results/.
     # Resize: running elastic jobs grow into idle GPUs, shrink to admit waiting jobs and move GPUs to where they
-    # add the most goodput, by a margin over the restarts (the only profile that resizes; the baselines keep
-    # every job at the size it started at). An elastic job shrinks instead of being stopped for service.
+    # add the most goodput, by a margin over the restarts, the jobs that have had less GPU time first (the only
+    # profile that resizes; the baselines keep every job at the size it started at). An elastic job shrinks
+    # instead of being stopped for service.
     score = FgdScore(data.target, truncate=True)
     profile = build_profile(
         "default",
@@ -285,6 +291,8 @@ def _default(data: PolicyData) -> Profile:
         rebalance=True,
         rebalance_margin=DEFAULT_REBALANCE_MARGIN,
         shed=DEFAULT_SHED,
+        service_scale_s=DEFAULT_SERVICE_SCALE_S,
+        service_exponent=DEFAULT_SERVICE_EXPONENT,
     )
     return dataclasses.replace(profile, resize=resize)
 

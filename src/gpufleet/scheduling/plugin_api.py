@@ -491,7 +491,8 @@ class ElasticJob:
     """A running elastic job as a resize policy sees it. Sizes are GPUs, in steps of `step` (a worker's GPUs).
     `goodput[g]`: its expected rate of progress at g GPUs (any unit, the same for every size of this job:
     throughput x statistical efficiency), for every allowed size from `min_gpus` to `max_gpus`.
-    `remaining_s`: how long it is expected to run at its current size (None: unknown)."""
+    `remaining_s`: how long it is expected to run at its current size (None: unknown). `attained_gpu_s`: the
+    GPU-seconds it has received so far, over all its runs."""
 
     id: JobId
     queue: str
@@ -502,6 +503,7 @@ class ElasticJob:
     goodput: Mapping[int, float]
     last_resized_at: float | None = None
     remaining_s: float | None = None
+    attained_gpu_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from gpufleet.policies.catalog import (
     DEFAULT_LAS_MIN_RUN_S,
     DEFAULT_REBALANCE_MARGIN,
     DEFAULT_RESIZE_MIN_INTERVAL_S,
+    DEFAULT_SERVICE_EXPONENT,
+    DEFAULT_SERVICE_SCALE_S,
     FGD_BF_BEST_FIT_WEIGHT,
     FGD_PLUS_SCARCITY_WEIGHT,
     GAVEL_BANDS,
@@ -86,6 +88,16 @@ POLLUX_BATCH_HOW = (
     "network share 0.15 / 0.35 2,634 / 2,626 s, prior weight 150 / 600 s 2,657 / 2,603 s, rebalance horizon 20 / "
     "45 min 2,624 / 2,590 s, resize step every 30 s 2,623 s, most GPUs 24 / 48 / 64 2,611 / 2,604 / 2,640 s"
 )
+POLLUX_SERVICE_HOW = (
+    "mean avg JCT over workloads 1-4 of default (committed without it: 2,584 s), scale (s) x exponent: 3,600 x "
+    "0.1 2,587 s, x 0.2 2,577, x 0.3 2,576, x 0.5 2,585; 1,800 x 0.3 2,599; 7,200 x 0.2 2,602, x 0.3 2,559, x "
+    "0.5 2,535, x 0.7 2,566, x 1 2,616; 14,400 x 0.3 2,549, x 0.5 2,601; 28,800 x 0.5 2,573; weighing the "
+    "rebalance only, 3,600 x 0.5, 2,689, and it twice (also through the gains it compares), 2,655; the other "
+    "sign (more service, more weight), 3,600 x -0.3, 3,007; noisy: neighbouring settings differ by 1-3 %; held "
+    "out (5-8): 2,940 s at 7,200 x 0.5 (2,944 s without), and at neighbours run there, 3,600 x 0.2 2,940, 3,600 "
+    "x 0.3 2,950, 7,200 x 0.3 2,985, 14,400 x 0.3 2,916; so the mean of the eight is 2,737 s at the chosen "
+    "setting, 2,732-2,772 s at those neighbours"
+)
 GAVEL_KEEP_HOW = (
     "avg JCT at 4.8 jobs/h with bands 0.5/2/10 h: no margin 19.38 h, 360 s 19.27 h; with moves at round starts "
     "(one queue) it is also the margin by which a job must lag on another model to move: 16.65 h (rho 0.82), "
@@ -133,6 +145,24 @@ TUNED: tuple[TunedConstant, ...] = (
         "gpufleet.policies.catalog.DEFAULT_REBALANCE_MARGIN",
         POLLUX_TUNING,
         POLLUX_REBALANCE_HOW,
+        ("pollux", "pollux-loads"),
+    ),
+    TunedConstant(
+        "default: GPU-seconds of service at which a job's resize gains weigh 2^-exponent",
+        DEFAULT_SERVICE_SCALE_S,
+        "s",
+        "gpufleet.policies.catalog.DEFAULT_SERVICE_SCALE_S",
+        POLLUX_TUNING,
+        POLLUX_SERVICE_HOW,
+        ("pollux", "pollux-loads"),
+    ),
+    TunedConstant(
+        "default: exponent of the service weight of resize gains",
+        DEFAULT_SERVICE_EXPONENT,
+        "",
+        "gpufleet.policies.catalog.DEFAULT_SERVICE_EXPONENT",
+        POLLUX_TUNING,
+        POLLUX_SERVICE_HOW,
         ("pollux", "pollux-loads"),
     ),
     TunedConstant(

@@ -28,6 +28,12 @@ Each job's `goodput[g]` (throughput x statistical efficiency at g GPUs) is given
    how a job that starts at its minimum while the others hold every GPU gets its share (Pollux re-allocates
    the whole cluster each round; we move what pays).
 
+5. **Less service first** (`service_scale_s`, `service_exponent`; on in `default`): each gain and loss of goodput
+   above (shrink, grow, the restart check and rebalance) counts (1 + attained / service_scale_s) ^ -exponent
+   times, attained the GPU-seconds the job has received: of two jobs that would gain alike, the one that has had
+   less GPU time grows first and gives back last. Job lengths are unknown, and least attained service stands in
+   for shortest remaining time (Tiresias' argument, Gu et al., NSDI'19), as mean JCT asks.
+
 Non-elastic jobs are never given to this plugin; a job with `min_gpus == max_gpus` is never changed.
 """
 
@@ -51,6 +57,9 @@ class GoodputResize:
     rebalance: bool = False
     rebalance_margin: float = 0.0
     shed: bool = False  # a job whose goodput is higher at a smaller size shrinks to it (see the module)
+    # Gains weigh less the more GPU time a job has had (see the module, 5); None: every job alike.
+    service_scale_s: float | None = None
+    service_exponent: float = 0.0
 
     def resize(self, given: ResizeInput) -> Mapping[str, int]:
         size = {job.id: job.gpus for job in given.jobs}
@@ -105,9 +114,13 @@ class GoodputResize:
             return False
         return job.last_resized_at is None or now - job.last_resized_at >= self.min_interval_s
 
-    @staticmethod
-    def _gain(job: ElasticJob, frm: int, to: int) -> float:
-        return job.goodput.get(to, 0.0) - job.goodput.get(frm, 0.0)
+    def _gain(self, job: ElasticJob, frm: int, to: int) -> float:
+        """Goodput gained from `frm` to `to` GPUs, weighed by the service the job has had (module, 5)."""
+        gained = job.goodput.get(to, 0.0) - job.goodput.get(frm, 0.0)
+        if self.service_scale_s is None:
+            return gained
+        weight: float = (1.0 + job.attained_gpu_s / self.service_scale_s) ** -self.service_exponent
+        return gained * weight
 
     def _shrink(self, jobs: list[ElasticJob], size: dict[str, int], need: int) -> dict[str, int] | None:
         """New sizes that free at least `need` GPUs, cheapest goodput per GPU first; None if impossible."""
