@@ -5,9 +5,13 @@ needs it, and a job whose goodput has flattened gets nothing."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufleet.domain.errors import SpecError
 from gpufleet.policies.resize.goodput import GoodputResize
 from gpufleet.scheduling.plugin_api import ElasticJob, ResizeInput
 
@@ -166,3 +170,13 @@ def test_a_well_served_job_grows_only_where_the_weighed_gain_pays_its_restart() 
     weighing = GoodputResize(min_interval_s=300.0, service_scale_s=7200.0, service_exponent=0.5)
     assert weighing.resize(ResizeInput(0.0, 1, (job("new", 1, curve),), {})) == {"new": 2}
     assert weighing.resize(ResizeInput(0.0, 1, (job("old", 1, curve, attained_gpu_s=8 * 7200.0),), {})) == {}
+
+
+def test_settings_out_of_range_are_refused_with_every_bad_field_named() -> None:
+    with pytest.raises(SpecError) as raised:
+        GoodputResize(restart_s=-1.0, service_scale_s=0.0, service_exponent=math.nan)
+    message = str(raised.value)
+    for bad in ("restart_s", "service_scale_s", "service_exponent"):
+        assert bad in message
+    assert "min_interval_s" not in message
+    GoodputResize(service_scale_s=None, service_exponent=0.0)  # no weight at all is valid

@@ -39,10 +39,12 @@ Non-elastic jobs are never given to this plugin; a job with `min_gpus == max_gpu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
+from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.scheduling.plugin_api import ElasticJob, ResizeInput
 
 UNLIMITED = 1 << 40
@@ -60,6 +62,23 @@ class GoodputResize:
     # Gains weigh less the more GPU time a job has had (see the module, 5); None: every job alike.
     service_scale_s: float | None = None
     service_exponent: float = 0.0
+
+    def __post_init__(self) -> None:
+        problems = [
+            FieldProblem(name, f"is {value}", "give a finite number >= 0")
+            for name, value in (
+                ("min_interval_s", self.min_interval_s),
+                ("restart_s", self.restart_s),
+                ("horizon_s", self.horizon_s),
+                ("rebalance_margin", self.rebalance_margin),
+                ("service_exponent", self.service_exponent),
+            )
+            if not (math.isfinite(value) and value >= 0)
+        ]
+        scale = self.service_scale_s
+        if scale is not None and not (math.isfinite(scale) and scale > 0):
+            problems.append(FieldProblem("service_scale_s", f"is {scale}", "give GPU-seconds > 0 (None: no weight)"))
+        check(problems, "goodput resize")
 
     def resize(self, given: ResizeInput) -> Mapping[str, int]:
         size = {job.id: job.gpus for job in given.jobs}
