@@ -95,8 +95,9 @@ POLLUX_SERVICE_HOW = (
     "rebalance only, 3,600 x 0.5, 2,689, and it twice (also through the gains it compares), 2,655; the other "
     "sign (more service, more weight), 3,600 x -0.3, 3,007; noisy: neighbouring settings differ by 1-3 %; held "
     "out (5-8): 2,940 s at 7,200 x 0.5 (2,944 s without), and at neighbours run there, 3,600 x 0.2 2,940, 3,600 "
-    "x 0.3 2,950, 7,200 x 0.3 2,985, 14,400 x 0.3 2,916; so the mean of the eight is 2,737 s at the chosen "
-    "setting, 2,732-2,772 s at those neighbours"
+    "x 0.3 2,950, 7,200 x 0.3 2,985, 14,400 x 0.3 2,916 (these were run while the grid was searched, so seen "
+    "before the choice, which is the best on 1-4); so the mean of the eight is 2,737 s at the chosen setting, "
+    "2,732-2,772 s at those neighbours"
 )
 GAVEL_KEEP_HOW = (
     "avg JCT at 4.8 jobs/h with bands 0.5/2/10 h: no margin 19.38 h, 360 s 19.27 h; with moves at round starts "
