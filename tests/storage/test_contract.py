@@ -116,7 +116,7 @@ def test_stale_write_raises_and_writes_nothing(any_store: Harness) -> None:
     # One good update and one made from b's old version: neither may land, nor any transition.
     good, ta = move(a, S.ADMITTED, 3.0)
     stale, tb_stale = move(b, S.CANCELLED, 3.0)
-    with pytest.raises(StaleWriteError):
+    with pytest.raises(StaleWriteError, match="job b: expected version 1, store has 2"):
         store.write([good, stale], [ta, tb_stale])
     assert store.get("a") == a
     assert store.get("b") == b_admitted
@@ -127,7 +127,7 @@ def test_stale_write_raises_and_writes_nothing(any_store: Harness) -> None:
 def test_write_of_an_unknown_job_is_stale(any_store: Harness) -> None:
     store = any_store.store
     ghost = JobRecord(job("ghost"), S.ADMITTED, version=2)
-    with pytest.raises(StaleWriteError):
+    with pytest.raises(StaleWriteError, match="job ghost: expected version 1, store has None"):
         store.write([(1, ghost)], [])
     assert store.get("ghost") is None
 

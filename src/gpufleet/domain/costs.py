@@ -233,9 +233,11 @@ def charges_for(
         node = nodes.get(worker.node)
         if node is None:
             continue
+        pool = Pool(node.pool)
+        gpus = node.gpus
         for share in worker.gpus:
-            if share.index < len(node.gpus):
-                key = (node.gpus[share.index].model, Pool(node.pool))
+            if share.index < len(gpus):
+                key = (gpus[share.index].model, pool)
                 held[key] = held.get(key, 0.0) + share.milli / MILLI_PER_GPU
     return tuple(
         Charge(model, pool, gpus, prices.usd_per_gpu_hour(model, pool))

@@ -202,33 +202,34 @@ def encode_record(record: JobRecord, parts: EncodedParts | None = None) -> Json:
     """`parts`: what encoded the record's job and workers before, to reuse (see `EncodedParts`)."""
     return {
         "job": encode_job(record.job) if parts is None else parts.job(record.job),
-        **_record_head(record),
         "workers": encode_workers(record.workers) if parts is None else parts.workers(record.workers),
-        **_record_tail(record),
+        **_record_state(record),
     }
+
+
+# One encoder for every JSON column: `json.dumps` with these settings builds a new encoder per call, which cost
+# as much as encoding a record's state.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def json_text(value: Any) -> str:
     """`value` as the store writes a JSON column: compact, strict (no NaN or infinities)."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return _ENCODE(value)
 
 
 def encode_record_text(record: JobRecord, parts: EncodedParts) -> str:
     """`json_text(encode_record(record, parts))`, the same text, without serialising the record's job and
     workers again: their texts are kept by `parts` while the loop rewrites the record step after step."""
-    head = json_text(_record_head(record))
-    tail = json_text(_record_tail(record))
-    return (
-        f'{{"job":{parts.job_text(record.job)},{head[1:-1]},"workers":{parts.workers_text(record.workers)},{tail[1:]}'
-    )
+    state = _ENCODE(_record_state(record))
+    return f'{{"job":{parts.job_text(record.job)},"workers":{parts.workers_text(record.workers)},{state[1:]}'
 
 
-def _record_head(record: JobRecord) -> Json:
-    return {"state": record.state.value, "version": record.version, "attempt": record.attempt}
-
-
-def _record_tail(record: JobRecord) -> Json:
+def _record_state(record: JobRecord) -> Json:
+    """What a record holds besides its job and workers: what changes as the loop moves it."""
     return {
+        "state": record.state.value,
+        "version": record.version,
+        "attempt": record.attempt,
         "submitted_at": _float_out(record.submitted_at),
         "started_at": _opt_float_out(record.started_at),
         "first_started_at": _opt_float_out(record.first_started_at),

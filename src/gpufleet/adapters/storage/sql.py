@@ -41,6 +41,7 @@ from gpufleet.adapters.storage.sql_engine import (
 )
 from gpufleet.adapters.storage.sql_jobs import JobTables
 from gpufleet.adapters.storage.sql_progress import ProgressTables
+from gpufleet.adapters.storage.wal_checkpoint import WalCheckpointer
 from gpufleet.domain.errors import GpufleetError
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class SqlStore(JobTables, ClusterTables, AccessTables, ProgressTables, CostTable
     `existed` says whether it held gpufleet's schema before this open (False: created now)."""
 
     existed: bool = False
+    _checkpointer: WalCheckpointer | None = None
 
     @classmethod
     def open(cls, url: str) -> SqlStore:
@@ -68,7 +70,8 @@ class SqlStore(JobTables, ClusterTables, AccessTables, ProgressTables, CostTable
         where = safe_url(parsed)
         path = sqlite_path(parsed)
         inspection = inspect_sqlite(path) if path is not None else None
-        engine = make_engine(parsed)
+        # SQLite: the log is checkpointed by a thread of the store's own, not inside the writers' commits.
+        engine = make_engine(parsed, autocheckpoint=path is None)
         try:
             if inspection is None:
                 inspection = inspect_postgres(engine, where)
@@ -86,9 +89,14 @@ class SqlStore(JobTables, ClusterTables, AccessTables, ProgressTables, CostTable
             raise
         store = cls(engine, where)
         store.existed = inspection.existed
+        if path is not None:
+            store._checkpointer = WalCheckpointer(path).start()
         return store
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self._checkpointer = None
         self._engine.dispose()
 
     def backup(self, destination: Path) -> BackupInfo:

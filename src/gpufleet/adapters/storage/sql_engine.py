@@ -6,7 +6,8 @@ writes that start with `BEGIN IMMEDIATE`. Python's sqlite3 driver otherwise open
 that takes the write lock only at its first write, so two read-modify-write transactions can both read
 and then one fails or, worse, both decide on the same stale read. The driver's own transaction handling
 is switched off (`isolation_level=None`) and a `begin` event issues the BEGIN itself: IMMEDIATE for
-writes, DEFERRED (a consistent snapshot, no lock) for reads.
+writes, DEFERRED (a consistent snapshot, no lock) for reads. The store's commits do not checkpoint the log: a
+thread of the store does (`wal_checkpoint.py`).
 
 PostgreSQL: psycopg 3, a connection pool checked before use, READ COMMITTED with row locks where a
 transaction reads and then writes what it read.
@@ -94,9 +95,11 @@ def safe_url(url: URL) -> str:
     return url.render_as_string(hide_password=True)
 
 
-def make_engine(url: URL) -> Engine:
+def make_engine(url: URL, *, autocheckpoint: bool = True) -> Engine:
+    """An engine for the URL. SQLite with `autocheckpoint=False`: commits never checkpoint the write-ahead log,
+    whoever opens the engine does (`WalCheckpointer`)."""
     if url.get_backend_name() == "sqlite":
-        return _sqlite_engine(url)
+        return _sqlite_engine(url, autocheckpoint)
     return sa.create_engine(
         url,
         pool_size=8,
@@ -109,7 +112,7 @@ def make_engine(url: URL) -> Engine:
     )
 
 
-def _sqlite_engine(url: URL) -> Engine:
+def _sqlite_engine(url: URL, autocheckpoint: bool) -> Engine:
     assert url.database is not None
     folder = Path(url.database).expanduser().parent
     try:
@@ -137,6 +140,8 @@ def _sqlite_engine(url: URL) -> Engine:
         _enable_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        if not autocheckpoint:
+            cursor.execute("PRAGMA wal_autocheckpoint=0")
         cursor.close()
 
     @event.listens_for(engine, "begin")

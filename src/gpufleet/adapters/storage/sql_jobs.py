@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
@@ -120,6 +120,10 @@ _PENDING_IN_QUEUE = (
 _REQUESTS_AFTER = sa.select(t.requests).where(t.requests.c.seq > sa.bindparam("cursor")).order_by(t.requests.c.seq)
 
 
+class _UnmatchedRowsError(Exception):
+    """A rewrite matched fewer rows than it had updates: some job is missing or not at its expected version."""
+
+
 class JobTables(SqlBase):
     """`jobs`, `transitions`, `requests` and `notices`."""
 
@@ -133,6 +137,7 @@ class JobTables(SqlBase):
             .order_by(_J.id)
             .with_for_update()
         )
+        self._versions_of = sa.select(_J.id, _J.version).where(in_listed(_J.id, "ids", sqlite_dialect=self._sqlite))
         self._replace_rows = DriverRows(_replace_statement(self._sqlite), engine.dialect)
         self._replace_state_rows = DriverRows(_replace_state_statement(), engine.dialect) if self._sqlite else None
         self._insert_transitions = DriverRows(_INSERT_TRANSITIONS, engine.dialect)
@@ -278,14 +283,27 @@ class JobTables(SqlBase):
             latest[record.id] = record
         try:
             with self._tx(write=True) as c:
-                stored = self._lock_versions(c, list(latest))
-                for expected, record in updates:
-                    if stored.get(record.id) != expected:
-                        raise StaleWriteError(
-                            f"job {record.id}: expected version {expected}, store has {stored.get(record.id)}"
-                        )
-                if latest:
-                    self._replace(c, [(stored[i], r) for i, r in latest.items()])
+                if self._sqlite and len(latest) == len(updates):
+                    # SQLite: BEGIN IMMEDIATE made this the only writer and each job is rewritten once, so the
+                    # rewrite's own test of the expected version checks every row: no read first. A row it did
+                    # not match rolls the write back, then is named from a read.
+                    if self._replace(c, list(updates)) != len(updates):
+                        raise _UnmatchedRowsError
+                else:
+                    stored = self._lock_versions(c, list(latest))
+                    for expected, record in updates:
+                        if stored.get(record.id) != expected:
+                            raise StaleWriteError(
+                                f"job {record.id}: expected version {expected}, store has {stored.get(record.id)}"
+                            )
+                    if latest:
+                        changes = [(stored[i], r) for i, r in latest.items()]
+                        replaced = self._replace(c, changes)
+                        # The rows are locked and checked above; the count is a second check where the driver
+                        # reports it.
+                        if replaced is not None and replaced != len(changes):
+                            missing = len(changes) - replaced
+                            raise StaleWriteError(f"{missing} of {len(changes)} jobs changed under the write")
                 if transitions:
                     self._insert_transitions.run(c, [_transition_row(tr) for tr in transitions])
                     self._charge_started(c, latest, transitions)
@@ -293,13 +311,30 @@ class JobTables(SqlBase):
         except sa.exc.IntegrityError as error:
             # Only the transitions' foreign key can fail here: a transition of a job the store does not have.
             raise StaleWriteError(f"a transition names a job the store does not have: {first_line(error)}") from None
+        except _UnmatchedRowsError:
+            self._raise_stale(updates)
+
+    def _raise_stale(self, updates: Sequence[tuple[int, JobRecord]]) -> NoReturn:
+        """StaleWriteError naming the first update whose job is missing or not at its expected version, read after
+        the write was rolled back (another writer may have moved a job since: the error stands, named or not)."""
+        with self._tx(write=False) as c:
+            ids = self._listed(sorted(record.id for _, record in updates))
+            stored = {row.id: row.version for row in c.execute(self._versions_of, {"ids": ids})}
+        for expected, record in updates:
+            if stored.get(record.id) != expected:
+                found = stored.get(record.id)
+                raise StaleWriteError(f"job {record.id}: expected version {expected}, store has {found}")
+        raise StaleWriteError(f"{len(updates)} jobs changed under the write")
 
     def _lock_versions(self, c: sa.Connection, ids: list[JobId]) -> dict[JobId, int]:
         """Stored versions of `ids`, their rows locked."""
         rows = c.execute(self._lock_versions_of, {"ids": self._listed(sorted(ids))})
         return {row.id: row.version for row in rows}
 
-    def _replace(self, c: sa.Connection, changes: list[tuple[int, JobRecord]]) -> None:
+    def _replace(self, c: sa.Connection, changes: list[tuple[int, JobRecord]]) -> int | None:
+        """Rewrite each job's row that is at the expected version; how many were, where the driver tells."""
+        if not changes:
+            return 0
         parts = self._encoded_parts
         params = [
             {
@@ -325,12 +360,11 @@ class JobTables(SqlBase):
             if result.supports_sane_multi_rowcount():
                 replaced = result.rowcount
                 if replaced == len(params):
-                    return
+                    return replaced
         result = self._replace_rows.run(c, params)
-        # The rows are locked and checked above; the count is a second check where the driver reports it.
-        if result.supports_sane_multi_rowcount() and replaced + result.rowcount != len(params):
-            missing = len(params) - replaced - result.rowcount
-            raise StaleWriteError(f"{missing} of {len(params)} jobs changed under the write")
+        if not result.supports_sane_multi_rowcount():
+            return None
+        return replaced + result.rowcount
 
     def history(self, job_id: JobId) -> Sequence[Transition]:
         with self._tx(write=False) as c:
