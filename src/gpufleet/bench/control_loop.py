@@ -15,21 +15,20 @@ exponential whose mean is the number of jobs running then divided by the rate (a
 stays full and the backlog stays near `pending`.
 Higher-priority arrivals preempt, teams over their quota are reclaimed from.
 
-Reported, over the measured steps (wall-clock, this machine): `decisions_per_s` (placements and
-preemptions the loop made, per second of loop time; `decisions_per_cpu_s`: per second of the process's CPU
-time in the steps), `cycle_p50_s`/`cycle_p99_s` (one `Reconciler.step()`:
-observe, intake, decide, write, launch), the store's write time per step (`store_write_*`, inside the step),
-the core's share, and `realtime_factor` (simulated seconds per wall second: >= 1 means the loop keeps up with
-that arrival and departure rate in real time). `cycle_cpu_*` is the process's CPU time per step: on a machine
-shared with other work it says what the step costs when wall time is inflated by waiting for a core;
-`store_write_cpu_*` likewise for the store's write (`store_write_cpu_share`: its part of the steps' CPU time).
-The loop pauses Python's cyclic collector during a step, so its collections of what the loop keeps run when
-something allocates between steps (live: the API; here: the arrivals): `collector_cpu_s_per_step` is the
-collector's CPU time in and between the measured steps, `collector_between_steps_cpu_s_per_step` the part not
-in any step's time, and `decisions_per_cpu_s_with_collector` counts that part in.
-`decisions_digest` hashes where every running job runs and which jobs are stopping after every step (fill and
-warm-up included): two versions of the code that decide the same give the same digest for the same arguments.
-"""
+Reported, over the measured steps (wall-clock, this machine): `decisions_per_s` (placements and preemptions the
+loop made, per second of loop time; `decisions_per_cpu_s`: per second of the process's CPU time in the steps,
+every thread's: the store's checkpoint thread too), `cycle_p50_s`/`cycle_p99_s` (one `Reconciler.step()`: observe,
+intake, decide, write, launch), the store's write time per step (`store_write_*`, inside the step), the core's
+share, and `realtime_factor` (simulated seconds per wall second: >= 1 means the loop keeps up with that arrival
+and departure rate in real time). `cycle_cpu_*` is the process's CPU time per step: on a machine shared with other
+work it says what the step costs when wall time is inflated by waiting for a core; `store_write_cpu_*` likewise
+for the store's write (`store_write_cpu_share`: its part of the steps' CPU time). The loop pauses Python's cyclic
+collector during a step, so its collections of what the loop keeps run when something allocates between steps
+(live: the API; here: the arrivals): `collector_cpu_s_per_step` is the collector's CPU time in and between the
+measured steps, `collector_between_steps_cpu_s_per_step` the part not in any step's time, and
+`decisions_per_cpu_s_with_collector` counts that part in. `decisions_digest` hashes where every running job runs
+and which jobs are stopping after every step (fill and warm-up included): two versions of the code that decide the
+same give the same digest for the same arguments."""
 
 from __future__ import annotations
 
