@@ -137,6 +137,8 @@ class JobTables(SqlBase):
             .order_by(_J.id)
             .with_for_update()
         )
+        # SQLite, whose driver reports how many rows an executemany changed: a write checks versions by that count.
+        self._counted_writes = self._sqlite and engine.dialect.supports_sane_multi_rowcount
         self._versions_of = sa.select(_J.id, _J.version).where(in_listed(_J.id, "ids", sqlite_dialect=self._sqlite))
         self._replace_rows = DriverRows(_replace_statement(self._sqlite), engine.dialect)
         self._replace_state_rows = DriverRows(_replace_state_statement(), engine.dialect) if self._sqlite else None
@@ -283,7 +285,7 @@ class JobTables(SqlBase):
             latest[record.id] = record
         try:
             with self._tx(write=True) as c:
-                if self._sqlite and len(latest) == len(updates):
+                if self._counted_writes and len(latest) == len(updates):
                     # SQLite: BEGIN IMMEDIATE made this the only writer and each job is rewritten once, so the
                     # rewrite's own test of the expected version checks every row: no read first. A row it did
                     # not match rolls the write back, then is named from a read.
