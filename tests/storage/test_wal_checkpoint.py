@@ -85,7 +85,7 @@ def test_the_thread_checkpoints_a_log_from_its_threshold_on(tmp_path: Path, page
         store.close()
 
 
-def test_a_checkpointer_that_cannot_open_its_database_stops_quietly(
+def test_a_checkpointer_that_cannot_open_its_database_stops_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     checkpointer = WalCheckpointer(tmp_path / "missing" / "state.db", interval_s=0.01).start()
