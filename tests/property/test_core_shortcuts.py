@@ -11,13 +11,15 @@ recounted on changed nodes only (`_count_now`), the reprieves not asking again a
 no worker of the gang fits (`_Search.placement_unchanged_by`), searches with monotone admission taking
 out and putting back victims in runs (`WhatIf.admission_monotone`: the greedy search skipping prefixes
 admission refuses, the reprieve putting back runs at once) and shifting their bound over arrays
-(`_Room.shift_many`), node-local
+(`_Room.shift_many`), a cycle's victim searches with the same candidates (`PriorityPreemption.candidates_key`) keeping
+them, summed and ranked, less the jobs stopping since (`_Candidates`), node-local
 scores kept per request class and recomputed for changed nodes only (`Profile.local_scores`), and the
 node table, capacity memo and running-job facts reused from an earlier cycle of the same inventory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +28,7 @@ from unittest.mock import patch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpufleet.domain import ClusterSnapshot, Job
 from gpufleet.policies.admit import gang as gang_module
 from gpufleet.policies.catalog import profile
 from gpufleet.policies.preempt import priority as priority_preemption
@@ -35,8 +38,10 @@ from gpufleet.scheduling import state as state_module
 from gpufleet.scheduling.cycle import run_cycle
 from gpufleet.scheduling.plugin_api import ClusterView, JobView, Profile, Status
 from gpufleet.scheduling.state import CycleState, InventoryCache
-from tests.kit import without
+from tests.kit import cluster, make_job, running_on, without
 from tests.property.strategies import World, worlds
+
+PREEMPTING = ("priority", "default", "tiresias")
 
 
 def _never_prune(*_: object) -> tuple[float, float, float, float]:
@@ -62,8 +67,14 @@ def _plain() -> Iterator[None]:
         patch.object(priority_preemption._Search, "placement_unchanged_by", lambda self, job_id: False),
         patch.object(cycle_module._WhatIf, "admission_monotone", property(lambda self: False)),
         patch.object(priority_preemption, "ROOM_ARRAYS_FROM", 10**9),
+        patch.object(priority_preemption.PriorityPreemption, "candidates_key", _never_kept),
     ):
         yield
+
+
+def _never_kept(*_: object) -> tuple[object, ...]:
+    """A key no other search has: every search builds its candidates afresh."""
+    return (object(),)
 
 
 def _fresh_count(view: JobView, cluster: ClusterView) -> int:
@@ -115,6 +126,46 @@ def test_shortcuts_decide_as_the_plain_path(world: World, data: st.DataObject) -
     assert cold == plain
     assert again == plain
     assert warm == plain
+
+
+@st.composite
+def _full_fleets(draw: st.DrawFn) -> tuple[ClusterSnapshot, list[Job]]:
+    """Nodes of 8 GPUs full of low-priority jobs (started at different times), and copies of a few
+    higher-priority jobs: each copy after the first searches the candidates the first one met."""
+    count = draw(st.integers(1, 4))
+    fleet = cluster().nodes(count, "A100-80GB", gpus=8)
+    running = []
+    for n, node in enumerate(fleet.build()):
+        gpu = 0
+        while gpu < 8:
+            size = min(8 - gpu, draw(st.sampled_from((1, 2, 4, 8))))
+            job = make_job(f"r{n}-{gpu}").gpus(size).priority(draw(st.integers(0, 2))).build()
+            started = float(draw(st.integers(0, 900)))
+            running.append(running_on(job, [(node, range(gpu, gpu + size))], started_at=started))
+            gpu += size
+    pending = []
+    for k in range(draw(st.integers(1, 2))):
+        gpus = draw(st.sampled_from((1, 2, 4, 8)))
+        builder = make_job(f"p{k}").gpus(gpus).priority(draw(st.integers(1, 3))).workers(draw(st.integers(1, 2)))
+        job = builder.build()
+        pending += [dataclasses.replace(job, id=f"p{k}-{c}", submit_seq=c) for c in range(draw(st.integers(2, 4)))]
+    return fleet.snapshot(running=running, now=1000.0), pending
+
+
+@given(_full_fleets(), st.sampled_from(PREEMPTING))
+def test_searches_that_keep_their_candidates_decide_as_searches_that_build_them(
+    fleet: tuple[ClusterSnapshot, list[Job]], profile_name: str
+) -> None:
+    """Copies of a job each search for victims among the same candidates: each later search keeps the first one's
+    set, less the victims chosen since, and decides what building it afresh does (never a job stopped twice)."""
+    snapshot, pending = fleet
+    policy = profile(profile_name)
+    with patch.object(priority_preemption.PriorityPreemption, "candidates_key", _never_kept):
+        built = run_cycle(snapshot, pending, policy)
+    kept = run_cycle(snapshot, pending, policy)
+    assert kept.to_json() == built.to_json()
+    victims = [p.victim for p in kept.preemptions]
+    assert len(victims) == len(set(victims))
 
 
 @given(worlds(max_pending=12))

@@ -21,7 +21,7 @@ from typing import ClassVar
 from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.domain.jobs import Job
 from gpufleet.policies.order.las import DEFAULT_THRESHOLDS, LeastAttainedService
-from gpufleet.policies.preempt.priority import PriorityPreemption
+from gpufleet.policies.preempt.priority import Eligibility, PriorityPreemption
 from gpufleet.scheduling.plugin_api import ClusterView, Holding
 
 NAME = "las"
@@ -132,10 +132,10 @@ class LasPreemption(PriorityPreemption):
         ranked.sort(key=lambda item: -item[0])
         return ranked, until
 
-    def candidates(
-        self, job: Job, cluster: ClusterView, demand: dict[str, int], quota_ok: bool
+    def candidates_of(
+        self, job: Job, cluster: ClusterView, eligibility: Eligibility
     ) -> tuple[list[Holding], dict[str, str]]:
-        candidates, reasons = super().candidates(job, cluster, demand, quota_ok)
+        candidates, reasons = super().candidates_of(job, cluster, eligibility)
         mine = self.bands.band_of(job.attained_gpu_seconds)
         for group, members in sorted(cluster.preemptible_groups.items()):
             queue, priority = group
@@ -150,6 +150,11 @@ class LasPreemption(PriorityPreemption):
                 reasons[job_id] = f"attained more service (LAS band {band} > {mine})"
                 candidates.append(holding)
         return candidates, reasons
+
+    def candidates_key(self, job: Job, cluster: ClusterView, eligibility: Eligibility) -> tuple[object, ...]:
+        # Jobs of its own queue it may stop for service: those of its priority or lower, in higher bands than its own.
+        mine = self.bands.band_of(job.attained_gpu_seconds)
+        return (*super().candidates_key(job, cluster, eligibility), job.queue, job.priority, mine)
 
     def cost(self, holding: Holding, cluster: ClusterView) -> tuple[float, ...]:
         base = super().cost(holding, cluster)

@@ -22,6 +22,8 @@ import heapq
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
+from itertools import compress
 from operator import itemgetter
 from typing import ClassVar
 
@@ -77,6 +79,9 @@ def _eligible(
     return None
 
 
+# Each preemptible group whose jobs may be stopped for a job: (group, why, whether they free quota it is short of).
+Eligibility = tuple[tuple[tuple[str, int], str, bool], ...]
+
 # Added to the priority of a job whose queue spent its budget (action deprioritise): such jobs go first.
 DEPRIORITISED_RANK = -1e12
 
@@ -121,29 +126,23 @@ def _capable_gpus(job: Job, cluster: ClusterView) -> BoolArray:
     return cluster.memo(("preempt.capable_gpus", request.models, request.gpu_memory), compute)
 
 
-def _potential_workers(job: Job, cluster: ClusterView, what_if: WhatIf, candidates: list[JobId]) -> IntArray:
-    """Per node: how many workers of the job would fit if every candidate on it were stopped."""
+def _potential_workers(job: Job, cluster: ClusterView, held: _HeldSums) -> IntArray:
+    """Per node: how many workers of the job would fit if every candidate on it were stopped (`held`: what the
+    candidates hold, summed per node and GPU)."""
     table = cluster.nodes
     request = job.request
-    milli = table.gpu_milli_free.copy()
-    gpu_mem = table.gpu_mem_free.copy()
-    cpu = table.cpu_free.copy()
-    mem = table.mem_free.copy()
-    held = what_if.held(candidates)
-    # Integer sums: adding all at once gives exactly what adding one by one does.
-    np.add.at(cpu, held.node, held.cpu)
-    np.add.at(mem, held.node, held.memory)
-    at = (held.share_node, held.share_gpu)
-    np.add.at(milli, at, held.share_milli)
-    np.add.at(gpu_mem, at, held.share_memory)
+    cpu = table.cpu_free + held.cpu
+    mem = table.mem_free + held.mem
     workers = np.where(_capable_nodes(job, cluster), 1 << 20, 0).astype(np.int64)
     if request.cpu_milli:
         workers = np.minimum(workers, cpu // request.cpu_milli)
     if request.memory:
         workers = np.minimum(workers, mem // request.memory)
     if request.gpus:
+        milli = table.gpu_milli_free + held.milli
         usable = _capable_gpus(job, cluster)
         if request.fractional:
+            gpu_mem = table.gpu_mem_free + held.gpu_mem
             free = usable & (milli >= request.gpu_milli) & (gpu_mem >= request.gpu_memory)
             workers = np.minimum(workers, rows_count(free))
         else:
@@ -166,17 +165,18 @@ class PriorityPreemption:
     ) -> tuple[list[Holding], dict[str, str]]:
         """Running jobs that may be stopped for `job`, and why each may. Only those that free a node the
         job could use, or quota it is short of, are worth stopping."""
+        return self.candidates_of(job, cluster, self.eligibility(job, cluster, demand, quota_ok))
+
+    def eligibility(self, job: Job, cluster: ClusterView, demand: dict[str, int], quota_ok: bool) -> Eligibility:
+        """Each preemptible group whose jobs may be stopped for `job` (in group order), why they may, and whether
+        they free quota the job is short of (then every member is worth stopping, wherever it runs)."""
         ledger = cluster.quotas
         reclaiming = ledger.within_nominal(job.queue, demand)
         needs = frozenset(key for key, amount in demand.items() if amount)
-        capable = _capable_nodes(job, cluster)
         spec = ledger.queues.get(job.queue)
         cohort = spec.cohort if spec is not None else None
-        evicting = cluster.evicting
-        indexed: dict[tuple[str, int], _Group] = cluster.per_cycle(("preempt.groups", NAME), dict)
-        reasons: dict[str, str] = {}
-        candidates: list[Holding] = []
-        for group, members in sorted(cluster.preemptible_groups.items()):
+        eligible: list[tuple[tuple[str, int], str, bool]] = []
+        for group in sorted(cluster.preemptible_groups):
             queue, priority = group
             why = self.eligible(job, queue, priority, cluster, reclaiming, needs)
             if why is None:
@@ -184,9 +184,23 @@ class PriorityPreemption:
             frees_quota = not quota_ok and (
                 queue == job.queue or (cohort is not None and _cohort(ledger.queues.get(queue)) == cohort)
             )
+            eligible.append((group, why, frees_quota))
+        return tuple(eligible)
+
+    def candidates_of(
+        self, job: Job, cluster: ClusterView, eligibility: Eligibility
+    ) -> tuple[list[Holding], dict[str, str]]:
+        """`candidates`, from the groups' `eligibility`."""
+        groups = cluster.preemptible_groups
+        capable = _capable_nodes(job, cluster)
+        evicting = cluster.evicting
+        indexed: dict[tuple[str, int], _Group] = cluster.per_cycle(("preempt.groups", NAME), dict)
+        reasons: dict[str, str] = {}
+        candidates: list[Holding] = []
+        for group, why, frees_quota in eligibility:
             entry = indexed.get(group)
             if entry is None:
-                entry = indexed[group] = _Group(members, cluster)
+                entry = indexed[group] = _Group(groups[group], cluster)
             useful = entry.useful(capable, frees_quota)
             ids = entry.ids
             if evicting:
@@ -195,6 +209,12 @@ class PriorityPreemption:
             candidates.extend([holdings[k] for k in useful])
             reasons.update(dict.fromkeys([ids[k] for k in useful], why))
         return candidates, reasons
+
+    def candidates_key(self, job: Job, cluster: ClusterView, eligibility: Eligibility) -> tuple[object, ...]:
+        """What `candidates_of` depends on besides the jobs stopping and what holds for the cycle (groups,
+        running jobs, time): jobs with equal keys have the same candidates within a cycle."""
+        whole_groups = all(frees_quota for _, _, frees_quota in eligibility)
+        return (None if whole_groups else job.request, eligibility)
 
     def eligible(
         self, job: Job, queue: str, priority: int, cluster: ClusterView, reclaiming: bool, needs: frozenset[str]
@@ -220,30 +240,26 @@ class PriorityPreemption:
                 blocked_by, f"queue {job.queue} spent its budget: its jobs run only on idle capacity and preempt none"
             )
         quota_ok = what_if.admits(job).ok
-        candidates, reasons = self.candidates(job, cluster, demand, quota_ok)
-        if not candidates:
+        found = self._candidate_set(job, cluster, what_if, self.eligibility(job, cluster, demand, quota_ok))
+        if not found.count:
             return _refusal(blocked_by, "no job that may be preempted for it holds what it needs")
         # What stopping every candidate frees does not depend on their order: a search that cannot succeed is
         # refused before the candidates are costed and sorted.
-        everyone = [h.job.id for h in candidates]  # in this order, the what-ifs below reuse one job mask
-        potential = _potential_workers(job, cluster, what_if, everyone)
+        potential = _potential_workers(job, cluster, found.held)
+        eligible = found.count
         if int(np.minimum(potential, job.gang_size).sum()) < job.gang_size:
-            return _refusal(blocked_by, f"preempting all {len(candidates)} eligible jobs would not make room")
-        # A victim's cost depends on the victim and the time only, not on the view: each is costed once per cycle,
-        # when a search first meets it, and ranked by (cost, id), a total order, among the jobs met so far in the
-        # cycle (`_Ranks`); each search sorts its candidates by those integer ranks: their order among all
-        # preemptible jobs.
-        ranks = self._ranks(candidates, everyone, cluster)
-        costs = ranks.costs
-        candidates = ranks.sort(candidates, everyone)
+            return _refusal(blocked_by, f"preempting all {eligible} eligible jobs would not make room")
+        candidates, ordered = found.in_rank_order(self, cluster)
+        costs = self._cycle_ranks(cluster).costs
+        reasons = found.reasons
         chosen: list[str] | None = None
         search = _Search(job, cluster, what_if)
         if job.gang_size == 1 and quota_ok:
             chosen = self._on_one_node(job, cluster, search, candidates, potential > 0, costs)
         if chosen is None:
-            chosen = self._greedy(search, [h.job.id for h in candidates])
+            chosen = self._greedy(search, ordered)
             if chosen is None:
-                return _refusal(blocked_by, f"preempting all {len(everyone)} eligible jobs would not make room")
+                return _refusal(blocked_by, f"preempting all {eligible} eligible jobs would not make room")
         with what_if.without(chosen):
             if not what_if.fits(job):  # pragma: no cover - defensive: the search guarantees it
                 return VictimChoice((), unschedulable(NAME, "preemption search found no valid victim set"))
@@ -251,10 +267,28 @@ class PriorityPreemption:
         status = wait(NAME, f"preempting {len(chosen)} job(s) to make room: {', '.join(chosen)}")
         return VictimChoice(victims, status)
 
+    def _candidate_set(self, job: Job, cluster: ClusterView, what_if: WhatIf, eligibility: Eligibility) -> _Candidates:
+        """The candidates for `job` (`candidates_of`), kept for the cycle by `candidates_key`: a cycle's searches
+        for jobs of one class (a queue's next jobs, each preempting for itself) find the same candidates less those
+        stopping since, which are dropped from the kept set instead of building, summing and sorting it again."""
+        kept: dict[tuple[object, ...], _Candidates] = cluster.per_cycle(("preempt.candidates", self), dict)
+        key = self.candidates_key(job, cluster, eligibility)
+        found = kept.get(key)
+        if found is None:
+            holdings, reasons = self.candidates_of(job, cluster, eligibility)
+            found = kept[key] = _Candidates(holdings, reasons, what_if, cluster)
+        else:
+            found.drop_stopping(cluster.evicting, what_if)
+        return found
+
+    def _cycle_ranks(self, cluster: ClusterView) -> _Ranks:
+        ranks: _Ranks = cluster.per_cycle(("preempt.ranks", self), _Ranks)
+        return ranks
+
     def _ranks(self, candidates: list[Holding], ids: list[JobId], cluster: ClusterView) -> _Ranks:
         """The cycle's victim ranks, with `candidates` (whose ids are `ids`) ranked: a victim's cost depends on the
         victim and the time only, so each is costed once per cycle, when a search first meets it."""
-        ranks: _Ranks = cluster.per_cycle(("preempt.ranks", self), _Ranks)
+        ranks = self._cycle_ranks(cluster)
         rank = ranks.rank
         if not all(map(rank.__contains__, ids)):
             ranks.add([h for h in candidates if h.job.id not in rank], self.cost, cluster)
@@ -499,6 +533,73 @@ class _Ranks:
             return list(holdings)
         ranks = np.fromiter(map(self.rank.__getitem__, ids), dtype=np.int64, count=len(ids))
         return [holdings[k] for k in np.argsort(ranks).tolist()]
+
+
+class _HeldSums:
+    """What a set of running jobs holds, summed per node (CPU, memory) and per GPU (milli, GPU memory)."""
+
+    __slots__ = ("cpu", "gpu_mem", "mem", "milli")
+
+    def __init__(self, cluster: ClusterView) -> None:
+        table = cluster.nodes
+        self.cpu = np.zeros_like(table.cpu_free)
+        self.mem = np.zeros_like(table.mem_free)
+        self.milli = np.zeros_like(table.gpu_milli_free)
+        self.gpu_mem = np.zeros_like(table.gpu_mem_free)
+
+    def add(self, held: WorkerArrays, sign: int) -> None:
+        # Integer sums: adding or taking away in any order gives what adding the rest one by one gives.
+        np.add.at(self.cpu, held.node, sign * held.cpu)
+        np.add.at(self.mem, held.node, sign * held.memory)
+        at = (held.share_node, held.share_gpu)
+        np.add.at(self.milli, at, sign * held.share_milli)
+        np.add.at(self.gpu_mem, at, sign * held.share_memory)
+
+
+class _Candidates:
+    """One key's candidates (`PriorityPreemption.candidates_key`) in a cycle: the holdings, why each may be
+    stopped, what they hold summed (`_HeldSums`), and, once a search got that far, the holdings in rank order.
+    Jobs stopping since it was built are dropped (`drop_stopping`): stopping jobs are never candidates, and
+    nothing else about a candidate changes within a cycle."""
+
+    __slots__ = ("count", "dropped", "held", "holdings", "ranked", "ranked_ids", "reasons")
+
+    def __init__(self, holdings: list[Holding], reasons: dict[str, str], what_if: WhatIf, cluster: ClusterView) -> None:
+        self.holdings = holdings  # as met, dropped ones too
+        self.reasons = reasons  # likewise
+        self.count = len(holdings)  # those not dropped
+        self.dropped: set[JobId] = set()
+        self.ranked: list[Holding] | None = None  # not dropped, in rank order
+        self.ranked_ids: list[JobId] = []
+        self.held = _HeldSums(cluster)
+        if holdings:
+            self.held.add(what_if.held([h.job.id for h in holdings]), +1)
+
+    def drop_stopping(self, stopping: AbstractSet[JobId], what_if: WhatIf) -> None:
+        """Drop the candidates that are stopping now (victims chosen since)."""
+        reasons = self.reasons
+        dropped = self.dropped
+        gone = sorted(job_id for job_id in stopping if job_id in reasons and job_id not in dropped)
+        if not gone:
+            return
+        dropped.update(gone)
+        self.count -= len(gone)
+        self.held.add(what_if.held(gone), -1)
+        if self.ranked is not None:
+            kept = [job_id not in dropped for job_id in self.ranked_ids]
+            self.ranked = list(compress(self.ranked, kept))
+            self.ranked_ids = list(compress(self.ranked_ids, kept))
+
+    def in_rank_order(self, policy: PriorityPreemption, cluster: ClusterView) -> tuple[list[Holding], list[JobId]]:
+        """The holdings not dropped in the cycle's rank order, and their ids (ranked on the first search that
+        asks)."""
+        if self.ranked is None:
+            dropped = self.dropped
+            holdings = [h for h in self.holdings if h.job.id not in dropped] if dropped else self.holdings
+            ids = [h.job.id for h in holdings]
+            self.ranked = policy._ranks(holdings, ids, cluster).sort(holdings, ids)
+            self.ranked_ids = [h.job.id for h in self.ranked]
+        return self.ranked, self.ranked_ids
 
 
 class _Group:
