@@ -548,12 +548,18 @@ class _HeldSums:
         self.gpu_mem = np.zeros_like(table.gpu_mem_free)
 
     def add(self, held: WorkerArrays, sign: int) -> None:
-        # Integer sums: adding or taking away in any order gives what adding the rest one by one gives.
-        np.add.at(self.cpu, held.node, sign * held.cpu)
-        np.add.at(self.mem, held.node, sign * held.memory)
+        _add_held(self, held, sign)
+
+
+def _add_held(into: _HeldSums | _Room, held: WorkerArrays, sign: int) -> None:
+    """Add (+1) or take away (-1) what `held` holds to `into`'s per-node and per-GPU arrays. Integer sums: in any
+    order, the same as one holding after another."""
+    np.add.at(into.cpu, held.node, sign * held.cpu)
+    np.add.at(into.mem, held.node, sign * held.memory)
+    if len(held.share_node):
         at = (held.share_node, held.share_gpu)
-        np.add.at(self.milli, at, sign * held.share_milli)
-        np.add.at(self.gpu_mem, at, sign * held.share_memory)
+        np.add.at(into.milli, at, sign * held.share_milli)
+        np.add.at(into.gpu_mem, at, sign * held.share_memory)
 
 
 class _Candidates:
@@ -717,12 +723,7 @@ class _Room:
     def shift_many(self, held: WorkerArrays, sign: int) -> None:
         """`shift` for many holdings at once (what they hold as arrays): integer sums, then each node they touch
         recounted once, over arrays; the same bound as shifting them one by one."""
-        np.add.at(self.cpu, held.node, sign * held.cpu)
-        np.add.at(self.mem, held.node, sign * held.memory)
-        if len(held.share_node):
-            at = (held.share_node, held.share_gpu)
-            np.add.at(self.milli, at, sign * held.share_milli)
-            np.add.at(self.gpu_mem, at, sign * held.share_memory)
+        _add_held(self, held, sign)
         touched = np.unique(held.node)
         if not len(touched):
             return
