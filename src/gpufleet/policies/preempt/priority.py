@@ -568,18 +568,22 @@ class _Candidates:
     Jobs stopping since it was built are dropped (`drop_stopping`): stopping jobs are never candidates, and
     nothing else about a candidate changes within a cycle."""
 
-    __slots__ = ("count", "dropped", "held", "holdings", "ranked", "ranked_ids", "reasons")
+    __slots__ = ("dropped", "held", "holdings", "ranked", "ranked_ids", "reasons")
 
     def __init__(self, holdings: list[Holding], reasons: dict[str, str], what_if: WhatIf, cluster: ClusterView) -> None:
         self.holdings = holdings  # as met, dropped ones too
         self.reasons = reasons  # likewise
-        self.count = len(holdings)  # those not dropped
         self.dropped: set[JobId] = set()
         self.ranked: list[Holding] | None = None  # not dropped, in rank order
         self.ranked_ids: list[JobId] = []
         self.held = _HeldSums(cluster)
         if holdings:
             self.held.add(what_if.held([h.job.id for h in holdings]), +1)
+
+    @property
+    def count(self) -> int:
+        """How many candidates are left (not dropped)."""
+        return len(self.holdings) - len(self.dropped)
 
     def drop_stopping(self, stopping: AbstractSet[JobId], what_if: WhatIf) -> None:
         """Drop the candidates that are stopping now (victims chosen since)."""
@@ -589,7 +593,6 @@ class _Candidates:
         if not gone:
             return
         dropped.update(gone)
-        self.count -= len(gone)
         self.held.add(what_if.held(gone), -1)
         if self.ranked is not None:
             kept = [job_id not in dropped for job_id in self.ranked_ids]
