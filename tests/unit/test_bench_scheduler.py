@@ -52,3 +52,5 @@ def test_printed_rates_count_jobs_and_gpus_of_the_decisions() -> None:
     assert figures["placements_per_s"] == pytest.approx(jobs / figures["seconds"], rel=0.01)
     # Fractional shares count as fractions: GPUs placed is not the job count.
     assert gpus != jobs
+    for moment in ("host_yardstick_before", "host_yardstick_after"):
+        assert figures[moment]["total_ms"] > 0  # the host's speed beside the figures

@@ -10,6 +10,9 @@ control loop's cycles do.
 Two rates, because a job is not a unit of work: `placements_per_s` counts jobs placed (a gang is one),
 `gpus_placed_per_s` the GPUs they were given (a half-GPU share counts 0.5). A profile that runs small jobs
 first places many more jobs for about the same GPUs.
+
+`host_yardstick_before`/`_after`: the host's speed right before and after the cycles (`gpufleet.bench.yardstick`),
+so that a figure moved by the host is told apart from one moved by the code.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpufleet.bench import yardstick
 from gpufleet.domain import (
     ClusterSnapshot,
     GiB,
@@ -177,6 +181,7 @@ def placed_gpus(placement: Placement) -> float:
 
 def run(nodes: int, pending: int, seed: int = 0, policy: str = "default", max_cycles: int = 50) -> dict[str, object]:
     fleet = build_fleet(nodes, pending, seed)
+    yardstick_before = yardstick.measure()
     placed = preempted = count = 0
     gpus = seconds = 0.0
     first_cycle_s = 0.0
@@ -190,6 +195,7 @@ def run(nodes: int, pending: int, seed: int = 0, policy: str = "default", max_cy
         preempted += len(cycle.result.preemptions)
         gpus += sum(placed_gpus(p) for p in cycle.result.placements)
         still_pending = len(cycle.pending) - len(cycle.result.placements) + len(cycle.result.preemptions)
+    yardstick_after = yardstick.measure()
     return {
         "benchmark": "scheduler",
         "policy": policy,
@@ -207,6 +213,8 @@ def run(nodes: int, pending: int, seed: int = 0, policy: str = "default", max_cy
         "placements_per_s": round(placed / seconds, 1) if seconds else 0.0,
         "gpus_placed_per_s": round(gpus / seconds, 1) if seconds else 0.0,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "host_yardstick_before": yardstick_before,
+        "host_yardstick_after": yardstick_after,
     }
 
 
