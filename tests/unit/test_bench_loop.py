@@ -84,6 +84,8 @@ def test_bench_loop_prints_its_figures() -> None:
     assert figures["arrivals_per_step"] == NODES // loop.NODES_PER_ARRIVAL
     assert "fake backend" in figures["backend"]
     assert figures["store"].startswith("sqlite")
+    for moment in ("host_yardstick_before", "host_yardstick_after"):
+        assert figures[moment]["total_ms"] > 0  # the host's speed beside the figures
 
 
 def test_bench_loop_refuses_an_unknown_policy() -> None:

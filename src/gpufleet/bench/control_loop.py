@@ -28,7 +28,9 @@ collector during a step, so its collections of what the loop keeps run when some
 measured steps, `collector_between_steps_cpu_s_per_step` the part not in any step's time, and
 `decisions_per_cpu_s_with_collector` counts that part in. `decisions_digest` hashes where every running job runs
 and which jobs are stopping after every step (fill and warm-up included): two versions of the code that decide the
-same give the same digest for the same arguments."""
+same give the same digest for the same arguments. `host_yardstick_before`/`_after`: the host's speed right before
+and right after the measured steps (`gpufleet.bench.yardstick`: a fixed workload in none of gpufleet's code), so
+that figures from different hosts or moments can be told apart from changes to the code."""
 
 from __future__ import annotations
 
@@ -47,8 +49,9 @@ import numpy as np
 import sqlalchemy as sa
 
 from gpufleet.adapters.storage.sql import SqlStore, default_sqlite_url
+from gpufleet.bench import yardstick
 from gpufleet.bench.scheduler import MODELS, build_fleet, job_mix
-from gpufleet.control.reconciler import Reconciler, StepReport
+from gpufleet.control.reconciler import Reconciler, ReconcilerSettings, StepReport
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import Transition
@@ -163,7 +166,9 @@ class SteadyLoop:
         self.digest = hashlib.sha256()
         self.collector = _CollectorTime()
         self._arrive(self.fill_jobs)
-        self.loop = Reconciler(store, self.backend, self.clock, named_profile(policy))
+        # As `gpufleet up` runs it: what survives a step is frozen out of the collector's walks.
+        loop_settings = ReconcilerSettings(freeze_long_lived=True)
+        self.loop = Reconciler(store, self.backend, self.clock, named_profile(policy), settings=loop_settings)
 
     def _schedule(self, at: float, observation: Observation) -> None:
         self._seq += 1
@@ -264,6 +269,7 @@ def run(
             pending_before = len(world.loop.pending)
             world.submit_seconds = 0.0
             measured = _Steps()
+            yardstick_before = yardstick.measure()
             gc.callbacks.append(world.collector)
             try:
                 for _ in range(steps):
@@ -273,6 +279,7 @@ def run(
                     measured.add(report, seconds, cpu, writes, write_cpu)
             finally:
                 gc.callbacks.remove(world.collector)
+            yardstick_after = yardstick.measure()
             measured.submit_seconds = world.submit_seconds
             measured.collector_in_steps = world.collector.in_steps
             measured.collector_between_steps = world.collector.between_steps
@@ -289,6 +296,8 @@ def run(
                 "seed": seed,
                 "policy": policy,
                 "decisions_digest": world.digest.hexdigest()[:16],
+                "host_yardstick_before": yardstick_before,
+                "host_yardstick_after": yardstick_after,
             }
         finally:
             store.close()

@@ -43,6 +43,7 @@ class LoopState:
         self.inventory = inventory
         self.state = CycleState(snapshot, inventory, estimates, throughput)
         self._fork: CycleState | None = None
+        self._view: ClusterView | None = None
         self._forked_at = 0  # the state's table clock when the last fork was made
 
     # --- what observers and the loop read -------------------------------------------------------------
@@ -50,7 +51,9 @@ class LoopState:
     @property
     def view(self) -> ClusterView:
         """The state as plugins see it (the loop keys jobs that become pending against it)."""
-        return self.state.view
+        view = self.state.view
+        self._view = view  # the state refers to its view weakly: held here, the next call gets the same one
+        return view
 
     @property
     def table(self) -> NodeTable:

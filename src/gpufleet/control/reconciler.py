@@ -29,6 +29,7 @@ from gpufleet.control.changes import (
     back_to_queue,
     collapse,
 )
+from gpufleet.control.collector import LongLivedObjects
 from gpufleet.control.learning import Learning
 from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
@@ -78,6 +79,9 @@ class ReconcilerSettings:
     # How often the throughputs of job types are learned from their progress reports (`throughput_learner.py`);
     # None: never (the profile's table only). The live control plane learns; the simulator's jobs report no model.
     learn_throughput_s: float | None = None
+    # Freeze what survives each step out of the cyclic collector's walks (`collector.py`): process-wide, so the
+    # live control plane's choice; a loop embedded elsewhere (the simulator, a test) leaves the collector alone.
+    freeze_long_lived: bool = False
 
 
 @dataclass
@@ -115,6 +119,7 @@ class Reconciler:
         self.profile = profile
         self.events = events
         self.settings = settings or ReconcilerSettings()
+        self.long_lived = LongLivedObjects() if self.settings.freeze_long_lived else None
         self.observed_pools = observed_pools
         self._nodes: dict[str, Node] = {}
         self.pending = self._pending_index()
@@ -159,6 +164,8 @@ class Reconciler:
         # once, when it ends.
         with collector_paused():
             self._step_or_resync(report)
+        if self.long_lived is not None:
+            self.long_lived.after_step()
         return report
 
     def _step_or_resync(self, report: StepReport) -> None:

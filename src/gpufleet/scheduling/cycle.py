@@ -145,6 +145,7 @@ class _Cycle:
     def __init__(self, state: CycleState, profile: Profile) -> None:
         self.profile = profile
         self.state = state
+        self.view = state.view  # held for the cycle: the state refers to its view weakly
         self.what_if = _WhatIf(profile, state)
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []

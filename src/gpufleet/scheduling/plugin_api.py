@@ -231,6 +231,7 @@ class ClusterView:
     """
 
     __slots__ = (
+        "__weakref__",  # its state refers to it weakly (`CycleState.view`)
         "_capacity",
         "_estimates",
         "_holdings",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import copy
 import dataclasses
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -146,7 +147,7 @@ class CycleState:
         }
         facts = self._take_running(sorted(snapshot.running, key=_running_id), inventory)
         self._hold_all(facts)
-        self.view = ClusterView(self)
+        self._view: weakref.ref[ClusterView] | None = None
 
     def _hold_all(self, facts: list[RunningFacts]) -> None:
         """Record what the snapshot's running jobs hold: holdings, quota usage, who is stopping, who may be."""
@@ -261,8 +262,20 @@ class CycleState:
         other._inherited = self.evaluations
         other._current = {}
         other._per_cycle = {}
-        other.view = ClusterView(other)
+        other._view = None
         return other
+
+    @property
+    def view(self) -> ClusterView:
+        """The cycle as plugins see it (read-only). The view refers to this state; this state refers to its view
+        weakly, so that a state is never a reference cycle: a retired state is freed by its reference count, not
+        only by a walk of the cyclic collector (which the control loop spares its long-lived objects:
+        `gpufleet.control.collector`). While someone holds the view, this gives that same view."""
+        view = self._view() if self._view is not None else None
+        if view is None:
+            view = ClusterView(self)
+            self._view = weakref.ref(view)
+        return view
 
     def evaluation(self, key: FilterClass) -> Evaluation | None:
         """This cycle's evaluation of a filter class; for a copy, a copy of the original's if it has one (its

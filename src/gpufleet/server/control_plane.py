@@ -495,7 +495,9 @@ class ControlPlane:
             if throughput is not None:
                 log.info("throughput table: %d entries from %s", len(throughput.entries), throughput.source)
             policy = profile(settings.policy, PolicyData(target=self.fgd_target.target, throughput=throughput))
-            loop_settings = ReconcilerSettings(max_grace_s=settings.max_grace_s, learn_throughput_s=LEARN_EVERY_S)
+            loop_settings = ReconcilerSettings(
+                max_grace_s=settings.max_grace_s, learn_throughput_s=LEARN_EVERY_S, freeze_long_lived=True
+            )
             self.reconciler = Reconciler(
                 self.store,
                 self.backend,
