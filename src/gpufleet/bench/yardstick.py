@@ -3,9 +3,9 @@
 The machines these benchmarks run on are shared: the same code, deciding the same, has run at half the speed on
 one host as on another, and by a third slower within an hour on one host. A benchmark's figure alone cannot say
 whether a change or the host moved it. The yardstick is timed right before and right after a benchmark's
-measured part; since gpufleet's code never runs in it, only the host can move it. Two figures are comparable when
-their yardsticks are (within a few per cent), and a figure divided by its yardstick's speed compares across hosts
-to first order.
+measured part; since gpufleet's code never runs in it, only the host can move it. Its own reading moves by a tenth
+or more between runs at one moment, so it tells a host twice as fast from another, not a change of a few per cent;
+a figure times its yardstick compares across hosts to first order.
 
 It has the three kinds of work a control loop's step does: Python's own (tuples sorted, dictionaries of lists
 built, small objects made), small numpy operations over arrays the size of a fleet's GPUs, and records encoded
