@@ -55,6 +55,11 @@ def published_constants() -> Path:
     return require(folder / "published_constants.csv", "the published constants table")
 
 
+def spot_traces() -> Path:
+    """The spot interruption statistics that sit beside the traces (`../costs/spot-traces-nsdi24`)."""
+    return require(traces_folder().parent / "costs" / "spot-traces-nsdi24", "the NSDI'24 spot statistics")
+
+
 def price_tables() -> Path:
     """The GPU price tables that sit beside the traces (`../costs/gcp-gpu-prices-skypilot`)."""
     return require(traces_folder().parent / "costs" / "gcp-gpu-prices-skypilot", "the GCP GPU price table")

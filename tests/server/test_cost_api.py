@@ -4,7 +4,6 @@ each job's cost, the cost report, budgets at 80 % and 100 % with each action."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,10 +12,10 @@ from gpufleet.control.reconciler import Reconciler
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.policies.catalog import profile
 from tests.kit.fake_backend import ScriptedBackend
+from tests.kit.traces import price_tables
 from tests.server.conftest import Api
 from tests.server.test_api import assert_error, submit
 
-GCP_CSV = Path(__file__).resolve().parents[3] / "shared" / "costs" / "gcp-gpu-prices-skypilot" / "gcp_gpu_prices_us.csv"
 HOUR = 3600.0
 
 
@@ -108,9 +107,10 @@ def test_cost_report_groups_by_queue_user_model_and_pool(api: Api) -> None:
 
 
 def test_prices_import_from_the_gcp_catalog_with_the_host_vm_share(api: Api) -> None:
-    if not GCP_CSV.exists():
-        pytest.skip(f"the GCP price cut is not at {GCP_CSV}")
-    body = {"csv": GCP_CSV.read_text(), "source": "SkyPilot GCP catalog (Apache-2.0)"}
+    body = {
+        "csv": (price_tables() / "gcp_gpu_prices_us.csv").read_text(),
+        "source": "SkyPilot GCP catalog (Apache-2.0)",
+    }
     answer = api.client.post("/v1/prices/import", json=body, headers=api.as_admin())
     assert answer.status_code == 200, answer.text
     prices = {

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -21,8 +20,8 @@ from gpufleet.sim.spot_study import (
 )
 from gpufleet.sim.workload import WorkloadError
 from gpufleet.sim.workloads.synthetic import generate_synthetic
+from tests.kit.traces import price_tables, spot_traces
 
-COSTS = Path(__file__).resolve().parents[3] / "shared" / "costs"
 TRACE = SpotTrace("us-east-1a", "availability", "v100_1", 0.5, 1.0, 1000.0)
 PRICES = PriceTable(
     tuple(
@@ -77,25 +76,21 @@ def test_the_study_is_deterministic(study: dict) -> None:  # type: ignore[type-a
 
 
 def test_spot_trace_statistics_and_bad_inputs() -> None:
-    if not (COSTS / "spot-traces-nsdi24").is_dir():
-        pytest.skip("the NSDI'24 spot statistics are not beside the repository")
-    trace = load_spot_trace(COSTS / "spot-traces-nsdi24", "us-east-1a")
+    trace = load_spot_trace(spot_traces(), "us-east-1a")
     assert (trace.instance, trace.interruptions_per_hour) == ("v100_1", 0.2317)
-    other = load_spot_trace(COSTS / "spot-traces-nsdi24", "us-east-1c")  # a V100 preemption trace, not intel_64
+    other = load_spot_trace(spot_traces(), "us-east-1c")  # a V100 preemption trace, not intel_64
     assert (other.instance, other.kind, other.interruptions_per_hour) == ("v100_1", "preemption", 0.2311)
     with pytest.raises(WorkloadError, match=r"give one of: .*us-east-1c"):
-        load_spot_trace(COSTS / "spot-traces-nsdi24", "mars-1a")
+        load_spot_trace(spot_traces(), "mars-1a")
     assert parse_spot_pool("us-east-1a") == ("us-east-1a", 0.5)
     with pytest.raises(WorkloadError, match="ZONE"):
         parse_spot_pool("us-east-1a:1.5")
 
 
 def test_sim_spot_pool_from_the_command_line() -> None:
-    if not (COSTS / "spot-traces-nsdi24").is_dir():
-        pytest.skip("the NSDI'24 spot statistics are not beside the repository")
     args = ["sim", "--workload", "synthetic", "--seed", "1", "--set", "nodes=4", "--set", "jobs=30"]
-    args += ["--spot-pool", "us-east-1c:0.5", "--spot-traces", str(COSTS / "spot-traces-nsdi24")]
-    args += ["--prices", str(COSTS / "gcp-gpu-prices-skypilot"), "--json"]
+    args += ["--spot-pool", "us-east-1c:0.5", "--spot-traces", str(spot_traces())]
+    args += ["--prices", str(price_tables()), "--json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
@@ -109,9 +104,9 @@ def test_sim_spot_pool_from_the_command_line() -> None:
             "--spot-pool",
             "nowhere",
             "--spot-traces",
-            str(COSTS / "spot-traces-nsdi24"),
+            str(spot_traces()),
             "--prices",
-            str(COSTS / "gcp-gpu-prices-skypilot"),
+            str(price_tables()),
         ],
     )
     assert bad.exit_code != 0

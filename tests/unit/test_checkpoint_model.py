@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-from pathlib import Path
 
 import pytest
 
@@ -27,8 +26,8 @@ from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import RunningJob
 from gpufleet.ports import Launch
 from tests.kit.builders import make_job
+from tests.kit.traces import published_constants
 
-CONSTANTS = Path(__file__).resolve().parents[3] / "shared" / "costs" / "published-constants" / "published_constants.csv"
 NODES = {
     "od": make_node("od", "H100", 8, 80 << 30),
     "sp1": dataclasses.replace(make_node("sp1", "V100", 4, 16 << 30), pool="spot", zone="us-east-1a"),
@@ -50,9 +49,8 @@ def test_young_daly_numbers() -> None:
             optimal_interval(*bad)
 
 
-@pytest.mark.skipif(not CONSTANTS.exists(), reason="the published constants are not beside the repository")
 def test_the_defaults_are_the_published_figures() -> None:
-    rows = {r["key"]: r for r in csv.DictReader(CONSTANTS.read_text().splitlines())}
+    rows = {r["key"]: r for r in csv.DictReader(published_constants().read_text().splitlines())}
     assert float(rows["llama3_per_gpu_mtbf_derived"]["value"]) == 1 / DEFAULT_GPU_FAILURES_PER_HOUR
     assert rows["young_optimal_interval"]["value"] == "sqrt(2*C*M)"
 
