@@ -17,9 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-# The three kinds of probe; used as the `probe` label of every exported GPU metric.
-PROBE_KINDS = ("nvml", "recorded", "emulated")
-
 
 @dataclass(frozen=True, slots=True)
 class GpuSample:

@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 
 from gpufleet.domain.costs import (
     HOUR,
-    Budget,
     BudgetLevel,
     BudgetStatus,
-    BudgetUnit,
     Charge,
     CostLine,
     Pool,
@@ -269,10 +267,6 @@ class BudgetWatch:
 
     def stop(self) -> None:
         self._periodic.stop()
-
-
-def budget_amount_unit(budget: Budget) -> str:
-    return "USD" if budget.unit is BudgetUnit.USD else "GPU-hours"
 
 
 __all__ = ["GROUPS", "HOUR", "BudgetWatch", "CostReport", "JobCost", "cost_report", "job_cost"]

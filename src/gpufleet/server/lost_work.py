@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpufleet.domain.checkpoints import AttemptLoss, LossCause
+from gpufleet.domain.checkpoints import AttemptLoss
 from gpufleet.domain.costs import Charge, Pool, attempt_cost
 from gpufleet.ports.admin import AdminStore
 from gpufleet.server.chargeback import UNKNOWN_MODEL
@@ -76,6 +76,3 @@ def lost_work_report(
         total.add(loss, priced)
     ordered = tuple(sorted(groups.values(), key=lambda g: (-g.usd, -g.gpu_hours, g.key)))
     return LostWorkReport(since, until, by, ordered, total)
-
-
-CAUSES = tuple(cause.value for cause in LossCause)

@@ -40,8 +40,6 @@ from gpufleet.sim.workloads._csv import CsvTable
 APP_TRACES = "app-traces"
 # The published simulator capped yolov3's per-GPU batch at 8 (memory).
 MAX_LOCAL_BATCH: Mapping[str, int] = {"yolov3": 8}
-# Every change of a job's allocation costs this long without progress (restart from its checkpoint).
-RESTART_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
