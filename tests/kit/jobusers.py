@@ -24,11 +24,16 @@ JOB_PYTHON = job_python()
 _scratch: list[Path] = []
 
 
+# Not /tmp: each job attempt has a private /tmp of its own, so files there are not the jobs' to see.
+SCRATCH_BASE = Path("/var/tmp")
+
+
 def scratch() -> Path:
-    """This session's folder under /tmp that job users may pass through (0711). Not pytest's temporary
-    folders: those are private, and another pytest session as the same user makes them private again."""
+    """This session's folder under /var/tmp that job users may pass through (0711). Not pytest's temporary
+    folders (under /tmp, which jobs do not see, and private: another pytest session as the same user makes
+    them private again)."""
     if not _scratch:
-        base = Path(tempfile.mkdtemp(prefix="gpufleet-test-jobs-"))
+        base = Path(tempfile.mkdtemp(prefix="gpufleet-test-jobs-", dir=SCRATCH_BASE))
         base.chmod(0o711)
         _scratch.append(base)
     return _scratch[0]
@@ -150,7 +155,7 @@ def reachable_view(folder: Path) -> Path:
         return _views[folder]
     if not _views:
         atexit.register(release_views)  # also when a session ends without its fixtures' teardown
-    view = Path(tempfile.mkdtemp(prefix="gpufleet-test-view-"))
+    view = Path(tempfile.mkdtemp(prefix="gpufleet-test-view-", dir=SCRATCH_BASE))
     view.chmod(0o755)
     subprocess.run(["mount", "--bind", str(folder), str(view)], check=True, capture_output=True)
     subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=False, capture_output=True)

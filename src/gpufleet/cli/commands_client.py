@@ -1,4 +1,4 @@
-"""Client commands: submit, jobs, show, explain, cancel, logs, queues, quota, nodes, cordon/drain, tokens, login.
+"""Client commands: jobs, show, explain, cancel, logs, queues, quota, nodes, cordon/drain, tokens, login.
 
 Each talks to the control plane's HTTP API. Every command takes --url/--token (or GPUFLEET_URL /
 GPUFLEET_TOKEN, or the file `gpufleet login` writes) and most take --json for scripts.
@@ -7,29 +7,28 @@ GPUFLEET_TOKEN, or the file `gpufleet login` writes) and most take --json for sc
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 
-from gpufleet.cli import progress_view
+from gpufleet.cli import output, progress_view
 from gpufleet.cli.client import (
-    IDEMPOTENCY_HEADER,
     TOKEN_ENV,
     URL_ENV,
     ApiError,
     Client,
-    new_idempotency_key,
     resolve,
     write_config,
 )
 from gpufleet.cli.cost_text import budget_cell, cost_line
+from gpufleet.cli.job_wait import exit_status, tail_offset, wait_for
 from gpufleet.cli.safe_text import cell, markup, plain, text_block
 from gpufleet.domain.errors import GpufleetError
 
@@ -50,10 +49,11 @@ STATE_STYLE = {
 
 token_app = typer.Typer(help="API tokens (admin).", no_args_is_help=True)
 quota_app = typer.Typer(help="Queue quotas (admin).", no_args_is_help=True)
+nodes_app = typer.Typer(help="Nodes, their GPUs, and which jobs hold each GPU.")
 
 
 def _console() -> Console:
-    return Console(soft_wrap=True)
+    return output.console()
 
 
 def _print_json(data: Any) -> None:
@@ -115,97 +115,87 @@ def login(
     typer.echo(f"saved to {path}")
 
 
-def submit(
-    spec_file: Annotated[str, typer.Argument(metavar="JOB.yaml", help="The job spec.")],
-    queue: Annotated[str | None, typer.Option(help="Submit to this queue (overrides the spec's).")] = None,
-    workdir: Annotated[
-        str | None,
-        typer.Option(
-            help="Working directory of every worker (overrides the spec's) [default: the spec's, else the "
-            "directory you submit from]; `-`: the job's own private folder.",
-        ),
-    ] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Wait until it ends; exit 1 unless it succeeded.")] = False,
-    retry_for: Annotated[
-        float, typer.Option(min=0, help="Seconds to keep retrying when the control plane is unreachable or busy.")
-    ] = 30.0,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Submit a job from a YAML spec.
+def _why(job: dict[str, Any]) -> str:
+    why = job["waiting_reason"] if job["state"] == "pending" else job["reason"]
+    return str(why or "")
 
-    It runs in the directory you submit from unless the spec or --workdir says otherwise (on every node of a
-    cluster: keep it on a file system they share). Each submit carries an idempotency key, and is retried
-    (for up to --retry-for seconds) when the control plane cannot be reached, restarts, or asks to slow down:
-    a retry never makes a second job."""
-    from gpufleet.server.spec import load_spec_file
 
-    with _client(url, token) as client:
-        spec = load_spec_file(spec_file)
-        if queue:
-            spec = spec.model_copy(update={"queue": queue})
-        if workdir is not None:
-            spec = spec.model_copy(update={"workdir": "" if workdir == "-" else workdir})
-        elif not spec.workdir:
-            spec = spec.model_copy(update={"workdir": os.getcwd()})
-        body = spec.model_dump(mode="json", exclude_none=True)
-        job = client.call(
-            "POST",
-            "/v1/jobs",
-            json_body=body,
-            headers={IDEMPOTENCY_HEADER: new_idempotency_key()},
-            retry_s=retry_for,
-            on_retry=lambda note: typer.echo(f"note: {plain(note)} (--retry-for 0: fail at once)", err=True),
-        )
-        if not as_json:
-            typer.echo(f"submitted {plain(job['id'])} to queue {plain(job['queue'])}")
-        while wait and job["state"] not in TERMINAL_STATES:
-            time.sleep(0.5)
-            job = client.get(f"/v1/jobs/{job['id']}")
-    if as_json:
-        _print_json(job)
-    elif wait:
-        code = f" (exit code {job['exit_code']})" if job.get("exit_code") is not None else ""
-        typer.echo(plain(f"{job['id']} {job['state']}{code}: {job['reason']}"))
-    if wait and job["state"] != "succeeded":
-        raise typer.Exit(1)
+def _workers(job: dict[str, Any]) -> str:
+    """Workers it holds now against those it asked for (`2/4`: an elastic job at 2 of at most 4)."""
+    held = len(job["placement"])
+    if not held or held == job["workers"]:
+        return str(job["workers"])
+    return f"{held}/{job['workers']}"
+
+
+def _elapsed(job: dict[str, Any]) -> str:
+    """How long its current (or last) attempt ran, or has run so far."""
+    started = job.get("started_at")
+    if started is None:
+        return "-"
+    end = job.get("finished_at") or time.time()
+    return _duration(max(0.0, end - started))
+
+
+JOB_COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], RenderableType]]] = {
+    "id": ("ID", lambda j: cell(j["id"])),
+    "name": ("NAME", lambda j: cell(j["name"] or "-")),
+    "queue": ("QUEUE", lambda j: cell(j["queue"])),
+    "user": ("USER", lambda j: cell(j.get("user") or "-")),
+    "state": ("STATE", lambda j: _state(j["state"])),
+    "gpus": ("GPUS", lambda j: _gpus(j["request"]["gpus"])),
+    "workers": ("WORKERS", _workers),
+    "priority": ("PRIORITY", lambda j: str(j["priority"])),
+    "submitted": ("SUBMITTED", lambda j: _since(j["submitted_at"])),
+    "started": ("STARTED", lambda j: _since(j["started_at"])),
+    "elapsed": ("ELAPSED", _elapsed),
+    "exit": ("EXIT", lambda j: "-" if j["exit_code"] is None else str(j["exit_code"])),
+    "nodes": ("NODES", lambda j: cell(",".join(sorted({w["node"] for w in j["placement"]})) or "-")),
+    "why": ("WHY", lambda j: cell(_why(j))),
+}
+DEFAULT_JOB_COLUMNS = ("id", "name", "queue", "state", "gpus", "workers", "submitted", "why")
 
 
 def jobs(
     queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
     state: Annotated[list[str] | None, typer.Option(help="Only these states (repeatable).")] = None,
+    name: Annotated[str | None, typer.Option(help="Only jobs of this name.")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Include finished jobs.")] = False,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many.")] = 100,
+    columns: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            "-o",
+            help=f"Columns to print, comma-separated, as squeue -o: {','.join(JOB_COLUMNS)} "
+            f"(default: {','.join(DEFAULT_JOB_COLUMNS)}).",
+        ),
+    ] = None,
+    no_header: Annotated[bool, typer.Option("--no-header", "-h", help="Rows only (for scripts).")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List jobs, newest first (active ones unless --all or --state)."""
+    """List jobs, newest first (active ones unless --all or --state). Piped, nothing is cut short."""
+    chosen = output.pick_columns(columns, tuple(JOB_COLUMNS), DEFAULT_JOB_COLUMNS)
     states = list(state or ()) or ([] if show_all else list(ACTIVE_STATES))
     with _client(url, token) as client:
-        page = client.call("GET", "/v1/jobs", params={"queue": queue, "state": states, "limit": limit})
+        page = client.call(
+            "GET", "/v1/jobs", params={"queue": queue, "state": states, "limit": limit, "name": name or None}
+        )
     if as_json:
         _print_json(page["jobs"])
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "QUEUE", "STATE", "GPUS", "WORKERS", "SUBMITTED", "WHY"):
-        table.add_column(column)
-    for job in page["jobs"]:
-        why = job["waiting_reason"] if job["state"] == "pending" else job["reason"]
-        table.add_row(
-            cell(job["id"]),
-            cell(job["name"] or "-"),
-            cell(job["queue"]),
-            _state(job["state"]),
-            _gpus(job["request"]["gpus"]),
-            str(job["workers"]),
-            _since(job["submitted_at"]),
-            cell((why or "")[:80]),
-        )
+    table = output.table(
+        page["jobs"],
+        chosen,
+        {key: getter for key, (_, getter) in JOB_COLUMNS.items()},
+        headers={key: header for key, (header, _) in JOB_COLUMNS.items()},
+    )
+    table.show_header = not no_header
     console = _console()
     console.print(table)
-    if not page["jobs"]:
+    if not page["jobs"] and not no_header:
         console.print("no jobs" + ("" if show_all or state else " (add --all to see finished ones)"))
 
 
@@ -240,6 +230,7 @@ def show(
     lines = [
         f"[bold]{markup(job['id'])}[/] {markup(job['name'])}  queue {markup(job['queue'])}  {_state(job['state'])}",
         f"reason: {markup(job['reason'] or '-')}",
+        times_line(job),
         f"asks: {_gpus(request['gpus'])} GPU x {job['workers']} workers"
         + (f", models {markup('|'.join(request['gpu_models']))}" if request["gpu_models"] else "")
         + (f", {request['cpu']:g} CPU" if request["cpu"] else "")
@@ -278,6 +269,27 @@ def show(
     console = _console()
     for line in lines:
         console.print(line)
+
+
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at).astimezone().isoformat(sep=" ", timespec="seconds")
+
+
+def times_line(job: dict[str, Any]) -> str:
+    """When it was submitted, started and ended, how long it waited and ran (this attempt's start: `started`)."""
+    parts = [f"submitted {_when(job['submitted_at'])}"]
+    first, started, ended = job.get("first_started_at"), job.get("started_at"), job.get("finished_at")
+    if first is not None:
+        parts.append(f"waited {_duration(max(0.0, first - job['submitted_at']))}")
+    if started is not None:
+        parts.append(f"started {_when(started)}")
+        if first is not None and first != started:
+            parts.append(f"first started {_when(first)}")
+    if ended is not None:
+        parts.append(f"ended {_when(ended)}")
+    if started is not None:
+        parts.append(f"elapsed {_elapsed(job)}" + ("" if ended is not None else " so far"))
+    return markup("times: " + ", ".join(parts))
 
 
 def checkpoint_line(job: dict[str, Any]) -> str:
@@ -379,12 +391,19 @@ def logs(
             "--escape-control", help="Show control characters of the output escaped (\\x1b), not as the job wrote them."
         ),
     ] = False,
+    tail: Annotated[
+        int | None, typer.Option("--tail", "-n", min=0, help="Only the last N lines (then more with -f).")
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Print a job's output (one worker's stdout and stderr), as the job wrote it."""
+    """Print a job's output (one worker's stdout and stderr), as the job wrote it. With -f it exits, once the
+    job has ended, with the job's exit code (128+N for a job killed by signal N; 1 for one that ended without
+    a code)."""
     offset = 0
     with _client(url, token) as client:
+        if tail is not None:
+            offset = tail_offset(client, job_id, tail, worker=worker, attempt=attempt)
         while True:
             chunk = client.get(f"/v1/jobs/{job_id}/logs", worker=worker, attempt=attempt, offset=offset)
             if chunk["text"]:
@@ -397,6 +416,8 @@ def logs(
                 break
             if not moved:
                 time.sleep(0.3)
+        if follow:
+            raise typer.Exit(exit_status(wait_for(client, job_id)))
 
 
 # -------------------------------------------------------------------------------------------- queues
@@ -536,8 +557,11 @@ def quota_delete(
 # --------------------------------------------------------------------------------------------- nodes
 
 
-def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
-    """Nodes, their GPUs, and which jobs hold each GPU."""
+@nodes_app.callback(invoke_without_command=True)
+def nodes(ctx: typer.Context, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Nodes, their GPUs, and which jobs hold each GPU (`nodes remove NODE`: forget one that left)."""
+    if ctx.invoked_subcommand is not None:
+        return
     with _client(url, token) as client:
         answer = client.get("/v1/nodes")
     listed, isolation = answer["nodes"], answer.get("isolation")
@@ -575,6 +599,19 @@ def nodes(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) 
         typer.echo(plain(f"limits: {isolation['cgroups']}"))
         for note in isolation.get("notes") or ():
             typer.echo(plain(f"warning: {note}"))
+
+
+@nodes_app.command("remove")
+def nodes_remove(
+    node: Annotated[str, typer.Argument(metavar="NODE")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Forget a node (admin): one that left for good stays listed, unhealthy, and counted until removed.
+    Refused while jobs hold resources on it (drain it first). A node that comes back is listed again."""
+    with _client(url, token) as client:
+        client.call("DELETE", f"/v1/nodes/{node}")
+    typer.echo(plain(f"node {node} removed"))
 
 
 def client_spot_pools(url: str | None, token: str | None) -> list[dict[str, Any]]:
@@ -698,7 +735,8 @@ def snapshot(
 
 def register_client_commands(app: typer.Typer) -> None:
     """Add the client commands to the `gpufleet` app."""
-    for command in (login, submit, jobs, show, explain, cancel, logs, queues, nodes, cordon, uncordon, drain, snapshot):
+    for command in (login, jobs, show, explain, cancel, logs, queues, cordon, uncordon, drain, snapshot):
         app.command()(command)
     app.add_typer(quota_app, name="quota")
     app.add_typer(token_app, name="token")
+    app.add_typer(nodes_app, name="nodes")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.cli.safe_text import markup
+from gpufleet.domain.costs import gpu_hours_text
 
 
 def usd(value: float | None) -> str:
@@ -16,8 +17,10 @@ def budget_cell(budget: dict[str, Any] | None) -> str:
     if not budget:
         return "-"
     unit = budget["unit"]
-    amount = usd(budget["amount"]) if unit == "usd" else f"{budget['amount']:,.0f} GPU-h"
-    spent = "?" if budget["spent"] is None else (usd(budget["spent"]) if unit == "usd" else f"{budget['spent']:,.1f}")
+    amount = usd(budget["amount"]) if unit == "usd" else f"{gpu_hours_text(budget['amount'])} GPU-h"
+    spent = (
+        "?" if budget["spent"] is None else (usd(budget["spent"]) if unit == "usd" else gpu_hours_text(budget["spent"]))
+    )
     level = budget["level"]
     share = "" if budget["fraction"] is None else f" {100 * budget['fraction']:.0f}%"
     mark = {"ok": "", "notice": " NOTICE", "exceeded": " EXCEEDED"}[level]

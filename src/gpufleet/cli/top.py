@@ -11,10 +11,11 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from gpufleet.cli import output
 from gpufleet.cli.commands_client import TokenOpt, UrlOpt, _client
 from gpufleet.cli.safe_text import cell
 
@@ -111,11 +112,13 @@ def top(
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """A live view of every GPU (utilisation, memory, job, idle flags) and every queue (waits, use)."""
-    console = Console()
+    """A live view of every GPU (utilisation, memory, job, idle flags) and every queue (waits, use).
+
+    Off a terminal (a pipe, a file, a cron job) it prints one snapshot and exits, as with --once."""
+    console = output.console()
     with _client(url, token) as client:
         target = client.target.url
-        if once:
+        if once or not output.on_terminal():
             console.print(frame(client.get("/v1/telemetry"), target))
             return
         from rich.live import Live

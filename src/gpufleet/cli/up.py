@@ -117,6 +117,15 @@ def up(
             "--cgroups/--no-cgroups", help="Run each worker in a cgroup with its memory, CPU, pids and GPU limits."
         ),
     ] = True,
+    private_tmp: Annotated[
+        bool,
+        typer.Option(
+            "--private-tmp/--shared-tmp",
+            help="As root: give each job attempt its own /tmp and /dev/shm (removed when it ends) and a /proc "
+            "that shows only its own user's processes. --shared-tmp: jobs share the host's (e.g. to reach a "
+            "daemon's socket in /tmp).",
+        ),
+    ] = True,
     pids_limit: Annotated[int, typer.Option(min=1, help="Processes and threads per worker (cgroup pids.max).")] = 8192,
     log_dir: Annotated[
         Path | None,
@@ -182,6 +191,7 @@ def up(
         single_user=single_user,
         jobs_home=jobs_home,
         use_cgroups=cgroups,
+        private_tmp=private_tmp,
         pids_limit=pids_limit,
         log_dir=log_dir.expanduser().absolute() if log_dir is not None else None,
         log_cap=_option(parse_size, log_cap, "--log-cap"),

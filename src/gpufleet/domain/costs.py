@@ -356,7 +356,7 @@ class BudgetStatus:
         return self.level is BudgetLevel.EXCEEDED and self.budget.action is BudgetAction.DEPRIORITISE
 
     def amount_text(self, value: float) -> str:
-        return f"${value:,.2f}" if self.budget.unit is BudgetUnit.USD else f"{value:,.1f} GPU-hours"
+        return f"${value:,.2f}" if self.budget.unit is BudgetUnit.USD else f"{gpu_hours_text(value)} GPU-hours"
 
     def reset_text(self) -> str:
         if self.resets_at is None:
@@ -370,6 +370,15 @@ class BudgetStatus:
             f"queue {self.budget.queue} has spent {self.amount_text(self.spent)} of its "
             f"{self.amount_text(self.budget.amount)} {period} budget ({100 * self.fraction:.0f} %)"
         )
+
+
+def gpu_hours_text(value: float) -> str:
+    """GPU-hours with the digits their size needs: 1,234, 12.3, 0.05 (not `0.1` nor `0`)."""
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 1:
+        return f"{value:,.1f}"
+    return f"{value:.2g}"
 
 
 def budget_status(budget: Budget, spent_usd: float, spent_gpu_hours: float, now: float) -> BudgetStatus:

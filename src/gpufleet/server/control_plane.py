@@ -103,6 +103,7 @@ class UpSettings:
     single_user: bool = False  # a control plane that is not root accepts team tokens all the same
     jobs_home: Path = DEFAULT_JOBS_HOME  # homes of the per-queue users
     use_cgroups: bool = True
+    private_tmp: bool = True  # each attempt its own /tmp and /dev/shm, and a /proc without others' processes
     pids_limit: int = DEFAULT_PIDS_LIMIT
     # Job logs: where, how big per worker, and how long finished jobs' logs are kept.
     log_dir: Path | None = None  # default: under the data dir
@@ -438,6 +439,7 @@ class ControlPlane:
                 use_cgroups=settings.use_cgroups,
                 pids_limit=settings.pids_limit,
                 log_cap=settings.log_cap,
+                sandbox=settings.private_tmp,
             )
             self.backend: LocalBackend | RayBackend
             make_probe: ProbeFactory | None = None
@@ -587,6 +589,7 @@ class ControlPlane:
             use_cgroups=settings.use_cgroups,
             pids_limit=settings.pids_limit,
             log_cap=settings.log_cap,
+            private_tmp=settings.private_tmp,
         )
         self.fleet = RayFleet(address, options, emulated=emulated.nodes)
         wait_for = settings.ray_wait_nodes or len(emulated.nodes)

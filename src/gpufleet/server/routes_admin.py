@@ -89,6 +89,13 @@ def drain(name: NodeName, who: Who, svc: Svc) -> DrainOut:
     return svc.drain(who, name)
 
 
+@router.delete("/nodes/{name}", tags=["nodes"], status_code=204)
+def remove_node(name: NodeName, who: Who, svc: Svc) -> Response:
+    """Forget a node (admin), e.g. one that left for good; refused while jobs hold resources on it."""
+    svc.remove_node(who, name)
+    return Response(status_code=204)
+
+
 @router.post("/tokens", tags=["tokens"], status_code=201)
 def create_token(body: TokenIn, who: Who, svc: Svc) -> TokenCreatedOut:
     """Create a token (admin). The secret is in this answer only; the server keeps its hash."""

@@ -11,7 +11,7 @@ from gpufleet.server.auth import Principal
 from gpufleet.server.http_app import principal, service
 from gpufleet.server.limits import MAX_IDEMPOTENCY_KEY, MAX_SEQ
 from gpufleet.server.schemas import CancelOut, EventsOut, ExplainOut, JobListOut, JobOut, LogsOut
-from gpufleet.server.service import Service
+from gpufleet.server.service import MAX_LOG_CHUNK, Service
 from gpufleet.server.spec import JobSpec
 
 router = APIRouter(tags=["jobs"])
@@ -113,9 +113,13 @@ def logs(
     worker: Annotated[int, Query(ge=0, le=100_000)] = 0,
     attempt: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
     offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    tail: Annotated[
+        int | None,
+        Query(ge=1, le=MAX_LOG_CHUNK, description="Read the log's last `tail` bytes instead (`offset` unused)"),
+    ] = None,
 ) -> LogsOut:
     """A chunk of a worker's output from byte `offset` (latest attempt by default); follow with `next_offset`."""
-    return svc.logs(who, job_id, worker=worker, attempt=attempt, offset=offset)
+    return svc.logs(who, job_id, worker=worker, attempt=attempt, offset=offset, tail=tail)
 
 
 def _plain(text: str | None) -> str | None:

@@ -143,6 +143,8 @@ class JobOut(BaseModel):
         None, description="The interval its current or last attempt was given (GPUFLEET_CHECKPOINT_INTERVAL_S)."
     )
     comm: CommOut | None = None
+    # At submit only: what the submitter should know, e.g. a quota that can never admit the job as it stands.
+    warnings: list[str] = []
 
 
 class CheckpointPlanOut(BaseModel):

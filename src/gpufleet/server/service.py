@@ -33,6 +33,7 @@ from gpufleet.domain.quotas import DEFAULT_QUEUE, GPU_MODEL_PREFIX, QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import AdminStore, JobQuery, Role, SubmitKey, Token
+from gpufleet.server.admission import FleetFit
 from gpufleet.server.audit import Auditor
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
@@ -126,6 +127,7 @@ class Service:
         self.batcher = SubmitBatcher(ctx.store, ctx.wake, key_ttl_s=ctx.idempotency_ttl_s)
         self.audit = Auditor(ctx.store, ctx.clock)
         self.queue_specs = QueueCache(ctx.store)
+        self.fleet_fit = FleetFit(ctx.store)
         self.limits = RateLimits(team=ctx.team_rate, admin=ctx.admin_rate)
         self.budgets = ctx.budgets if ctx.budgets is not None else BudgetWatch(ctx.store, ctx.clock, self.usage_book)
 
@@ -192,13 +194,17 @@ class Service:
         """Submit from the event loop: the commit happens in the batcher's thread, grouped with others.
         Returns the job and whether it was made by an earlier request with the same idempotency key."""
         job = self.prepare_submit(principal, spec)
+        warnings = self.fleet_fit.check(job)
         key = None
         if idempotency_key is not None:
             key = SubmitKey(principal.token.id, idempotency_key, request_hash(job.queue, spec))
         for _ in range(5):
             try:
                 record = await asyncio.wrap_future(self.batcher.submit(job, job.submitted_at, key))
-                return self.submitted(record), record.id != job.id
+                out = self.submitted(record)
+                if warnings:
+                    out.warnings = warnings
+                return out, record.id != job.id
             except SpecError as error:
                 job = self._redraw(job, error)
         raise ConflictError("could not draw a free job id", "submit again")  # pragma: no cover
@@ -401,7 +407,11 @@ class Service:
         if state is JobState.EVICTING:
             return f"stopping ({record.stop_cause or 'stop'}) on {nodes}: {record.reason}"
         code = f" with exit code {record.exit_code}" if record.exit_code is not None else ""
-        return f"{state.value}{code}: {record.reason}"
+        # A reason that names the state already ("cancelled: by admin") is not said twice.
+        why = record.reason
+        if why == state.value or why.startswith(f"{state.value}:"):
+            why = why[len(state.value) :].removeprefix(":").strip()
+        return f"{state.value}{code}: {why}" if why else f"{state.value}{code}"
 
     def cancel(self, principal: Principal, job_id: JobId, *, force: bool = False) -> CancelOut:
         """Ask the loop to stop a job for good: with its checkpoint signal and grace period, or, `force`d (its
@@ -653,6 +663,7 @@ class Service:
                 raise SpecError(f"queue {name!r}", (FieldProblem("run_as", error.message, error.fix),)) from None
         self.store.set_queue(spec)
         self.queue_specs.forget()
+        self.fleet_fit.forget()
         self.audit.record(principal, "queue.set", name, body.model_dump(exclude_none=True))
         self.ctx.wake()
         budget = budget_of(self.store.budgets(), self.budgets.statuses(), name)
@@ -711,6 +722,26 @@ class Service:
         self.audit.record(principal, "node.drain", name, {"requeued": requeued})
         self.ctx.wake()
         return DrainOut(node=node_out(node, self._holding(), self.ctx.is_emulated(node.name)), requeued=requeued)
+
+    def remove_node(self, principal: Principal, name: str) -> None:
+        """Forget a node: it leaves `nodes`, the GPU counts and the scheduler's view. Refused while jobs hold
+        resources on it (they would lose their place unseen)."""
+        self.audit.require_admin(principal, "removing a node", "node.remove", name)
+        self._node(name)
+        held = sorted(r.id for r in self._holding() if any(w.node == name for w in r.workers))
+        if held:
+            shown = ", ".join(held[:10]) + (" …" if len(held) > 10 else "")
+            raise ConflictError(
+                f"node {name!r} holds {len(held)} job(s): {shown}",
+                f"drain it first (`gpufleet drain {name}`), wait until they have left it, then remove it",
+            )
+        self.store.set_nodes([n for n in self.store.nodes() if n.name != name])
+        forget = self.ctx.extra.get("forget_node")  # a fleet that keeps its own node list (Ray) forgets it too
+        if callable(forget):
+            forget(name)
+        self.fleet_fit.forget()
+        self.audit.record(principal, "node.remove", name)
+        self.ctx.wake()
 
     # ------------------------------------------------------------------------------------- tokens
 

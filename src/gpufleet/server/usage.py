@@ -24,9 +24,10 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gpufleet.domain.costs import HOUR
 from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.records import JobRecord
-from gpufleet.ports.admin import AdminStore, JobQuery
+from gpufleet.ports.admin import AdminStore
 from gpufleet.server.idle import JobUsage
 
 log = logging.getLogger("gpufleet.telemetry")
@@ -169,32 +170,17 @@ class UsageReport:
 def allocated_by_queue(
     store: AdminStore, since: float, until: float, queues: set[str] | None = None
 ) -> tuple[dict[str, float], dict[str, int]]:
-    """GPU-seconds allocated per queue in [since, until] from transition history, and jobs that held any."""
+    """GPU-seconds allocated per queue in [since, until], and the jobs that held GPUs there: the GPU-hours of
+    `report cost` (what each attempt held, from its stored placement, over its holding intervals), so that the
+    usage and cost reports of the same jobs agree. Counting what a job asked for instead overstated an elastic
+    job that ran with fewer workers than its most."""
+    from gpufleet.server.chargeback import cost_report  # it reads this module's history helpers
+
+    report = cost_report(store, None, since, until, queues)
     allocated: dict[str, float] = {}
-    jobs: dict[str, int] = {}
-    before: int | None = None
-    while True:
-        page = store.jobs(JobQuery(limit=PAGE, before_seq=before))
-        for record in page:
-            queue = record.job.queue
-            if queues is not None and queue not in queues:
-                continue
-            if record.submitted_at > until or (
-                record.state.terminal and record.finished_at is not None and record.finished_at < since
-            ):
-                continue
-            if record.first_started_at is None and record.attempt == 0:
-                continue  # never held anything
-            gpus = record.job.gpu_milli_total / 1000.0
-            held = 0.0
-            for start, end in holding_intervals(record, store.history(record.id), until):
-                held += max(0.0, min(end, until) - max(start, since))
-            if held > 0:
-                allocated[queue] = allocated.get(queue, 0.0) + held * gpus
-                jobs[queue] = jobs.get(queue, 0) + 1
-        if len(page) < PAGE:
-            return allocated, jobs
-        before = page[-1].job.submit_seq
+    for line in report.lines:
+        allocated[line.queue] = allocated.get(line.queue, 0.0) + line.gpu_hours * HOUR
+    return allocated, dict(report.jobs)
 
 
 def usage_report(

@@ -176,6 +176,7 @@ class LocalBackend:
             # Its files could not be written (a full disk): nothing of it may keep running.
             for worker in tracked.workers:
                 self.workers.abandon(worker)
+            self.workers.end_attempt(job.id, launch.attempt)
             self.ports.release(port, _owner(key))
             self._inbox.lose(key, f"cannot write its files: {_disk_words(exc)}")
             self._say_disk(exc)
@@ -526,6 +527,7 @@ class LocalBackend:
         key = (job.job_id, job.attempt)
         for worker in job.workers:
             self.workers.tidy(worker)
+        self.workers.end_attempt(job.job_id, job.attempt)
         self._live.pop(key, None)
         self._finished.add(key)
         self.ports.release(job.port, _owner(key))

@@ -68,6 +68,8 @@ class Prepared:
     cgroup: list[str]  # [] when cgroups are not used
     limits: cg.Limits
     log_gid: int  # the log's group (the worker's user may read its own log); -1: unchanged
+    private_tmp: str = ""  # the attempt's tmpfs on the host, bound on /tmp and /dev/shm ("": the host's own)
+    hide_pids: bool = False  # a /proc that shows only the worker's user's processes
 
     def shim_fields(self) -> dict[str, Any]:
         user = self.user
@@ -81,6 +83,8 @@ class Prepared:
             "cgroup": self.cgroup,
             "memory_limit": self.limits.memory,
             "log_gid": self.log_gid,
+            "private_tmp": self.private_tmp,
+            "hide_pids": self.hide_pids,
         }
 
 
@@ -104,6 +108,11 @@ class Isolation:
     log_cap: int = DEFAULT_LOG_CAP
     lock_devices: bool = True
     own_reason: str = ""  # why workers run as the control plane's user
+    # Each attempt its own /tmp and /dev/shm, and a /proc without other users' processes (`namespaces.py`);
+    # `sandbox_gaps` says why either is off.
+    private_tmp: bool = False
+    hide_pids: bool = False
+    sandbox_gaps: tuple[str, ...] = ()
 
     @classmethod
     def detect(
@@ -115,6 +124,7 @@ class Isolation:
         use_cgroups: bool = True,
         pids_limit: int = DEFAULT_PIDS_LIMIT,
         log_cap: int = DEFAULT_LOG_CAP,
+        sandbox: bool = True,
     ) -> Isolation:
         """Per-queue users when running as root, else the control plane's user; cgroups where writable."""
         root = os.geteuid() == 0
@@ -122,7 +132,22 @@ class Isolation:
         tag = hashlib.sha256(str(Path(state_dir).absolute()).encode()).hexdigest()[:8]
         groups = cg.detect(tag) if use_cgroups else cg.unavailable("turned off with --no-cgroups")
         reason = "" if root else f"the control plane runs as {RunAs.me().name}, not root, and cannot switch users"
-        return cls(users, groups, pids_limit, log_cap, own_reason=reason)
+        return cls(users, groups, pids_limit, log_cap, own_reason=reason)._sandboxed(sandbox)
+
+    def _sandboxed(self, wanted: bool) -> Isolation:
+        """Private /tmp, /dev/shm and /proc for every attempt where this node allows them (`sandbox` of
+        `detect`: False where the administrator turned them off)."""
+        from gpufleet.adapters.local import namespaces
+
+        tmp_off, proc_off = namespaces.unavailable() if wanted else ("turned off with --shared-tmp",) * 2
+        self.private_tmp, self.hide_pids = not tmp_off, not proc_off
+        gaps = []
+        if tmp_off:
+            gaps.append(f"/tmp and /dev/shm are shared by every job on the node: {tmp_off}")
+        if proc_off:
+            gaps.append(f"every job can read every process's command line in /proc: {proc_off}")
+        self.sandbox_gaps = tuple(gaps)
+        return self
 
     @classmethod
     def same_user(cls, log_cap: int = DEFAULT_LOG_CAP, cgroups: cg.Cgroups | None = None) -> Isolation:
@@ -180,6 +205,7 @@ class Isolation:
             cgroup=folders,
             limits=limits,
             log_gid=user.gid if user is not None else -1,
+            hide_pids=self.hide_pids,
         )
 
     def report(self, single_user_allowed: bool = False) -> IsolationReport:
@@ -191,7 +217,11 @@ class Isolation:
         else:
             me = RunAs.me().name
             users = f"every job runs as {me}, the control plane's own user ({self.own_reason})"
-        notes: list[str] = []
+        if self.private_tmp:
+            users += "; each attempt has a private /tmp and /dev/shm, removed when it ends"
+        if self.hide_pids:
+            users += "; a job sees only its own user's processes"
+        notes: list[str] = list(self.sandbox_gaps)
         if self.users is None:
             notes.append(
                 "one trust domain: any job can read the store, the tokens and every other job's logs; "

@@ -14,6 +14,8 @@ run/<job>/attempt-<n>/worker-<r>/         spec.json (command, environment, user,
 run/<job>/attempt-<n>/resize.json         a resize under way: its count, the new placement, the deadline
 run/<job>/attempt-<n>/resize-<k>/         the workers after the k-th resize of the attempt: their own
                                           stop.json and worker-<r>/ folders, as above
+tmp/<job>.<n>/                            the attempt's tmpfs while it runs here, when jobs get a private
+                                          /tmp and /dev/shm (`namespaces.py`): its tmp/ and shm/
 logs/<job>/attempt-<n>/worker-<r>.log     the worker's stdout and stderr (under `--log-dir` when given); after
                                           a resize, rank r's new worker appends to the same file
 """
@@ -68,6 +70,12 @@ class Layout:
 
     def worker_dir(self, job_id: str, attempt: int, rank: int, resize_count: int = 0) -> Path:
         return self.generation_dir(job_id, attempt, resize_count) / f"worker-{rank}"
+
+    def tmp_root(self) -> Path:
+        return self.root / "tmp"
+
+    def attempt_tmp(self, job_id: str, attempt: int) -> Path:
+        return self.tmp_root() / f"{safe_name(job_id)}.{attempt}"
 
     def log_dir(self, job_id: str) -> Path:
         return self.log_root / safe_name(job_id)

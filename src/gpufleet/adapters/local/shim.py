@@ -8,10 +8,12 @@ and SPAWN, the spawn its spec.json names: the shim first claims the worker for i
 The supervisor starts it in a session of its own, as the control plane's user, so it outlives the control
 plane (a kill -9 of the control plane leaves jobs running, to be adopted at the next start) and the job
 cannot signal it. It reads `spec.json` from WORKER_DIR and forks the command, which, before it runs:
-joins the worker's cgroup (its limits), leads a process group of its own (the group the checkpoint signal
-goes to), drops to the worker's user (its groups, then its gid, then its uid), creates and enters its
-working folder as that user, and replaces itself with the command and exactly the environment the spec
-gives. The shim writes `child.pid` once the command runs.
+joins the worker's cgroup (its limits), enters a mount namespace of its own where the spec asks (the
+attempt's private /tmp and /dev/shm, a /proc that shows only its user's processes: `namespaces.py`), leads
+a process group of its own (the group the checkpoint signal goes to), drops to the worker's user (its
+groups, then its gid, then its uid), creates and enters its working folder as that user, and replaces
+itself with the command and exactly the environment the spec gives. The shim writes `child.pid` once the
+command runs.
 
 The command's stdout and stderr are a pipe the shim copies to the worker's log, which the job cannot write
 to directly: the shim caps it (keeping the tail, and saying so at the top) and, when the disk is full,
@@ -152,6 +154,12 @@ def _become_command(spec: dict[str, Any], cgroup: list[str], into: int, report: 
         if cgroup:
             step = "join its cgroup"
             cgroup_ops.join(cgroup)
+        private = str(spec.get("private_tmp") or "")
+        if private or spec.get("hide_pids"):
+            step = "give it a private /tmp, /dev/shm and /proc"
+            from gpufleet.adapters.local import namespaces  # ctypes: only where it is used
+
+            namespaces.enter(private, bool(spec.get("hide_pids")))
         os.dup2(into, 1)
         os.dup2(into, 2)
         os.close(into)
@@ -176,6 +184,11 @@ def _become_command(spec: dict[str, Any], cgroup: list[str], into: int, report: 
     except OSError as error:
         code = 127 if isinstance(error, FileNotFoundError) else 126
         message = f"cannot {step}: {error.strerror}"
+        if code == 127 and spec.get("private_tmp") and ("'/tmp/" in step or "'/dev/shm/" in step):
+            message += (
+                " (each job attempt has a private /tmp and /dev/shm: put the job's files in its working folder "
+                "or a folder its nodes share)"
+            )
     except BaseException as error:  # never let the child return into the shim's code
         message = f"cannot start the command: {error!r}"
     try:

@@ -14,6 +14,8 @@ Each call is cheap enough for the loop's pace: `refresh` opens a file or two and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import os
 import secrets
 import shutil
@@ -25,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.adapters.local import cgroup_ops
+from gpufleet.adapters.local import cgroup_ops, namespaces
 from gpufleet.adapters.local.isolation import Isolation, WorkerSpec
-from gpufleet.adapters.local.layout import Layout
+from gpufleet.adapters.local.layout import Layout, job_id_of
 from gpufleet.adapters.local.logs import LogRetention, prune_logs
 from gpufleet.adapters.local.proc import is_running, read_json, start_ticks, write_json
 from gpufleet.domain.errors import GpufleetError
+
+log = logging.getLogger(__name__)
 
 SHIM_MODULE = "gpufleet.adapters.local.shim"
 # The shim runs isolated from the environment (-I: no PYTHONPATH, no user site) but imports the very gpufleet
@@ -82,6 +86,9 @@ class WorkerSupervisor:
     def __init__(self, state_dir: Path, isolation: Isolation | None = None, log_dir: Path | None = None) -> None:
         self.layout = Layout(Path(state_dir), Path(log_dir) if log_dir is not None else None)
         self.isolation = isolation or Isolation.same_user()
+        # The memory limit of each worker of an attempt's current workers here, by (job id, attempt), then
+        # (resize count, rank): their sum sizes the attempt's tmpfs.
+        self._tmp_sizes: dict[tuple[str, int], dict[tuple[int, int], int]] = {}
         try:
             for folder in (self.layout.root, self.layout.run_root()):
                 folder.mkdir(parents=True, exist_ok=True)
@@ -168,6 +175,13 @@ class WorkerSupervisor:
             message = str(exc) if isinstance(exc, GpufleetError) else f"cannot set up its cgroup: {exc}"
             return self._not_started(worker, log, message)
         worker.cgroup = tuple(prepared.cgroup)
+        if self.isolation.private_tmp:
+            try:
+                tmp = self._attempt_tmp(spec, prepared.limits.memory)
+            except OSError as exc:
+                cgroup_ops.remove(list(worker.cgroup))
+                return self._not_started(worker, log, f"cannot set up its private /tmp: {exc.strerror or exc}")
+            prepared = dataclasses.replace(prepared, private_tmp=tmp)
         _create_log(log, prepared.log_gid)
         spawn = secrets.token_hex(8)  # the shim claims the worker for this spawn (see `void_unspawned`)
         write_json(
@@ -203,6 +217,42 @@ class WorkerSupervisor:
         with contextlib.suppress(OSError):  # the shim writes it too
             write_json(worker_dir / "shim.pid", {"pid": pid, "ticks": worker.shim_ticks})
         return worker
+
+    def _attempt_tmp(self, spec: WorkerSpec, memory: int) -> str:
+        """The attempt's tmpfs here, mounted (or grown) to hold what its current workers may hold in memory:
+        their limits summed (no limit for any: the kernel's default). Raises OSError."""
+        sizes = self._tmp_sizes.setdefault((spec.job_id, spec.attempt), {})
+        sizes[(spec.resize_count, spec.rank)] = memory
+        current = [size for (count, _), size in sizes.items() if count == spec.resize_count]
+        path = str(self.layout.attempt_tmp(spec.job_id, spec.attempt))
+        self.layout.tmp_root().mkdir(mode=0o700, exist_ok=True)
+        namespaces.attempt_tmp(path, 0 if 0 in current else sum(current))
+        return path
+
+    def end_attempt(self, job_id: str, attempt: int) -> None:
+        """The attempt has ended here (every worker of it done, or given up and killed): detach its tmpfs, so
+        that its memory is freed as its last process goes. Idempotent."""
+        self._tmp_sizes.pop((job_id, attempt), None)
+        _release_tmp(self.layout.attempt_tmp(job_id, attempt))
+
+    def sweep_tmp(self, keep: set[Path]) -> None:
+        """Detach every attempt tmpfs here whose attempt folder is not in `keep` (attempts that ended while the
+        control plane was down, or a crashed run's leftovers)."""
+        root = self.layout.tmp_root()
+        if not root.is_dir():
+            return
+        found = {Path(p) for p in namespaces.attempt_mounts() if Path(p).parent == root} | set(root.iterdir())
+        for path in found:
+            name, _, attempt = path.name.rpartition(".")
+            try:
+                key = (job_id_of(name), int(attempt))
+            except ValueError:  # not an attempt's name (UnicodeDecodeError is one): removed all the same
+                key = None
+            if key is not None and self.layout.attempt_dir(*key) in keep:
+                continue
+            if key is not None:
+                self._tmp_sizes.pop(key, None)
+            _release_tmp(path)
 
     def refuse(self, spec: WorkerSpec, message: str) -> Worker:
         """Record a worker that will not be started (its node cannot run it, e.g. its working folder is
@@ -334,7 +384,8 @@ class WorkerSupervisor:
 
     def orphans(self, keep: set[Path], detail: str) -> None:
         """Kill every worker found running under the state folder whose attempt is not in `keep`: no job
-        may run twice (the store gave its resources to someone else, or retried it)."""
+        may run twice (the store gave its resources to someone else, or retried it). The private /tmp of
+        every other attempt goes too (`sweep_tmp`)."""
         for attempt_dir in self.layout.run_root().glob("*/attempt-*"):
             if attempt_dir in keep:
                 continue
@@ -349,6 +400,7 @@ class WorkerSupervisor:
                 if rank.isdigit():
                     found = self._found(worker_dir, int(rank))
                     self.abandon(found)
+        self.sweep_tmp(keep)
 
     def _found(self, worker_dir: Path, rank: int) -> Worker:
         shim = read_json(worker_dir / "shim.pid") or {}
@@ -392,6 +444,15 @@ def _shim_record(worker_dir: Path, wait_s: float = 1.0) -> dict[str, Any]:
         if shim is not None or not (worker_dir / "spec.json").exists() or time.monotonic() > deadline:
             return shim or {}
         time.sleep(0.01)
+
+
+def _release_tmp(path: Path) -> None:
+    if not path.exists() and not path.is_mount():
+        return
+    try:
+        namespaces.release(str(path))
+    except OSError as exc:
+        log.warning("cannot remove the private /tmp at %s: %s", path, exc)
 
 
 def _create_log(path: Path, gid: int) -> None:

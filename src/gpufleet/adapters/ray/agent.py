@@ -59,6 +59,7 @@ class AgentOptions:
     use_cgroups: bool = True
     pids_limit: int = 8192
     log_cap: int = 1 << 30
+    private_tmp: bool = True  # each attempt its own /tmp and /dev/shm, and a /proc without others' processes
     port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     watch_s: float = 0.05
 
@@ -156,6 +157,7 @@ class NodeAgent:
             use_cgroups=options.use_cgroups,
             pids_limit=options.pids_limit,
             log_cap=options.log_cap,
+            sandbox=options.private_tmp,
         )
         self.supervisor = WorkerSupervisor(state_dir, self.isolation)
         low, high = options.port_range
@@ -296,9 +298,10 @@ class NodeAgent:
                 self.supervisor.abandon(worker)
 
     def forget(self, job_id: str, attempt: int, resize_count: int | None = None) -> None:
-        """The control plane has taken the attempt's end: tidy its cgroups, release its port, stop tracking.
-        With `resize_count`, only the workers after that many resizes: a late call (this actor runs calls on
-        several threads, so not always in the order sent) never drops the set a later resize started."""
+        """The control plane has taken the attempt's end: tidy its cgroups, detach its private /tmp, release
+        its port, stop tracking. With `resize_count`, only the workers after that many resizes: a late call
+        (this actor runs calls on several threads, so not always in the order sent) never drops the set a
+        later resize started."""
         with self._lock:
             tracked = self._attempts.get((job_id, attempt))
             if tracked is None or (resize_count is not None and tracked.resize_count != resize_count):
@@ -306,6 +309,7 @@ class NodeAgent:
             del self._attempts[(job_id, attempt)]
             for worker in tracked.workers.values():
                 self.supervisor.tidy(worker)
+            self.supervisor.end_attempt(job_id, attempt)
             self.ports.release(tracked.port, _owner(self.name, job_id, attempt))
 
     def adopt(
