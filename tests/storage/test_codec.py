@@ -213,12 +213,22 @@ def test_every_field_is_encoded() -> None:
     assert set(encoded["job"]["request"]) == init_fields(WorkerRequest)
     assert set(encoded["job"]["run"]) == init_fields(RunSpec)
     assert set(encoded["workers"][0]) == init_fields(WorkerPlacement)
-    full = QueueSpec("q", max_pending=3, max_grace_s=60.0, run_as="alice")
+    full = QueueSpec(
+        "q",
+        max_pending=3,
+        max_grace_s=60.0,
+        run_as="alice",
+        memory_per_gpu=1 << 30,
+        memory_no_gpu=1 << 30,
+        disk=1 << 30,
+    )
     # `deprioritised` is not the admin's: the store derives it from the queue's budget (the budgets table).
     stored = init_fields(QueueSpec) - {"deprioritised"}
     assert set(codec.encode_queue(full)) == stored
+    assert codec.decode_queue(through_json(codec.encode_queue(full))) == full
     # A queue without limits or a mapped user is stored as before they existed (no key to migrate).
-    assert set(codec.encode_queue(QueueSpec("q"))) == stored - {"max_pending", "max_grace_s", "run_as"}
+    optional = {"max_pending", "max_grace_s", "run_as", "memory_per_gpu", "memory_no_gpu", "disk"}
+    assert set(codec.encode_queue(QueueSpec("q"))) == stored - optional
     assert set(codec.encode_quota(Quota())) == init_fields(Quota)
     assert set(codec.encode_node(node)) == init_fields(Node)
     assert set(codec.encode_node(node)["gpus"][0]) == init_fields(Gpu)

@@ -477,6 +477,9 @@ def quota_set(
     gpu_model: Annotated[
         list[str] | None, typer.Option("--gpu-model", help="Per-model nominal, MODEL=N (repeatable).")
     ] = None,
+        for key, label in (("memory_per_gpu", "mem/gpu"), ("memory_no_gpu", "mem/no-gpu"), ("disk", "disk")):
+            if queue.get(key) is not None:
+                limits.append(f"{label}={_size(queue[key])}")
     cpu: Annotated[float | None, typer.Option(help="Nominal CPU cores.")] = None,
     memory: Annotated[str | None, typer.Option(help="Nominal memory, e.g. 512GiB.")] = None,
     borrowing_limit: Annotated[float | None, typer.Option(help="GPUs it may borrow above nominal.")] = None,
@@ -528,6 +531,24 @@ def quota_set(
         if memory is not None:
             quotas.setdefault("memory", {})["nominal"] = memory
         body = {
+    memory_per_gpu: Annotated[
+        str | None,
+        typer.Option(
+            help="Memory limit per GPU held of a job that gives no `memory`, e.g. 32GiB; '' for the node's share "
+            "(its memory less the reserve, divided among its GPUs)."
+        ),
+    ] = None,
+    memory_no_gpu: Annotated[
+        str | None,
+        typer.Option(help="Memory limit of a job holding no GPU that gives no `memory`; '' for one GPU's share."),
+    ] = None,
+    disk: Annotated[
+        str | None,
+        typer.Option(
+            help="What the queue's jobs may keep on disk on a node (working folders, their home), e.g. 200GiB; past "
+            "it their writes fail with ENOSPC. '' for the control plane's default (up --queue-disk)."
+        ),
+    ] = None,
             "quotas": quotas,
             "cohort": cohort if cohort is not None else (current or {}).get("cohort"),
             "weight": weight if weight is not None else (current or {}).get("weight", 1.0),
@@ -565,6 +586,8 @@ def nodes(ctx: typer.Context, url: UrlOpt = None, token: TokenOpt = None, as_jso
     with _client(url, token) as client:
         answer = client.get("/v1/nodes")
     listed, isolation = answer["nodes"], answer.get("isolation")
+        for key, given in (("memory_per_gpu", memory_per_gpu), ("memory_no_gpu", memory_no_gpu), ("disk", disk)):
+            body[key] = (current or {}).get(key) if given is None else (given or None)
     if as_json:
         _print_json(listed)
         return

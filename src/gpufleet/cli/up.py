@@ -127,6 +127,26 @@ def up(
         ),
     ] = True,
     pids_limit: Annotated[int, typer.Option(min=1, help="Processes and threads per worker (cgroup pids.max).")] = 8192,
+    memory_reserve: Annotated[
+        str | None,
+        typer.Option(
+            help="Memory kept from all jobs together for the system and the control plane [default: max(2GiB, "
+            "10%)]; a job without `memory` gets its share of the rest per GPU it holds."
+        ),
+    ] = None,
+    pids_reserve: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="Processes kept from all jobs together for the system [default: max(1024, 10% of pid_max)]."
+        ),
+    ] = None,
+    queue_disk: Annotated[
+        str,
+        typer.Option(
+            help="As root: what a queue's jobs may keep on disk on a node unless its quota says (quota set --disk); "
+            "a loop-mounted file system per queue user. 0: no quota for such queues."
+        ),
+    ] = "0",
     log_dir: Annotated[
         Path | None,
         typer.Option(help="Where job logs go (keep them off the store's file system); default: in the data dir."),
@@ -193,6 +213,9 @@ def up(
         use_cgroups=cgroups,
         private_tmp=private_tmp,
         pids_limit=pids_limit,
+        memory_reserve=_option(parse_size, memory_reserve, "--memory-reserve") if memory_reserve else None,
+        pids_reserve=pids_reserve,
+        queue_disk=_option(parse_size, queue_disk, "--queue-disk"),
         log_dir=log_dir.expanduser().absolute() if log_dir is not None else None,
         log_cap=_option(parse_size, log_cap, "--log-cap"),
         log_max_age_s=_option(parse_duration, log_max_age, "--log-max-age") or None,

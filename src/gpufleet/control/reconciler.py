@@ -766,6 +766,9 @@ class Reconciler:
             record.attempt,
             record.workers,
             run_as=queue.run_as if queue else None,
+            memory_per_gpu=queue.memory_per_gpu if queue else None,
+            memory_no_gpu=queue.memory_no_gpu if queue else None,
+            disk=queue.disk if queue else None,
             checkpoint_interval_s=plan.interval_s if plan is not None else None,
         )
 

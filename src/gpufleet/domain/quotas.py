@@ -53,6 +53,9 @@ class Quota:
         return self.nominal - self.guaranteed
 
 
+# The smallest per-queue memory default or disk quota: below it no program starts (or no file system fits).
+MIN_HOST_LIMIT = 1 << 20
+
 # A POSIX portable user name (as useradd accepts by default): what `run_as` may name.
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
@@ -67,7 +70,12 @@ class QueueSpec:
     no job can hold its GPUs for long after it was told to stop.
 
     `run_as` is the OS user the queue's jobs run as, when an administrator mapped one; None lets the
-    executor pick the queue's own unprivileged user. The scheduler never reads it."""
+    executor pick the queue's own unprivileged user. The scheduler never reads it.
+
+    What the node that runs a worker enforces, never read by the scheduler either (bytes; None: the node's
+    default): `memory_per_gpu`, the memory limit of a worker whose job gave no `memory`, per GPU it holds (half
+    of it for half a GPU); `memory_no_gpu`, that limit for a worker holding no GPU; `disk`, how much the queue's
+    jobs together may keep in their working folders on a node."""
 
     name: str
     quotas: Mapping[str, Quota] = field(default_factory=dict)
@@ -76,6 +84,9 @@ class QueueSpec:
     run_as: str | None = None
     max_pending: int | None = None
     max_grace_s: float | None = None
+    memory_per_gpu: int | None = None
+    memory_no_gpu: int | None = None
+    disk: int | None = None
     # Not set by an admin but from the queue's budget: spent, with the action `deprioritise`. Its jobs then run
     # only on idle capacity: they do not borrow above nominal, do not preempt, and are the first victims.
     deprioritised: bool = False
@@ -90,6 +101,15 @@ class QueueSpec:
             problems.append(FieldProblem("max_pending", f"is {self.max_pending}", "give 0 or more, or no cap"))
         if self.max_grace_s is not None and not 0 <= self.max_grace_s < math.inf:
             problems.append(FieldProblem("max_grace", f"is {self.max_grace_s}", "give a duration >= 0"))
+        for what, amount in (
+            ("memory_per_gpu", self.memory_per_gpu),
+            ("memory_no_gpu", self.memory_no_gpu),
+            ("disk", self.disk),
+        ):
+            if amount is not None and amount < MIN_HOST_LIMIT:
+                problems.append(
+                    FieldProblem(what, f"is {amount} bytes", "give at least 1MiB, or leave it unset for the default")
+                )
         if self.cohort is not None and not self.cohort.strip():
             problems.append(FieldProblem("cohort", "is empty", "name the cohort or leave it unset"))
         if self.run_as is not None and not USER_NAME.fullmatch(self.run_as):

@@ -60,6 +60,11 @@ class Launch:
     # The OS user an administrator mapped the job's queue to (`QueueSpec.run_as`); None: the backend's
     # own choice. How a worker is started as that user is the backend's business.
     run_as: str | None = None
+    # What the node enforces for the queue beyond the placement (`QueueSpec.memory_per_gpu`, `memory_no_gpu`,
+    # `disk`; None: the node's defaults). The scheduler never reads them.
+    memory_per_gpu: int | None = None
+    memory_no_gpu: int | None = None
+    disk: int | None = None
     # How often the job should save its work (GPUFLEET_CHECKPOINT_INTERVAL_S; `domain/checkpoints.py`), None
     # while the job has reported no checkpoint.
     checkpoint_interval_s: float | None = None

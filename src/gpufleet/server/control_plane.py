@@ -105,6 +105,11 @@ class UpSettings:
     use_cgroups: bool = True
     private_tmp: bool = True  # each attempt its own /tmp and /dev/shm, and a /proc without others' processes
     pids_limit: int = DEFAULT_PIDS_LIMIT
+    # Kept from all jobs together for the system and the control plane (None: max(2GiB, 10%) of the memory,
+    # max(1024, 10%) of the process ids), and the disk quota of a queue that sets none (0: no quota).
+    memory_reserve: int | None = None
+    pids_reserve: int | None = None
+    queue_disk: int = 0
     # Job logs: where, how big per worker, and how long finished jobs' logs are kept.
     log_dir: Path | None = None  # default: under the data dir
     log_cap: int = DEFAULT_LOG_CAP
@@ -439,8 +444,16 @@ class ControlPlane:
                 use_cgroups=settings.use_cgroups,
                 pids_limit=settings.pids_limit,
                 log_cap=settings.log_cap,
+                memory_reserve=settings.memory_reserve,
+                pids_reserve=settings.pids_reserve,
+                queue_disk=settings.queue_disk,
                 sandbox=settings.private_tmp,
             )
+            if settings.ray is None:
+                # Queues with jobs of this store not finished (adopted, or to start): their users' homes move
+                # to --jobs-home now, or `up` says why not. Other queues' users move at their next job.
+                busy = {record.job.queue for record in self.store.active()}
+                self.isolation.settle_homes([(q.name, q.run_as) for q in self.store.queues() if q.name in busy])
             self.backend: LocalBackend | RayBackend
             make_probe: ProbeFactory | None = None
             # Every worker's report URL and job-scoped token, on whichever executor runs it.
@@ -558,6 +571,7 @@ class ControlPlane:
                 isolation=self.isolation_report,
                 team_tokens_refused=refused,
                 check_run_as=self.isolation.check_run_as,
+                check_queue_disk=self.isolation.check_queue_disk if self.fleet is None else _no_disk_check,
             )
             for line in (self.isolation_report.users, self.isolation_report.cgroups, *self.isolation_report.notes):
                 log.info("isolation: %s", line)
@@ -589,6 +603,9 @@ class ControlPlane:
             use_cgroups=settings.use_cgroups,
             pids_limit=settings.pids_limit,
             log_cap=settings.log_cap,
+            memory_reserve=settings.memory_reserve,
+            pids_reserve=settings.pids_reserve,
+            queue_disk=settings.queue_disk,
             private_tmp=settings.private_tmp,
         )
         self.fleet = RayFleet(address, options, emulated=emulated.nodes)
@@ -700,3 +717,7 @@ def _call_when_started(server: object, callback: Callable[[], None]) -> None:
             callback()
 
     threading.Thread(target=watch, name="gpufleet-ready", daemon=True).start()
+
+
+def _no_disk_check(_queue: str, _user: str | None, _size: int | None) -> None:
+    """On a Ray cluster each node's agent applies a queue's disk quota when its next job starts there."""

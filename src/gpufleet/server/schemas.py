@@ -272,8 +272,23 @@ class QueueIn(BaseModel):
         "default, 1h); at most 7d.",
     )
 
-    _numbers = field_validator("weight", "max_pending", "max_grace", mode="before")(_not_a_boolean)
+    _numbers = field_validator(
+        "weight", "max_pending", "max_grace", "memory_per_gpu", "memory_no_gpu", "disk", mode="before"
+    )(_not_a_boolean)
 
+    memory_per_gpu: int | str | None = Field(
+        None,
+        description="Memory limit per GPU held of a worker whose job gave no memory, e.g. 32GiB (null: the node's "
+        "memory, less its reserve, divided among its GPUs).",
+    )
+    memory_no_gpu: int | str | None = Field(
+        None, description="Memory limit of a worker holding no GPU whose job gave no memory (null: one GPU's share)."
+    )
+    disk: int | str | None = Field(
+        None,
+        description="What the queue's jobs may keep in their working folders on a node, e.g. 200GiB; a job past "
+        "it gets ENOSPC (null: the control plane's --queue-disk).",
+    )
     @field_validator("quotas", mode="before")
     @classmethod
     def _quota_numbers(cls, value: object) -> object:
@@ -309,6 +324,9 @@ class QueueOut(BaseModel):
     usage: QueueUsageOut
     budget: BudgetOut | None = None
 
+    memory_per_gpu: int | None = Field(None, description="bytes; null: the node's share per GPU")
+    memory_no_gpu: int | None = Field(None, description="bytes; null: one GPU's share")
+    disk: int | None = Field(None, description="bytes; null: the control plane's --queue-disk")
 
 class QueuesOut(BaseModel):
     queues: list[QueueOut]

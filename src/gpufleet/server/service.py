@@ -661,6 +661,10 @@ class Service:
                 self.ctx.check_run_as(spec.run_as)
             except GpufleetError as error:
                 raise SpecError(f"queue {name!r}", (FieldProblem("run_as", error.message, error.fix),)) from None
+        try:
+            self.ctx.check_queue_disk(name, spec.run_as, spec.disk)
+        except GpufleetError as error:
+            raise SpecError(f"queue {name!r}", (FieldProblem("disk", error.message, error.fix),)) from None
         self.store.set_queue(spec)
         self.queue_specs.forget()
         self.fleet_fit.forget()

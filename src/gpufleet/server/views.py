@@ -242,6 +242,14 @@ def queue_spec(name: str, body: QueueIn) -> QueueSpec:
         except ValueError as error:
             problem, _, fix = str(error).partition("; to fix: ")
             problems.append(FieldProblem("max_grace", problem, fix or "give a duration such as 30s, 2h"))
+    host: dict[str, int | None] = {}
+    for part in ("memory_per_gpu", "memory_no_gpu", "disk"):
+        raw = getattr(body, part)
+        try:
+            host[part] = None if raw is None else parse_size(raw, part.replace("_", " "), MAX_QUOTA_BYTES)
+        except ValueError as error:
+            problem, _, fix = str(error).partition("; to fix: ")
+            problems.append(FieldProblem(part, problem, fix or "give a size such as 64GiB"))
     if problems:
         raise SpecError(f"queue {name!r}", tuple(problems))
     return QueueSpec(
@@ -252,6 +260,9 @@ def queue_spec(name: str, body: QueueIn) -> QueueSpec:
         max_pending=body.max_pending,
         max_grace_s=max_grace,
         run_as=body.run_as or None,
+        memory_per_gpu=host["memory_per_gpu"],
+        memory_no_gpu=host["memory_no_gpu"],
+        disk=host["disk"],
     )
 
 
@@ -294,6 +305,9 @@ def queue_out(spec: QueueSpec, use: Mapping[str, int], budget: BudgetOut | None 
         max_pending=spec.max_pending,
         max_grace=spec.max_grace_s,
         run_as=spec.run_as,
+        memory_per_gpu=spec.memory_per_gpu,
+        memory_no_gpu=spec.memory_no_gpu,
+        disk=spec.disk,
         usage=QueueUsageOut(
             running=use.get("running", 0),
             pending=use.get("pending", 0),

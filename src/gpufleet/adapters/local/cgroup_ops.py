@@ -78,6 +78,17 @@ def oom_kills(folders: list[str]) -> int:
     return 0
 
 
+def full_disk(folder: str) -> bool:
+    """Whether the file system at `folder` (a queue's disk quota) has no room left: the shim says so in the
+    exit record of a worker that failed, so its reason names the quota."""
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return False
+    size, free = stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize
+    return free < max(4 << 20, size // 100)
+
+
 def remove(folders: list[str]) -> bool:
     """Remove the (empty) cgroup folders; True when none is left. A folder still holding a process stays."""
     left = False

@@ -103,6 +103,27 @@ class Cgroups:
             raise
         return folders
 
+    def cap_all(self, memory: int, pids: int) -> dict[str, str]:
+        """Cap every worker of this executor together (the base folders that hold their cgroups) at `memory`
+        bytes and `pids` processes and threads (0: no cap), so that what each worker's own limit allows adds
+        up to no more than the node keeps for jobs. Returns limit -> why it could not be set (empty: both
+        set); what was set before stays."""
+        failed: dict[str, str] = {}
+        for control, value in (("memory", memory), ("pids", pids)):
+            if value <= 0 or control not in self.controls:
+                continue
+            base = self.bases["" if self.version == "v2" else control]
+            try:
+                if self.version == "v2":
+                    _limit_v2(base, Limits(**{control: value}), self.controls)  # type: ignore[arg-type]
+                elif control == "memory":
+                    _cap_memory_v1(base, value)
+                else:
+                    _write(base, "pids.max", str(value))
+            except OSError as error:
+                failed[control] = f"cannot write {error.filename or base}: {error.strerror}"
+        return failed
+
     def release(self) -> None:
         """Remove the base folders if they are empty (no worker left running in them)."""
         cgroup_ops.remove(list(dict.fromkeys(self.bases.values())))
@@ -289,6 +310,22 @@ def _limit_v1(controller: str, folder: str, limits: Limits) -> None:
     elif controller == "devices" and limits.gpu_minors is not None:
         denied = [f"c {NVIDIA_MAJOR}:{minor} rwm" for minor in NVIDIA_GPU_MINORS if minor not in limits.gpu_minors]
         _write_each(os.path.join(folder, "devices.deny"), denied)
+
+
+def _cap_memory_v1(folder: str, limit: int) -> None:
+    """memory.memsw.limit_in_bytes may never be below memory.limit_in_bytes: lowering both writes the memory
+    limit first, raising them the memory-and-swap limit first."""
+    names = ["memory.limit_in_bytes"]
+    if os.path.exists(os.path.join(folder, "memory.memsw.limit_in_bytes")):
+        names.append("memory.memsw.limit_in_bytes")
+    try:
+        for name in names:
+            _write(folder, name, str(limit))
+    except OSError as error:
+        if error.errno != errno.EINVAL or len(names) == 1:
+            raise
+        for name in reversed(names):
+            _write(folder, name, str(limit))
 
 
 def _limit_v2(folder: str, limits: Limits, controls: frozenset[str]) -> None:

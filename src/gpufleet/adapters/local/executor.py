@@ -228,6 +228,12 @@ class LocalBackend:
                 gpus=tuple((s.index, node.gpus[s.index].uuid) for s in placement.gpus),
                 run_as=launch.run_as,
                 resize_count=job.resize_count,
+                gpu_milli=sum(s.milli for s in placement.gpus),
+                node_gpus=len(node.gpus),
+                node_memory=node.memory,
+                memory_per_gpu=launch.memory_per_gpu,
+                memory_no_gpu=launch.memory_no_gpu,
+                disk=launch.disk,
             )
             job.workers.append(self.workers.start(spec))
 
@@ -630,9 +636,16 @@ def describe_failure(rank: int, exit_record: dict[str, Any]) -> tuple[int, str]:
     if exit_record.get("oom"):
         limit = int(exit_record.get("memory_limit") or 0)
         return code, f"worker {rank} was killed: out of memory (limit {people_size(limit)})"
+    quota = exit_record.get("disk_quota")
+    full = (
+        f"; its queue's disk quota ({people_size(int(quota['size']))}) is full: writes in {quota['folder']} fail "
+        "with ENOSPC (an administrator raises it with `gpufleet quota set QUEUE --disk SIZE`)"
+        if isinstance(quota, dict)
+        else ""
+    )
     if exit_record.get("signal"):
-        return code, f"worker {rank} was killed by {_signal_name(int(exit_record['signal']))} ({code})"
-    return code, f"worker {rank} exited {code}"
+        return code, f"worker {rank} was killed by {_signal_name(int(exit_record['signal']))} ({code}){full}"
+    return code, f"worker {rank} exited {code}{full}"
 
 
 def _owner(key: Key) -> str:

@@ -21,12 +21,16 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import pwd
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpufleet.adapters.local import cgroups as cg
+from gpufleet.adapters.local import host_limits
+from gpufleet.adapters.local.disk_quota import DiskQuotas
+from gpufleet.adapters.local.firewall import EngineFirewall
 from gpufleet.adapters.local.layout import safe_name
 from gpufleet.adapters.local.users import DEFAULT_JOBS_HOME, RunAs, Users, check_mapped, queue_user
 from gpufleet.adapters.local.worker_env import base_env, worker_env
@@ -55,6 +59,14 @@ class WorkerSpec:
     gpus: tuple[tuple[int, str], ...] = ()  # (index, UUID) of its GPUs on this node
     run_as: str | None = None  # the queue's mapped user, if an administrator set one
     resize_count: int = 0  # how many times the attempt was resized before this worker started
+    # What the node needs for a worker that gave no `memory` (`host_limits.default_memory`), and its queue's
+    # disk quota (`disk_quota.py`; None: the node's default).
+    gpu_milli: int = 0  # the GPUs it holds, in thousandths
+    node_gpus: int = 0
+    node_memory: int = 0  # what the inventory says the node has (0: not said)
+    memory_per_gpu: int | None = None
+    memory_no_gpu: int | None = None
+    disk: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +80,8 @@ class Prepared:
     cgroup: list[str]  # [] when cgroups are not used
     limits: cg.Limits
     log_gid: int  # the log's group (the worker's user may read its own log); -1: unchanged
+    disk_quota: str = ""  # the folder its queue's disk quota covers ("": none)
+    disk_quota_size: int = 0
     private_tmp: str = ""  # the attempt's tmpfs on the host, bound on /tmp and /dev/shm ("": the host's own)
     hide_pids: bool = False  # a /proc that shows only the worker's user's processes
 
@@ -83,6 +97,8 @@ class Prepared:
             "cgroup": self.cgroup,
             "memory_limit": self.limits.memory,
             "log_gid": self.log_gid,
+            "disk_quota": self.disk_quota,
+            "disk_quota_size": self.disk_quota_size,
             "private_tmp": self.private_tmp,
             "hide_pids": self.hide_pids,
         }
@@ -113,6 +129,11 @@ class Isolation:
     private_tmp: bool = False
     hide_pids: bool = False
     sandbox_gaps: tuple[str, ...] = ()
+    host: host_limits.HostBudget | None = None  # None: no default memory limit, no cap on all jobs together
+    disk_quotas: DiskQuotas | None = None  # None: no disk quota per queue
+    cap_problems: dict[str, str] = field(default_factory=dict)  # the caps on all jobs that could not be set
+    # Where an engine (Ray) runs beside the jobs: every job user is shut out of its ports before it runs.
+    firewall: EngineFirewall | None = None
 
     @classmethod
     def detect(
@@ -124,15 +145,32 @@ class Isolation:
         use_cgroups: bool = True,
         pids_limit: int = DEFAULT_PIDS_LIMIT,
         log_cap: int = DEFAULT_LOG_CAP,
+        host: host_limits.HostBudget | None = None,
+        memory_reserve: int | None = None,
+        pids_reserve: int | None = None,
+        queue_disk: int = 0,
         sandbox: bool = True,
     ) -> Isolation:
-        """Per-queue users when running as root, else the control plane's user; cgroups where writable."""
+        """Per-queue users when running as root, else the control plane's user; cgroups where writable.
+        `host`: the node's budget (default: this machine's, keeping `memory_reserve` bytes and `pids_reserve`
+        processes, None: the default reserves); every job together is capped at the rest. `queue_disk`: the
+        disk quota of a queue whose administrator set none (0: none; root only). Raises GpufleetError."""
         root = os.geteuid() == 0
         users = Users(jobs_home, forbidden=data_dir) if root else None
+        quotas = DiskQuotas(users.jobs_home, queue_disk) if users is not None else None
+        if users is not None and quotas is not None:
+            users.carry = quotas.carry
         tag = hashlib.sha256(str(Path(state_dir).absolute()).encode()).hexdigest()[:8]
         groups = cg.detect(tag) if use_cgroups else cg.unavailable("turned off with --no-cgroups")
         reason = "" if root else f"the control plane runs as {RunAs.me().name}, not root, and cannot switch users"
-        return cls(users, groups, pids_limit, log_cap, own_reason=reason)._sandboxed(sandbox)
+        budget = host or host_limits.detect(memory_reserve=memory_reserve, pids_reserve=pids_reserve)
+        problems = groups.cap_all(budget.job_memory, budget.job_pids) if groups.usable else {}
+        if quotas is not None and users is not None:
+            for problem in quotas.remount(users.made_here()):
+                problems[f"disk quota ({problem})"] = "left unmounted"
+        per_worker = min(pids_limit, budget.job_pids)
+        return cls(users, groups, per_worker, log_cap, own_reason=reason, host=budget, disk_quotas=quotas,
+                   cap_problems=problems)._sandboxed(sandbox)  # fmt: skip
 
     def _sandboxed(self, wanted: bool) -> Isolation:
         """Private /tmp, /dev/shm and /proc for every attempt where this node allows them (`sandbox` of
@@ -175,6 +213,8 @@ class Isolation:
         """Resolve the worker's user, environment, folders and limits, and create its cgroup. Raises
         GpufleetError (a user that cannot be used) or OSError (a cgroup the kernel refused)."""
         user = self.user_for(spec.queue, spec.run_as)
+        if user is not None and self.firewall is not None:
+            self.firewall.add_uid(user.uid)  # before the worker exists: it never has a route to the engine
         me = user or RunAs.me()
         if user is None:
             job_dir = str(same_user_job_dir)
@@ -186,8 +226,11 @@ class Isolation:
                     f"create it (owned by {user.name}), or give the job an absolute workdir that user can write",
                 )
         cwd = os.path.join(job_dir, _expand_home(spec.workdir, me.home)) if spec.workdir else job_dir
+        quota: tuple[str, int] | None = None
+        if user is not None and self.disk_quotas is not None:
+            quota = self.disk_quotas.ensure(user, spec.disk)
         limits = cg.Limits(
-            memory=spec.memory,
+            memory=spec.memory or self.default_memory(spec),
             cpu_milli=spec.cpu_milli,
             pids=self.pids_limit,
             gpu_minors=frozenset(gpu_minors(spec.gpus)) if self.lock_devices else None,
@@ -206,7 +249,40 @@ class Isolation:
             limits=limits,
             log_gid=user.gid if user is not None else -1,
             hide_pids=self.hide_pids,
+            disk_quota=quota[0] if quota else "",
+            disk_quota_size=quota[1] if quota else 0,
         )
+
+    def settle_homes(self, queues: Sequence[tuple[str, str | None]]) -> None:
+        """Move the homes of these queues' own users (queue name, mapped user) to the jobs' home this start was
+        given, before any of their jobs starts (the other queues' users move at their first job: `Users`).
+        Raises GpufleetError with a fix when one cannot move now."""
+        if self.users is not None:
+            self.users.check_homes([name for name, run_as in queues if run_as is None])
+
+    def default_memory(self, spec: WorkerSpec) -> int:
+        """The memory limit of a worker whose job gave none (0: no limit: the node's memory is not known)."""
+        if self.host is None:
+            return 0
+        return host_limits.default_memory(
+            self.host,
+            gpu_milli=spec.gpu_milli,
+            node_gpus=spec.node_gpus,
+            node_memory=spec.node_memory,
+            per_gpu=spec.memory_per_gpu,
+            no_gpu=spec.memory_no_gpu,
+        )
+
+    def check_queue_disk(self, queue: str, run_as: str | None, size: int | None) -> None:
+        """Whether the queue's disk quota may become `size` (None: the default); applied now where it can be.
+        Raises GpufleetError with a fix (its files take more already)."""
+        if self.disk_quotas is None or self.users is None:
+            return
+        try:
+            pwd.getpwnam(run_as or queue_user(queue))
+        except KeyError:
+            return  # no job of the queue ran here yet: its quota is made with its first
+        self.disk_quotas.check(self.users.for_queue(queue, run_as), size)
 
     def report(self, single_user_allowed: bool = False) -> IsolationReport:
         if self.users is not None:
@@ -231,7 +307,19 @@ class Isolation:
                     else "team tokens are refused (run up as root for per-queue users, or pass --single-user)"
                 )
             )
-        return IsolationReport(users, self.cgroups.describe(), self.users is None, tuple(notes))
+        limits = self.cgroups.describe()
+        if self.host is not None and self.cgroups.usable:
+            limits += f"; {self.host.describe()}; a job without `memory` gets its share per GPU held"
+        if self.disk_quotas is not None:
+            limits += f"; disk: {self.disk_quotas.describe()}"
+            mounted = self.disk_quotas.made()
+            if mounted:
+                limits += f" ({len(mounted)} made: {', '.join(mounted[:8])}{', …' if len(mounted) > 8 else ''})"
+        if self.firewall is not None:
+            notes.append(f"engine firewall: {self.firewall.describe()}")
+        for what, why in self.cap_problems.items():
+            notes.append(f"not enforced: {what}: {why}")
+        return IsolationReport(users, limits, self.users is None, tuple(notes))
 
 
 def _expand_home(path: str, home: str) -> str:

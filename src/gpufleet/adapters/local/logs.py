@@ -10,6 +10,7 @@ records (`run/<job>/`: its command, environment and exit records) go with its lo
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -56,7 +57,7 @@ def prune_logs(layout: Layout, retention: LogRetention, finished: Callable[[str]
         too_big = retention.max_total is not None and total > retention.max_total
         if not (too_old or too_big):
             continue
-        shutil.rmtree(logs.folder, ignore_errors=True)
+        _remove(logs.folder)
         shutil.rmtree(layout.run_dir(logs.job_id), ignore_errors=True)
         total -= logs.size
         removed += 1
@@ -70,6 +71,18 @@ def prune_logs(layout: Layout, retention: LogRetention, finished: Callable[[str]
             shutil.rmtree(folder, ignore_errors=True)
             removed += 1
     return {"jobs": removed, "bytes": freed}
+
+
+def _remove(folder: Path) -> None:
+    """A job's logs, also where they live on its queue's disk quota (the folder is then a link there)."""
+    if folder.is_symlink():
+        target = os.readlink(folder)
+        if os.path.realpath(folder) == target:  # no link on the way there: a job may own the folder above
+            shutil.rmtree(target, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            folder.unlink()
+        return
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_records(layout: Layout) -> list[tuple[str, Path]]:

@@ -128,6 +128,9 @@ def main(argv: list[str]) -> int:
     if cgroup and cgroup_ops.oom_kills(cgroup) > 0:
         record["oom"] = True
         record["memory_limit"] = int(spec.get("memory_limit") or 0)
+    quota = str(spec.get("disk_quota") or "")
+    if quota and record["code"] != 0 and cgroup_ops.full_disk(quota):
+        record["disk_quota"] = {"folder": quota, "size": int(spec.get("disk_quota_size") or 0)}
     removed = _remove_cgroup(cgroup, 1.0)  # the killed processes leave the cgroup within moments
     _record_exit(worker, record)
     if not removed:  # on a busy machine a process may take longer to be gone: keep at it, after the record

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.adapters.local import cgroup_ops, namespaces
+from gpufleet.adapters.local.disk_quota import move_logs
 from gpufleet.adapters.local.isolation import Isolation, WorkerSpec
 from gpufleet.adapters.local.layout import Layout, job_id_of
 from gpufleet.adapters.local.logs import LogRetention, prune_logs
@@ -175,6 +176,12 @@ class WorkerSupervisor:
             message = str(exc) if isinstance(exc, GpufleetError) else f"cannot set up its cgroup: {exc}"
             return self._not_started(worker, log, message)
         worker.cgroup = tuple(prepared.cgroup)
+        if prepared.disk_quota:
+            try:
+                move_logs(self.layout.log_dir(spec.job_id), prepared.disk_quota)
+            except OSError as exc:
+                cgroup_ops.remove(list(worker.cgroup))
+                return self._not_started(worker, log, f"cannot keep its logs in its queue's disk quota: {exc}")
         if self.isolation.private_tmp:
             try:
                 tmp = self._attempt_tmp(spec, prepared.limits.memory)

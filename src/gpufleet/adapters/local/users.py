@@ -12,6 +12,7 @@ whose name is not already a plain user name gets `gpufleet-<start>-<hash>` (dete
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -21,6 +22,7 @@ import shutil
 import stat
 import subprocess
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +85,8 @@ class Users:
                 "give --jobs-home a folder outside the data folder, e.g. /var/lib/gpufleet-jobs",
             )
         self._lock = threading.Lock()
+        # What else goes with a home that moves (user, old home, new home): its disk quota (`disk_quota.py`).
+        self.carry: Callable[[str, Path, Path], None] | None = None
 
     def for_queue(self, queue: str, run_as: str | None) -> RunAs:
         """The user for a worker of `queue`: the mapped `run_as`, else the queue's own (created on first use).
@@ -127,12 +131,68 @@ class Users:
                 f"`gpufleet quota set {queue} --run-as USER`",
             ) from None
 
+    def made_here(self) -> list[RunAs]:
+        """The queue users gpufleet made whose homes are under this jobs' home."""
+        return [
+            RunAs.of(entry)
+            for entry in pwd.getpwall()
+            if entry.pw_gecos.startswith(COMMENT) and _inside(Path(entry.pw_dir), self.jobs_home)
+        ]
+
+    def check_homes(self, queues: Iterable[str]) -> None:
+        """Move the homes of `queues`' users that gpufleet made under another jobs' home (an earlier start
+        with another `--jobs-home`) here, files and all, so that no job runs in the old one. Raises
+        GpufleetError with a fix when a home cannot move: a process of its user runs (a job adopted from the
+        earlier start), or the new home is taken."""
+        for queue in queues:
+            try:
+                entry = pwd.getpwnam(queue_user(queue))
+            except KeyError:
+                continue
+            if entry.pw_gecos.startswith(COMMENT) and not _inside(Path(entry.pw_dir), self.jobs_home):
+                with self._lock:
+                    self._rehome(entry)
+
     def _rehome(self, entry: pwd.struct_passwd) -> pwd.struct_passwd:
+        """Move `entry`'s home here (usermod --move-home), `carry` first. Raises GpufleetError with a fix when it
+        cannot."""
+        old, new = Path(entry.pw_dir), self.jobs_home / entry.pw_name
+        keep = f"start gpufleet up with --jobs-home {old.parent} until they end"
+        busy = processes_of(entry.pw_uid)
+        if busy:
+            raise GpufleetError(
+                f"--jobs-home {self.jobs_home}: the home of {entry.pw_name} is {old}, and it cannot move while its "
+                f"processes run ({len(busy)}, pid {busy[0]} among them: jobs of an earlier start, or of another "
+                "control plane)",
+                f"{keep}, or cancel them (gpufleet cancel), then start again with the new --jobs-home",
+            )
+        with contextlib.suppress(OSError):
+            new.rmdir()  # an empty home made meanwhile: usermod moves into a folder that is not there
+        if new.exists():
+            raise GpufleetError(
+                f"--jobs-home {self.jobs_home}: {entry.pw_name}'s home is {old}, and {new} exists already",
+                f"move {new} aside (it is not {entry.pw_name}'s home), or {keep}",
+            )
         usermod = shutil.which("usermod", path="/usr/sbin:/sbin:/usr/bin:/bin")
-        if usermod is not None:
-            home = str(self.jobs_home / entry.pw_name)
-            subprocess.run([usermod, "--home", home, entry.pw_name], capture_output=True, check=False)
-        return pwd.getpwnam(entry.pw_name)
+        if usermod is None:
+            raise GpufleetError(
+                f"--jobs-home {self.jobs_home}: {entry.pw_name}'s home is {old} and usermod is not installed",
+                f"install it (Debian: the passwd package), or {keep}",
+            )
+        self.jobs_home.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.jobs_home, 0o755)
+        if self.carry is not None:
+            self.carry(entry.pw_name, old, new)
+        move = ["--move-home"] if old.is_dir() else []
+        done = subprocess.run(
+            [usermod, "--home", str(new), *move, entry.pw_name], capture_output=True, text=True, check=False
+        )
+        moved = pwd.getpwnam(entry.pw_name)
+        if done.returncode != 0 or Path(moved.pw_dir) != new:
+            why = done.stderr.strip() or f"usermod exited {done.returncode}"
+            raise GpufleetError(f"cannot move {entry.pw_name}'s home from {old} to {new}: {why}", keep)
+        log.info("moved the home of %s from %s to %s (--jobs-home)", entry.pw_name, old, new)
+        return moved
 
     def _ensure_home(self, entry: pwd.struct_passwd) -> None:
         """A home of our users exists, is theirs, and is private (it may have been removed by hand)."""
@@ -167,6 +227,22 @@ def _reown(home: Path, old_uid: int, old_gid: int, entry: pwd.struct_passwd) -> 
             if info.st_uid != old_uid or (stat.S_ISREG(info.st_mode) and info.st_nlink > 1):
                 continue
             os.lchown(path, entry.pw_uid, entry.pw_gid if info.st_gid == old_gid else -1)
+
+
+def processes_of(uid: int) -> list[int]:
+    """Processes running as `uid`, by their real or effective uid (/proc/PID/status: a process that is not
+    dumpable has a /proc folder of root's whoever it runs as)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/{name}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    if uid in {int(field) for field in line.split()[1:3]}:
+                        found.append(int(name))
+                    break
+    return sorted(found)
 
 
 def check_mapped(name: str) -> RunAs:

@@ -59,6 +59,9 @@ class AgentOptions:
     use_cgroups: bool = True
     pids_limit: int = 8192
     log_cap: int = 1 << 30
+    memory_reserve: int | None = None  # None: the node's default (see host_limits.py)
+    pids_reserve: int | None = None
+    queue_disk: int = 0  # the disk quota of a queue that sets none (0: none)
     private_tmp: bool = True  # each attempt its own /tmp and /dev/shm, and a /proc without others' processes
     port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     watch_s: float = 0.05
@@ -157,6 +160,9 @@ class NodeAgent:
             use_cgroups=options.use_cgroups,
             pids_limit=options.pids_limit,
             log_cap=options.log_cap,
+            memory_reserve=options.memory_reserve,
+            pids_reserve=options.pids_reserve,
+            queue_disk=options.queue_disk,
             sandbox=options.private_tmp,
         )
         self.supervisor = WorkerSupervisor(state_dir, self.isolation)

@@ -182,6 +182,7 @@ class RayBackend:
         addresses = {name: self.fleet.address(name) for name in nodes}
         argv = ("/bin/sh", "-c", run.command[0]) if run.shell else tuple(run.command)
         granted = dict(self.job_env(job.id, launch.attempt)) if self.job_env is not None else {}
+        known = self.fleet.nodes_by_name()
         return [
             WorkerSpec(
                 job_id=job.id,
@@ -209,6 +210,12 @@ class RayBackend:
                 gpus=tuple((s.index, self.fleet.gpu_uuid(placement.node, s.index)) for s in placement.gpus),
                 run_as=launch.run_as,
                 resize_count=resize_count,
+                gpu_milli=sum(s.milli for s in placement.gpus),
+                node_gpus=len(known[placement.node].gpus) if placement.node in known else 0,
+                node_memory=known[placement.node].memory if placement.node in known else 0,
+                memory_per_gpu=launch.memory_per_gpu,
+                memory_no_gpu=launch.memory_no_gpu,
+                disk=launch.disk,
             )
             for rank, placement in enumerate(launch.workers)
         ]

@@ -421,6 +421,9 @@ def encode_queue(spec: QueueSpec) -> Json:
         data["max_grace_s"] = _float_out(spec.max_grace_s)
     if spec.run_as is not None:
         data["run_as"] = spec.run_as
+    for key in ("memory_per_gpu", "memory_no_gpu", "disk"):
+        if getattr(spec, key) is not None:
+            data[key] = getattr(spec, key)
     return data
 
 
@@ -432,6 +435,9 @@ _QUEUE_READERS: dict[str, Callable[[Any], Any]] = {
     "run_as": lambda v: None if v is None else str(v),
     "max_pending": _opt_int,
     "max_grace_s": _opt_float_in,
+    "memory_per_gpu": _opt_int,
+    "memory_no_gpu": _opt_int,
+    "disk": _opt_int,
 }
 
 
