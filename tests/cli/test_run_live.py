@@ -5,6 +5,10 @@ admission check at submit and `top` off a terminal: each through the CLI as a ch
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -140,3 +144,31 @@ def test_top_off_a_terminal_prints_one_snapshot_and_exits(cli: Cli) -> None:
     assert done.returncode == 0, done.stderr
     assert "gpufleet top" in done.stdout
     assert "QUEUE" in done.stdout
+
+
+def test_run_follows_each_attempt_of_a_retried_job(cli: Cli) -> None:
+    command = 'echo "attempt $GPUFLEET_ATTEMPT"; [ "$GPUFLEET_ATTEMPT" = 2 ] || exit 9'
+    done = cli("run", *HERE, "--retries", "1", "--", "sh", "-c", command)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "attempt 1\nattempt 2\n"
+    assert "note: attempt 2 of j-" in done.stderr
+
+
+def test_interrupting_run_cancels_the_job_and_exits_130(cli: Cli) -> None:
+    full = {**os.environ, "GPUFLEET_URL": cli.live.url, "GPUFLEET_TOKEN": cli.live.server.token}
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "run", *HERE, "--", "sh", "-c", "echo started; sleep 600"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full,
+    )
+    assert waiting.stdout is not None
+    assert waiting.stdout.readline() == "started\n"  # the job runs, and its output came through
+    waiting.send_signal(signal.SIGINT)
+    _, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 130, err
+    job_id = err.split("submitted ", 1)[1].split()[0]
+    with cli.live.http() as client:
+        job = cli.live.wait_state(client, job_id, "cancelled", timeout_s=60)
+    assert job["state"] == "cancelled"

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from gpufleet.cli import output
 from gpufleet.cli.commands_client import JsonOpt, TokenOpt, UrlOpt, _client, _print_json
 from gpufleet.cli.safe_text import cell, plain
 from gpufleet.domain.errors import GpufleetError
@@ -115,7 +115,7 @@ def audit(
             outcome,
             cell(_detail(entry["detail"])),
         )
-    console = Console(soft_wrap=True)
+    console = output.console()
     console.print(table)
     if not entries:
         console.print("no audit entries" + (f" in the last {plain(since)}" if since else ""))

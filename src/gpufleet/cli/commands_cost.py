@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpufleet.cli import output
 from gpufleet.cli.commands_client import JsonOpt, TokenOpt, UrlOpt, _client
 from gpufleet.cli.commands_report import parse_since, report_app
 from gpufleet.cli.cost_text import budget_cell, usd
@@ -85,7 +85,7 @@ def price_import(
     if as_json:
         _print_json(saved)
     else:
-        Console(soft_wrap=True).print(_prices_table(saved["prices"]))
+        output.console().print(_prices_table(saved["prices"]))
         typer.echo(f"{len(saved['prices'])} prices set")
 
 
@@ -99,7 +99,7 @@ def price_list(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fa
     elif not prices:
         typer.echo("no prices set: gpufleet price set MODEL USD [--pool spot], or gpufleet price import FILE.csv")
     else:
-        Console(soft_wrap=True).print(_prices_table(prices))
+        output.console().print(_prices_table(prices))
 
 
 @price_app.command("delete")
@@ -153,7 +153,7 @@ def budget_list(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = F
     if not budgets:
         typer.echo("no budgets: gpufleet budget set QUEUE AMOUNT [--unit gpu-hours] [--action block]")
         return
-    console = Console(soft_wrap=True)
+    console = output.console()
     for budget in budgets:
         console.print(markup(f"{budget['queue']}: {budget_cell(budget)}"))
         if budget["summary"]:
@@ -252,7 +252,7 @@ def cost(
     if as_json:
         _print_json(report)
         return
-    console = Console(soft_wrap=True)
+    console = output.console()
     console.print(cost_table(report))
     for note in report["notes"]:
         console.print(f"[dim]{markup(note)}[/]")
@@ -302,7 +302,7 @@ def lost_work(
     if as_json:
         _print_json(report)
         return
-    console = Console(soft_wrap=True)
+    console = output.console()
     console.print(lost_work_table(report))
     for note in report["notes"]:
         console.print(f"[dim]{markup(note)}[/]")

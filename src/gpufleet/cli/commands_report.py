@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpufleet.cli import output
 from gpufleet.cli.commands_client import JsonOpt, TokenOpt, UrlOpt, _client
 from gpufleet.cli.safe_text import cell, markup, plain
 from gpufleet.domain.errors import GpufleetError
@@ -127,7 +127,7 @@ def usage(
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
     else:
-        console = Console(soft_wrap=True)
+        console = output.console()
         console.print(table(report))
         for note in report["notes"]:
             console.print(f"[dim]{markup(note)}[/]")

@@ -66,34 +66,46 @@ def stream_until_done(
     *,
     worker: int = 0,
 ) -> dict[str, Any]:
-    """Write worker `worker`'s output while the job runs (each new attempt from its start, with a note), and
-    return the job once it has ended and its output is all written."""
-    attempt = 0
+    """Write worker `worker`'s output while the job runs, every attempt in turn from its start (a retry after a
+    note), and return the job once it has ended and its output is all written."""
+    reading = 0  # the attempt whose log is being written
     offset = 0
     while True:
         job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}")
         ended = job["state"] in TERMINAL_STATES
-        if job["attempt"] > attempt:
-            if attempt:
-                note(f"attempt {job['attempt']} of {job_id} starts ({job['reason']})")
-            attempt, offset = job["attempt"], 0
         moved = False
-        if attempt:
-            while True:  # all that is there now (at once when the job has ended)
-                try:
-                    chunk = client.get(f"/v1/jobs/{job_id}/logs", worker=worker, attempt=attempt, offset=offset)
-                except ApiError as error:
-                    if error.status == 404:  # not launched on this worker yet, or its log is gone
-                        break
-                    raise
-                if chunk["text"]:
-                    write(chunk["text"])
-                step = chunk["next_offset"] != offset
-                offset = chunk["next_offset"]
-                moved = moved or step
-                if not step or chunk["complete"]:
-                    break
+        while reading or job["attempt"]:
+            if reading == 0:
+                reading, offset = 1, 0
+            offset, step, complete = _write_available(client, job_id, worker, reading, offset, write)
+            moved = moved or step
+            if reading >= job["attempt"] or not complete:
+                break
+            reading, offset = reading + 1, 0  # that attempt is over: on to the next
+            note(f"attempt {reading} of {job_id} starts")
         if ended:
             return job
         if not moved:
             time.sleep(POLL_S)
+
+
+def _write_available(
+    client: Client, job_id: str, worker: int, attempt: int, offset: int, write: Callable[[str], None]
+) -> tuple[int, bool, bool]:
+    """Write what the attempt's log holds from `offset`: (the next offset, whether any was written, whether that
+    log is complete; a log not there, or no longer, counts as complete once a later attempt exists)."""
+    moved = False
+    while True:
+        try:
+            chunk = client.get(f"/v1/jobs/{job_id}/logs", worker=worker, attempt=attempt, offset=offset)
+        except ApiError as error:
+            if error.status == 404:  # not launched on this worker yet, or its log is gone
+                return offset, moved, True
+            raise
+        if chunk["text"]:
+            write(chunk["text"])
+        step = chunk["next_offset"] != offset
+        offset = chunk["next_offset"]
+        moved = moved or step
+        if not step or chunk["complete"]:
+            return offset, moved, bool(chunk["complete"])
