@@ -81,3 +81,17 @@ def test_nodes_remove_forgets_a_node_and_is_refused_while_it_holds_jobs(live: Li
     finish(live, job_id)  # type: ignore[arg-type]
     assert live.cli("nodes", "remove", "node-a") == "node node-a removed\n"
     assert json.loads(live.cli("nodes", "--json")) == []
+
+
+def test_explain_says_why_an_elastic_job_has_not_grown(live: Live) -> None:
+    job_id = str(_submit_stdin(live, {"command": ["sleep", "1"], "gpus": 1, "workers": 4, "min_workers": 1})["id"])
+    run_on_live(live, job_id)  # one worker of at most 4
+    live.ctx.policy = "fifo"
+    words = json.loads(live.cli("explain", job_id, "--json"))["elastic"]
+    assert words.startswith("elastic: holds 1 of at most 4 workers, and stays so: the 'fifo' scheduling profile")
+    live.ctx.policy = "default"
+    shown = live.cli("explain", job_id)
+    assert "elastic: holds 1 of at most 4 workers; the 'default' profile's resize policy (goodput)" in shown
+    rigid = str(_submit_stdin(live, {"command": ["sleep", "1"], "gpus": 1})["id"])
+    run_on_live(live, rigid)
+    assert json.loads(live.cli("explain", rigid, "--json"))["elastic"] is None

@@ -355,6 +355,8 @@ def explain(
         console.print(f"[yellow]{markup(words)}[/]")
     if why.get("budget"):
         console.print(f"[yellow]budget: {markup(why['budget'])}[/]")
+    if why.get("elastic"):
+        console.print(markup(why["elastic"]))
     for notice in why.get("notices", [])[-3:]:
         console.print(markup(f"  note ({notice['kind']}): {notice['message']}"))
     for event in why["events"][-5:]:
@@ -447,6 +449,9 @@ def queues(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False)
             limits.append(f"pending<={queue['max_pending']}")
         if queue.get("max_grace") is not None:
             limits.append(f"grace<={queue['max_grace']:g}s")
+        for key, label in (("memory_per_gpu", "mem/gpu"), ("memory_no_gpu", "mem/no-gpu"), ("disk", "disk")):
+            if queue.get(key) is not None:
+                limits.append(f"{label}={_size(queue[key])}")
         table.add_row(
             cell(queue["name"]),
             cell(queue["cohort"] or "-"),
@@ -477,9 +482,6 @@ def quota_set(
     gpu_model: Annotated[
         list[str] | None, typer.Option("--gpu-model", help="Per-model nominal, MODEL=N (repeatable).")
     ] = None,
-        for key, label in (("memory_per_gpu", "mem/gpu"), ("memory_no_gpu", "mem/no-gpu"), ("disk", "disk")):
-            if queue.get(key) is not None:
-                limits.append(f"{label}={_size(queue[key])}")
     cpu: Annotated[float | None, typer.Option(help="Nominal CPU cores.")] = None,
     memory: Annotated[str | None, typer.Option(help="Nominal memory, e.g. 512GiB.")] = None,
     borrowing_limit: Annotated[float | None, typer.Option(help="GPUs it may borrow above nominal.")] = None,
@@ -499,6 +501,24 @@ def quota_set(
             "--run-as",
             help="OS user the queue's jobs run as (an existing, unprivileged one); '' for the queue's own "
             "gpufleet-<queue> user.",
+        ),
+    ] = None,
+    memory_per_gpu: Annotated[
+        str | None,
+        typer.Option(
+            help="Memory limit per GPU held of a job that gives no `memory`, e.g. 32GiB; '' for the node's share "
+            "(its memory less the reserve, divided among its GPUs)."
+        ),
+    ] = None,
+    memory_no_gpu: Annotated[
+        str | None,
+        typer.Option(help="Memory limit of a job holding no GPU that gives no `memory`; '' for one GPU's share."),
+    ] = None,
+    disk: Annotated[
+        str | None,
+        typer.Option(
+            help="What the queue's jobs may keep on disk on a node (working folders, their home), e.g. 200GiB; past "
+            "it their writes fail with ENOSPC. '' for the control plane's default (up --queue-disk)."
         ),
     ] = None,
     url: UrlOpt = None,
@@ -531,24 +551,6 @@ def quota_set(
         if memory is not None:
             quotas.setdefault("memory", {})["nominal"] = memory
         body = {
-    memory_per_gpu: Annotated[
-        str | None,
-        typer.Option(
-            help="Memory limit per GPU held of a job that gives no `memory`, e.g. 32GiB; '' for the node's share "
-            "(its memory less the reserve, divided among its GPUs)."
-        ),
-    ] = None,
-    memory_no_gpu: Annotated[
-        str | None,
-        typer.Option(help="Memory limit of a job holding no GPU that gives no `memory`; '' for one GPU's share."),
-    ] = None,
-    disk: Annotated[
-        str | None,
-        typer.Option(
-            help="What the queue's jobs may keep on disk on a node (working folders, their home), e.g. 200GiB; past "
-            "it their writes fail with ENOSPC. '' for the control plane's default (up --queue-disk)."
-        ),
-    ] = None,
             "quotas": quotas,
             "cohort": cohort if cohort is not None else (current or {}).get("cohort"),
             "weight": weight if weight is not None else (current or {}).get("weight", 1.0),
@@ -556,6 +558,8 @@ def quota_set(
             "max_pending": (current or {}).get("max_pending") if max_pending is None else _cap(max_pending),
             "max_grace": (current or {}).get("max_grace") if max_grace is None else max_grace,
         }
+        for key, given in (("memory_per_gpu", memory_per_gpu), ("memory_no_gpu", memory_no_gpu), ("disk", disk)):
+            body[key] = (current or {}).get(key) if given is None else (given or None)
         saved = client.call("PUT", f"/v1/queues/{queue}", json_body=body)
     if as_json:
         _print_json(saved)
@@ -586,8 +590,6 @@ def nodes(ctx: typer.Context, url: UrlOpt = None, token: TokenOpt = None, as_jso
     with _client(url, token) as client:
         answer = client.get("/v1/nodes")
     listed, isolation = answer["nodes"], answer.get("isolation")
-        for key, given in (("memory_per_gpu", memory_per_gpu), ("memory_no_gpu", memory_no_gpu), ("disk", disk)):
-            body[key] = (current or {}).get(key) if given is None else (given or None)
     if as_json:
         _print_json(listed)
         return

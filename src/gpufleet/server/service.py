@@ -334,6 +334,34 @@ class Service:
             notices=[NoticeOut(kind=n.kind, message=n.message, at=n.at) for n in self.store.notices(job_id)],
             spot_pools=self._spot_words(record),
             budget=self._budget_words(queue),
+            elastic=self._elastic_words(record),
+        )
+
+    def _elastic_words(self, record: JobRecord) -> str | None:
+        """Why a running elastic job holds fewer workers than its most, as far as the API can tell: whether the
+        control plane's scheduling profile resizes running jobs at all, and when its resize policy grows one."""
+        job = record.job
+        held = len(record.workers)
+        if not job.resizable or record.state is not JobState.RUNNING or held >= job.workers:
+            return None
+        start = f"elastic: holds {held} of at most {job.workers} workers"
+        if record.resizing:
+            return f"{start}; a resize is under way"
+        from gpufleet.policies.catalog import profile
+
+        try:
+            resize = profile(self.ctx.policy).resize
+        except GpufleetError:
+            return start
+        if resize is None:
+            return (
+                f"{start}, and stays so: the {self.ctx.policy!r} scheduling profile never resizes a running job "
+                "(`gpufleet up --policy default` runs one that does)"
+            )
+        return (
+            f"{start}; the {self.ctx.policy!r} profile's resize policy ({resize.name}) grows a job only into GPUs "
+            "no waiting job needs, when the larger size raises its goodput, and not sooner than its last resize "
+            "allows; `gpufleet nodes` shows what is free"
         )
 
     def _spot_words(self, record: JobRecord) -> list[str]:
