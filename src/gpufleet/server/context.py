@@ -53,10 +53,10 @@ class ApiContext:
     team_tokens_refused: str | None = None
     # Raises GpufleetError (with a fix) when a queue may not be mapped to this OS user.
     check_run_as: Callable[[str], None] = lambda _user: None
-    # Where queues stand against their budgets (None: the API makes its own, checked when a budget changes).
     # Raises GpufleetError (with a fix) when a queue's disk quota may not become this size (queue, its mapped
     # user, the size; None: the default); applies it where it can at once.
     check_queue_disk: Callable[[str, str | None, int | None], None] = lambda _queue, _user, _size: None
+    # Where queues stand against their budgets (None: the API makes its own, checked when a budget changes).
     budgets: BudgetWatch | None = None
     # The spot pools' circuit breakers (None: no spot watch runs, e.g. an API without `up`).
     spot: SpotWatch | None = None

@@ -211,8 +211,6 @@ class ExplainOut(BaseModel):
     # Spot pools whose breaker is not closed, in words, when the job waits on spot capacity; its queue's budget.
     spot_pools: list[str] = []
     budget: str | None = None
-    # A running elastic job below its most workers: why it has not grown, as far as the control plane can say.
-    elastic: str | None = None
 
 
 class CancelOut(BaseModel):
@@ -273,11 +271,6 @@ class QueueIn(BaseModel):
         description="The longest grace_period its jobs may ask: 30s, 2h or seconds (null: the control plane's "
         "default, 1h); at most 7d.",
     )
-
-    _numbers = field_validator(
-        "weight", "max_pending", "max_grace", "memory_per_gpu", "memory_no_gpu", "disk", mode="before"
-    )(_not_a_boolean)
-
     memory_per_gpu: int | str | None = Field(
         None,
         description="Memory limit per GPU held of a worker whose job gave no memory, e.g. 32GiB (null: the node's "
@@ -291,6 +284,11 @@ class QueueIn(BaseModel):
         description="What the queue's jobs may keep in their working folders on a node, e.g. 200GiB; a job past "
         "it gets ENOSPC (null: the control plane's --queue-disk).",
     )
+
+    _numbers = field_validator(
+        "weight", "max_pending", "max_grace", "memory_per_gpu", "memory_no_gpu", "disk", mode="before"
+    )(_not_a_boolean)
+
     @field_validator("quotas", mode="before")
     @classmethod
     def _quota_numbers(cls, value: object) -> object:
@@ -323,12 +321,12 @@ class QueueOut(BaseModel):
     max_pending: int | None = None
     max_grace: float | None = Field(None, description="seconds; null: the control plane's default")
     run_as: str | None = None
-    usage: QueueUsageOut
-    budget: BudgetOut | None = None
-
     memory_per_gpu: int | None = Field(None, description="bytes; null: the node's share per GPU")
     memory_no_gpu: int | None = Field(None, description="bytes; null: one GPU's share")
     disk: int | None = Field(None, description="bytes; null: the control plane's --queue-disk")
+    usage: QueueUsageOut
+    budget: BudgetOut | None = None
+
 
 class QueuesOut(BaseModel):
     queues: list[QueueOut]
