@@ -355,6 +355,8 @@ def explain(
         console.print(f"[yellow]{markup(words)}[/]")
     if why.get("budget"):
         console.print(f"[yellow]budget: {markup(why['budget'])}[/]")
+    if why.get("elastic"):
+        console.print(markup(why["elastic"]))
     for notice in why.get("notices", [])[-3:]:
         console.print(markup(f"  note ({notice['kind']}): {notice['message']}"))
     for event in why["events"][-5:]:

@@ -211,6 +211,8 @@ class ExplainOut(BaseModel):
     # Spot pools whose breaker is not closed, in words, when the job waits on spot capacity; its queue's budget.
     spot_pools: list[str] = []
     budget: str | None = None
+    # A running elastic job below its most workers: why it has not grown, as far as the control plane can say.
+    elastic: str | None = None
 
 
 class CancelOut(BaseModel):
