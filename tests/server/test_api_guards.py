@@ -3,6 +3,7 @@ submits, force-cancel, the audit log, backups and the metrics token. The real SQ
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import warnings
 from collections.abc import Iterator
@@ -217,17 +218,19 @@ def test_an_admin_downloads_a_whole_backup_and_a_team_cannot(api: Api, tmp_path:
 # --------------------------------------------------------------------------------------- metrics token
 
 
-def test_metrics_beyond_loopback_need_a_metrics_or_admin_token(api: Api) -> None:
+def test_metrics_need_a_metrics_or_admin_token(api: Api) -> None:
     api.ctx.metrics = lambda: (b"# metrics\n", "text/plain; version=0.0.4")
     _, scraper = create_token(api.store, api.clock, "prometheus", Role.METRICS, None)
-    open_app = api.client.get("/metrics")
-    assert open_app.status_code == 200  # loopback (the default): open, as Prometheus expects
-    api.ctx.metrics_need_token = True
+    api.ctx.metrics_need_token = False  # `up --public-metrics`
+    with TestClient(create_app(api.ctx), raise_server_exceptions=False) as client:
+        assert client.get("/metrics").status_code == 200
+    api.ctx.metrics_need_token = True  # the default, on loopback too
     with TestClient(create_app(api.ctx), raise_server_exceptions=False) as client:
         refused = client.get("/metrics")
         body = assert_error(refused, 401, "unauthorized")
         assert "--role metrics" in body["message"]
         assert "--public-metrics" in body["message"]
+        assert "credentials_file" in body["message"]
         assert_error(client.get("/metrics", headers=api.h(api.team_a)), 403)
         assert client.get("/metrics", headers=api.h(scraper)).text == "# metrics\n"
         assert client.get("/metrics", headers=api.as_admin()).status_code == 200
@@ -245,9 +248,16 @@ def test_metrics_beyond_loopback_need_a_metrics_or_admin_token(api: Api) -> None
 def test_a_metrics_token_cannot_sign_in_to_the_dashboard(api: Api) -> None:
     """The web pages use the same service as the API: a metrics token must not see jobs through them either."""
     _, scraper = create_token(api.store, api.clock, "prometheus", Role.METRICS, None)
-    api.client.cookies.set("gpufleet_session", scraper)
-    answer = api.client.get("/jobs", follow_redirects=False)
-    assert answer.status_code in (302, 303, 307)
-    assert "why=metrics" in answer.headers["location"]
-    api.client.cookies.set("gpufleet_session", api.team_a)
-    assert api.client.get("/jobs", follow_redirects=False).status_code == 200
+    form = api.client.get("/signin")
+    nonce = re.search(r'name="nonce" value="([^"]+)"', form.text)
+    assert nonce is not None
+    answer = api.client.post(
+        "/signin",
+        data={"token": scraper, "nonce": nonce.group(1)},
+        headers={"Origin": "http://testserver"},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 403
+    assert "a metrics token only reads /metrics" in answer.text
+    assert "gpufleet_session=" not in answer.headers.get("set-cookie", "")
+    assert api.client.get("/jobs", follow_redirects=False).status_code == 303

@@ -291,7 +291,7 @@ def test_a_control_plane_that_is_not_root_is_one_trust_domain_and_refuses_team_t
         again = LocalServer(data, env=server_env, extra=("--single-user",), token=server.token, **start)  # type: ignore[arg-type]
         try:
             accepted = httpx.get(f"{again.url}/v1/jobs", headers=bearer(token))
-            health = httpx.get(f"{again.url}/healthz").json()["isolation"]
+            health = httpx.get(f"{again.url}/healthz", headers=bearer(server.token)).json()["isolation"]
         finally:
             again.stop()
         assert accepted.status_code == 200

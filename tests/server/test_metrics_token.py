@@ -1,5 +1,6 @@
-"""`gpufleet up --host 0.0.0.0`: /metrics needs a token, and a real Prometheus scrapes it with a metrics token
-from its scrape config (`authorization: credentials:`) while a scrape without one is refused."""
+"""`gpufleet up` (on loopback, its default): /metrics needs a token, and a real Prometheus scrapes it with a
+metrics token read from a file (`authorization: {type: Bearer, credentials_file: …}`, the README's scrape
+config) while a scrape without one is refused. `--public-metrics` opens it, and says so."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from tests.telemetry.prom import get_json, prometheus_server, query, require, wa
 pytestmark = pytest.mark.slow
 
 
-def test_prometheus_scrapes_a_non_loopback_control_plane_with_a_metrics_token(tmp_path: Path) -> None:
+def test_prometheus_scrapes_a_loopback_control_plane_with_a_metrics_token(tmp_path: Path) -> None:
     require("prometheus")
-    live = start(tmp_path, "--host", "0.0.0.0", "--sample-interval", "0.2")
+    live = start(tmp_path, "--sample-interval", "0.2")
     try:
         assert "/metrics: needs a bearer token" in live.server.output()
         refused = httpx.get(f"{live.url}/metrics")
@@ -26,6 +27,7 @@ def test_prometheus_scrapes_a_non_loopback_control_plane_with_a_metrics_token(tm
             secret = client.post("/v1/tokens", json={"name": "prometheus", "role": "metrics"}).json()["secret"]
             job = live.submit(client, "sleep", "30", name="watched", gpus=1)
             live.wait_state(client, job, "running")
+            assert client.get("/healthz").json()["metrics"] == "token"
         assert httpx.get(f"{live.url}/v1/jobs", headers={"Authorization": f"Bearer {secret}"}).status_code == 403
         target = f"127.0.0.1:{live.server.port}"
         with prometheus_server(target, tmp_path, scrape_interval_s=0.5, bearer=secret, anonymous_too=True) as prom:
@@ -48,4 +50,15 @@ def test_prometheus_scrapes_a_non_loopback_control_plane_with_a_metrics_token(tm
         with live.http() as client:
             for item in client.get("/v1/jobs").json()["jobs"]:
                 client.post(f"/v1/jobs/{item['id']}/cancel", params={"force": "true"})
+        live.server.stop()
+
+
+def test_public_metrics_is_an_explicit_choice_that_up_and_healthz_show(tmp_path: Path) -> None:
+    live = start(tmp_path, "--public-metrics")
+    try:
+        assert "/metrics: public" in live.server.output()
+        assert httpx.get(f"{live.url}/metrics").status_code == 200
+        with live.http() as client:
+            assert client.get("/healthz").json()["metrics"] == "public"
+    finally:
         live.server.stop()

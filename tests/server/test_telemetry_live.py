@@ -105,7 +105,8 @@ def test_metrics_label_each_gpu_with_its_job_and_prometheus_reads_them_back(live
         assert code in (0, 3)
         assert all("camelCase" in p and p.startswith("DCGM_FI_DEV_") for p in problems), problems
 
-        with prometheus_server(f"127.0.0.1:{live.server.port}", tmp_path, scrape_interval_s=0.5) as prom:
+        target = f"127.0.0.1:{live.server.port}"
+        with prometheus_server(target, tmp_path, scrape_interval_s=0.5, bearer=live.server.token) as prom:
             busy_series = wait_for(
                 lambda: len(found := query(prom, f'DCGM_FI_DEV_GPU_UTIL{{job_id="{busy}"}}')) == 2 and found,
                 30,

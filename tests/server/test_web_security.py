@@ -132,7 +132,76 @@ def test_cookie_parses_as_a_cookie(api: Api) -> None:
     cookie, _csrf = signed_in(api, api.admin)
     parsed = SimpleCookie()
     parsed.load(cookie)
-    assert parsed["gpufleet_session"].value == api.admin
+    assert len(parsed["gpufleet_session"].value) >= 43  # a session id of 256 random bits
+
+
+def test_the_cookie_is_a_session_id_not_the_token_and_opens_no_api(api: Api) -> None:
+    cookie, _csrf = signed_in(api, api.admin)
+    parsed = SimpleCookie()
+    parsed.load(cookie)
+    session_id = parsed["gpufleet_session"].value
+    assert session_id != api.admin
+    assert api.admin not in cookie
+    assert not session_id.startswith("gf_")
+    assert api.client.get("/jobs", follow_redirects=False).status_code == 200  # the session works in the browser
+    stolen = api.client.get("/v1/jobs", headers={"Authorization": f"Bearer {session_id}"})
+    assert stolen.status_code == 401  # and is no bearer token for the API
+    assert api.client.get("/healthz", headers={"Authorization": f"Bearer {session_id}"}).status_code == 401
+
+
+def test_a_raw_token_in_the_cookie_is_no_session(api: Api) -> None:
+    """A cookie set to an API token (what the dashboard used to keep there) signs nobody in."""
+    api.client.cookies.set("gpufleet_session", api.admin)
+    answer = api.client.get("/jobs", follow_redirects=False)
+    assert answer.status_code == 303
+    assert answer.headers["location"].startswith("/signin?next=%2Fjobs")
+    assert 'gpufleet_session=""' in answer.headers["set-cookie"]
+
+
+def test_sign_out_ends_the_session_on_the_server(api: Api) -> None:
+    cookie, csrf = signed_in(api, api.team_a)
+    parsed = SimpleCookie()
+    parsed.load(cookie)
+    session_id = parsed["gpufleet_session"].value
+    out = api.client.post("/signout", data={"csrf": csrf}, headers={"Origin": BASE}, follow_redirects=False)
+    assert out.status_code == 303
+    # A copy of the cookie kept elsewhere (another tab's jar, a proxy's log) opens nothing any more.
+    api.client.cookies.clear()
+    api.client.cookies.set("gpufleet_session", session_id)
+    replayed = api.client.get("/jobs", follow_redirects=False)
+    assert replayed.status_code == 303
+    assert "why=ended" in replayed.headers["location"]
+
+
+def test_a_new_session_has_a_new_csrf_token(api: Api) -> None:
+    _cookie, first = signed_in(api, api.team_a)
+    api.client.cookies.clear()
+    _cookie, second = signed_in(api, api.team_a)
+    assert first != second
+    job_id = submit(api, api.team_a, "team-a")
+    stale = api.client.post(f"/jobs/{job_id}/cancel", data={"csrf": first}, headers={"Origin": BASE})
+    assert stale.status_code == 403
+
+
+def test_sessions_expire_unused_and_at_most_after_their_lifetime() -> None:
+    from gpufleet.server.web.security import SESSION_IDLE_S, SESSION_MAX_S, WebSessions
+
+    now = [0.0]
+    sessions = WebSessions(clock=lambda: now[0])
+    idle = sessions.open("hash-a")
+    busy = sessions.open("hash-b")
+    now[0] = SESSION_IDLE_S / 2
+    assert sessions.token_hash(busy) == "hash-b"
+    now[0] = SESSION_IDLE_S + 1
+    assert sessions.token_hash(idle) is None
+    while now[0] < SESSION_MAX_S:
+        assert sessions.token_hash(busy) == "hash-b"
+        now[0] += SESSION_IDLE_S / 2
+    assert sessions.token_hash(busy) is None
+    assert len(sessions) == 0
+    again = sessions.open("hash-c")
+    assert sessions.close_token("hash-c") == 1
+    assert sessions.token_hash(again) is None
 
 
 def test_a_root_path_setting_prefixes_every_link(api: Api) -> None:
@@ -200,6 +269,7 @@ def test_a_control_plane_that_refuses_team_tokens_refuses_them_at_sign_in_as_the
     # The same store behind `gpufleet up` as a user that is not root, without --single-user.
     refusing = dataclasses.replace(api.ctx, team_tokens_refused="this control plane runs every job as its own user")
     with TestClient(create_app(refusing), raise_server_exceptions=False) as client:
+        client.app.state.web_sessions = api.client.app.state.web_sessions
         client.cookies = api.client.cookies
         answer = client.get("/jobs", follow_redirects=False)
         assert answer.status_code == 303

@@ -61,12 +61,18 @@ def prometheus_server(
     target: str, workdir: Path, scrape_interval_s: float = 1.0, bearer: str | None = None, anonymous_too: bool = False
 ) -> Iterator[str]:
     """Run Prometheus scraping `target` (host:port); yields its base URL; stops it afterwards. With `bearer`,
-    the scrape job `gpufleet` sends that token (`authorization: credentials:`); `anonymous_too` adds a job
+    the scrape job `gpufleet` sends that token, read from a file only its owner reads, as the README's scrape
+    config does (`authorization: {type: Bearer, credentials_file: …}`); `anonymous_too` adds a job
     `anonymous` that scrapes the same target without one."""
     binary = require("prometheus")
     config = workdir / "prometheus.yml"
     interval = f"{round(scrape_interval_s * 1000)}ms"  # Prometheus durations take no fractions
-    auth = f"    authorization:\n      type: Bearer\n      credentials: '{bearer}'\n" if bearer else ""
+    auth = ""
+    if bearer:
+        secret = workdir / "gpufleet-metrics.token"
+        secret.touch(mode=0o600)
+        secret.write_text(bearer + "\n")  # Prometheus trims the trailing newline, as `echo > file` leaves one
+        auth = f"    authorization:\n      type: Bearer\n      credentials_file: '{secret}'\n"
     text = (
         f"global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n"
         f"scrape_configs:\n  - job_name: gpufleet\n{auth}    static_configs:\n      - targets: ['{target}']\n"

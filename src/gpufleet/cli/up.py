@@ -63,8 +63,8 @@ def up(
         bool,
         typer.Option(
             "--public-metrics",
-            help="Serve /metrics without a token even when --host is not loopback (it lists job ids, queues and "
-            "hostnames). Without it, a non-loopback /metrics needs a metrics or admin token.",
+            help="Serve /metrics without a token (it lists job ids, queues and hostnames, to every process that "
+            "reaches it: jobs on this host too). Without it, /metrics needs a metrics or admin token, on loopback too.",
         ),
     ] = False,
     reset_store: Annotated[
@@ -253,13 +253,16 @@ def up(
                 f"[bold red]warning:[/] listening on {host}, reachable from other machines; every call needs a "
                 "token, but use TLS in front of it (a reverse proxy) or bind to 127.0.0.1"
             )
-            if public_metrics:
-                console.print("  /metrics: [bold]public[/] (--public-metrics): job ids, queues and hostnames for all")
-            else:
-                console.print(
-                    "  /metrics: needs a bearer token (Prometheus: `authorization: {credentials: …}` in the scrape "
-                    "config); make one with `gpufleet token create prometheus --role metrics`"
-                )
+        if public_metrics:
+            console.print(
+                "  [bold yellow]/metrics: public[/] (--public-metrics): job ids, queues and hostnames for every "
+                "process that reaches it, jobs on this host included"
+            )
+        else:
+            console.print(
+                "  /metrics: needs a bearer token (Prometheus: `authorization: {type: Bearer, credentials_file: …}` "
+                "in the scrape config); make one with `gpufleet token create prometheus --role metrics`"
+            )
         if plane.admin_token is not None:
             console.print(f"  admin token (shown once, keep it): [bold]{plane.admin_token}[/]")
             saved = _save_client_config(settings.url, plane.admin_token)

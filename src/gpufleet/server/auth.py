@@ -1,4 +1,4 @@
-"""Bearer tokens: secrets `gf_…` shown once, stored only as their SHA-256; roles admin and team."""
+"""Bearer tokens: secrets `gf_…` shown once, stored only as their SHA-256; roles admin, team and metrics."""
 
 from __future__ import annotations
 
@@ -111,7 +111,11 @@ class Authenticator:
             raise UnauthorizedError(
                 "the Authorization header is not `Bearer <token>`", "send `Authorization: Bearer gf_…`"
             )
-        digest = hash_secret(secret)
+        return self.authenticate_hash(hash_secret(secret), source)
+
+    def authenticate_hash(self, digest: str, source: str = "local") -> Principal:
+        """The principal of the token whose secret hashes to `digest` (a dashboard session keeps the hash, never
+        the secret): the same checks as a bearer secret, so a revoked token ends its sessions too."""
         now = time.monotonic()
         with self._lock:
             cached = self._cache.get(digest)

@@ -35,8 +35,9 @@ class ApiContext:
     policy: str = "default"
     # Prometheus exposition of /metrics (set by the process once telemetry is wired).
     metrics: Callable[[], tuple[bytes, str]] | None = None
-    # /metrics lists job ids, queues and hostnames: beyond loopback it needs a metrics (or admin) token.
-    metrics_need_token: bool = False
+    # /metrics lists job ids, queues and hostnames: it needs a metrics (or admin) token, on loopback too (a job
+    # on this host is a local process), unless `up --public-metrics`.
+    metrics_need_token: bool = True
     # The longest grace_period a job may ask in a queue whose admin set no maximum of its own.
     max_grace_s: float = DEFAULT_MAX_GRACE_S
     team_rate: Rate = TEAM_RATE  # requests per token of each role (see ratelimit.py)

@@ -85,7 +85,7 @@ class UpSettings:
     max_grace_s: float = DEFAULT_MAX_GRACE_S  # the longest grace_period, in queues without their own maximum
     team_rate: Rate = TEAM_RATE  # requests per team (and metrics) token: per second, burst
     admin_rate: Rate = ADMIN_RATE
-    public_metrics: bool = False  # serve /metrics without a token even when listening beyond loopback
+    public_metrics: bool = False  # serve /metrics without a token (any local process, a job too, reads it)
     reset_store: bool = False  # start over: move a damaged or foreign store aside (see store_guard.py)
     stop_jobs_on_exit: bool = False
     exit_grace_s: float = 10.0
@@ -559,7 +559,7 @@ class ControlPlane:
                 inventory_source=self.inventory.source,
                 policy=settings.policy,
                 metrics=self.telemetry.metrics,
-                metrics_need_token=not (settings.public_metrics or is_loopback(settings.host)),
+                metrics_need_token=not settings.public_metrics,
                 scratch_dir=settings.data_dir,
                 max_grace_s=settings.max_grace_s,
                 team_rate=settings.team_rate,

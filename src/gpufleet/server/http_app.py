@@ -77,12 +77,17 @@ async def principal(  # async: tokens are cached; a miss is one indexed read
     return who
 
 
-def authenticate(svc: Service, request: Request, authorization: str | None = None) -> Principal:
-    """The caller's principal (from `authorization`, or the request's header), within its token's rate limit
-    (429 beyond it; failed attempts are limited per address)."""
+def authenticate(
+    svc: Service, request: Request, authorization: str | None = None, *, secret_hash: str | None = None
+) -> Principal:
+    """The caller's principal (from `authorization`, a dashboard session's `secret_hash`, or the request's
+    header), within its token's rate limit (429 beyond it; failed attempts are limited per address)."""
     address = client_address(request)
     try:
-        who = svc.auth.authenticate(authorization or request.headers.get("authorization"), address)
+        if secret_hash is not None:
+            who = svc.auth.authenticate_hash(secret_hash, address)
+        else:
+            who = svc.auth.authenticate(authorization or request.headers.get("authorization"), address)
     except UnauthorizedError:
         svc.limits.check_failed_auth(address)
         raise
@@ -94,16 +99,20 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
 
+METRICS_FIX = (
+    "create one with `gpufleet token create prometheus --role metrics` and give it to Prometheus (scrape config: "
+    "`authorization: {type: Bearer, credentials_file: FILE}`), or start `gpufleet up --public-metrics`"
+)
+
+
 def metrics_reader(svc: Service, request: Request) -> Principal:
-    """Who may scrape /metrics beyond loopback: a metrics or admin token (a team token would see every
-    queue's job ids)."""
+    """Who may scrape /metrics: a metrics or admin token. Its series name every queue's jobs, so neither a team
+    token nor a job's own token (`gfj_…`, which is no API token) reads them, and on loopback neither does a
+    job running on this host."""
     authorization = request.headers.get("authorization")
     if not authorization:
         raise UnauthorizedError(
-            "/metrics needs a token: this control plane listens beyond loopback and its metrics name jobs, queues "
-            "and hosts",
-            "create one with `gpufleet token create prometheus --role metrics` and give it to Prometheus "
-            "(scrape config: `authorization: {credentials: gf_…}`), or start `gpufleet up --public-metrics`",
+            "/metrics needs a metrics or admin token: its series name jobs, queues and hosts", METRICS_FIX
         )
     who = authenticate(svc, request)
     if who.token.role is Role.TEAM:
@@ -112,6 +121,13 @@ def metrics_reader(svc: Service, request: Request) -> Principal:
             "scrape with a metrics token (`gpufleet token create prometheus --role metrics`)",
         )
     return who
+
+
+def health_reader(svc: Service, request: Request) -> Principal | None:
+    """Who asks /healthz: None without a token (liveness only); an invalid token is refused, as elsewhere."""
+    if not request.headers.get("authorization"):
+        return None
+    return authenticate(svc, request)
 
 
 def error_status(error: GpufleetError) -> tuple[int, str]:
@@ -240,10 +256,15 @@ def create_app(ctx: ApiContext) -> FastAPI:
         message = f"internal error ({error.__class__.__name__}); to fix: this is a gpufleet bug, please report it"
         return JSONResponse(error_body("internal_error", message), status_code=500)
 
-    @app.get("/healthz", tags=["health"])
-    def healthz() -> HealthOut:
-        """Liveness, and how jobs are isolated from each other and from the control plane; needs no token."""
-        return HealthOut(isolation=isolation_out(ctx))
+    @app.get("/healthz", tags=["health"], response_model_exclude_none=True)
+    def healthz(request: Request) -> HealthOut:
+        """Liveness (`{"status": "ok"}`), which needs no token. With an admin token also how jobs are isolated
+        from each other and from the control plane, and whether /metrics needs a token: details that would
+        help an attacker, so nobody else gets them."""
+        who = health_reader(app.state.service, request)
+        if who is None or not who.admin:
+            return HealthOut()
+        return HealthOut(isolation=isolation_out(ctx), metrics="token" if ctx.metrics_need_token else "public")
 
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:

@@ -35,8 +35,11 @@ class IsolationOut(BaseModel):
 
 
 class HealthOut(BaseModel):
+    """Liveness for anyone; the rest only for an admin token (null otherwise)."""
+
     status: Literal["ok"] = "ok"
     isolation: IsolationOut | None = None
+    metrics: Literal["token", "public"] | None = None  # whether /metrics needs a token (`up --public-metrics`)
 
 
 class InfoOut(BaseModel):

@@ -32,6 +32,7 @@ from gpufleet.server.web.security import (
     CsrfKeys,
     SignInRequiredError,
     WebSession,
+    WebSessions,
     cookie_path,
 )
 
@@ -172,20 +173,33 @@ def csrf_keys(request: Request) -> CsrfKeys:
     return keys
 
 
+def web_sessions(request: Request) -> WebSessions:
+    sessions: WebSessions = request.app.state.web_sessions
+    return sessions
+
+
 def web_session(request: Request) -> WebSession:
-    """The signed-in browser: its cookie's token, checked as an API call checks a bearer token."""
-    secret = request.cookies.get(SESSION_COOKIE)
-    if not secret:
+    """The signed-in browser: its cookie's session id, whose token is checked as an API call checks a bearer
+    token (a revoked or refused token ends the session)."""
+    session_id = request.cookies.get(SESSION_COOKIE)
+    if not session_id:
         raise SignInRequiredError()
+    sessions = web_sessions(request)
+    secret_hash = sessions.token_hash(session_id)
+    if secret_hash is None:  # signed out, expired, or from before a restart: sign in again, nothing to explain
+        raise SignInRequiredError("ended")
     try:
-        principal = authenticate(service_of(request), request, f"Bearer {secret}")
+        principal = authenticate(service_of(request), request, secret_hash=secret_hash)
     except UnauthorizedError:
+        sessions.close_token(secret_hash)
         raise SignInRequiredError("revoked") from None
-    except TeamTokenRefusedError:  # the same rule as the API's (--single-user); the cookie is dropped
+    except TeamTokenRefusedError:  # the same rule as the API's (--single-user); the session ends
+        sessions.close_token(secret_hash)
         raise SignInRequiredError("team-refused") from None
-    if principal.token.role is Role.METRICS:
+    if principal.token.role is Role.METRICS:  # sign-in refuses these; kept in case a token's role ever changes
+        sessions.close(session_id)
         raise SignInRequiredError("metrics")
-    return WebSession(principal, csrf_keys(request).token_for(principal))
+    return WebSession(principal, csrf_keys(request).token_for(session_id), session_id)
 
 
 # ------------------------------------------------------------------------------------------- rendering

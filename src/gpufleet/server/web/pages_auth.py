@@ -1,4 +1,4 @@
-"""Signing in with an API token and signing out."""
+"""Signing in with an API token (which opens a server-side session) and signing out (which ends it)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ from fastapi.responses import RedirectResponse, Response
 from gpufleet.ports.admin import Role
 from gpufleet.server.http_app import authenticate
 from gpufleet.server.http_errors import TeamTokenRefusedError, UnauthorizedError
-from gpufleet.server.web.common import WebRoute, prefix_of, render, service_of, url_for, web_session
+from gpufleet.server.web.common import (
+    WebRoute,
+    prefix_of,
+    render,
+    service_of,
+    url_for,
+    web_session,
+    web_sessions,
+)
 from gpufleet.server.web.security import (
     SESSION_COOKIE,
     SIGN_IN_REASONS,
@@ -108,10 +116,15 @@ def signin(
     if who.token.role is Role.METRICS:
         refused = "a metrics token only reads /metrics; to fix: sign in with a team or admin token"
         return _signin_form(request, target, error=refused, status_code=403)
+    sessions = web_sessions(request)
+    previous = request.cookies.get(SESSION_COOKIE)
+    if previous:  # signing in again (another token) ends the browser's earlier session
+        sessions.close(previous)
+    session_id = sessions.open(who.token.secret_hash)
     response = RedirectResponse(prefix_of(request) + target, status_code=303)
     response.set_cookie(
         SESSION_COOKIE,
-        secret,
+        session_id,
         path=cookie_path(request),
         httponly=True,
         samesite="strict",
@@ -128,6 +141,7 @@ def signout(
     csrf: Annotated[str | None, Form()] = None,
 ) -> Response:
     check_csrf(request, session.csrf, csrf)
+    web_sessions(request).close(session.id)
     response = RedirectResponse(url_for(request, "/signin"), status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=cookie_path(request))
     return response

@@ -1,9 +1,14 @@
 """Sign-in, the session cookie and CSRF protection of the dashboard.
 
-- The session is the API token itself, in an `HttpOnly; SameSite=Strict` cookie scoped to the dashboard's
-  path (and `Secure` over HTTPS): scripts cannot read it, other sites cannot send it, it never appears in a
-  URL. Every request authenticates it like an API call (revoking the token signs the browser out).
-- Every POST carries a CSRF token, an HMAC of the token's hash under a key kept in the store, sent as the
+- Signing in with an API token makes a session: a random id (`secrets.token_urlsafe`, 256 bits) that the
+  server maps to the token's hash, in memory. The cookie holds only that id, never the token, so a cookie that
+  leaks (a proxy's log, a shared browser profile) is not an API token: it is refused as a bearer token, dies
+  at sign-out, after `SESSION_IDLE_S` unused or `SESSION_MAX_S` in all, and with the server process (a
+  restart signs browsers out; sessions are kept out of the store, so a backup of it holds none). Every request
+  checks the session's token as an API call checks a bearer token, so revoking the token ends its sessions.
+- The cookie is `HttpOnly; SameSite=Strict`, scoped to the dashboard's path, and `Secure` over HTTPS: scripts
+  cannot read it, other sites cannot send it, it never appears in a URL.
+- Every POST carries a CSRF token, an HMAC of the session id under a key kept in the store, sent as the
   `X-CSRF-Token` header (htmx) or a `csrf` form field, and must come from our own origin (`Origin`, else
   `Referer`, matches the host the browser addressed). The sign-in form, made before any session, is
   protected by a double-submit nonce and the same origin check.
@@ -15,6 +20,8 @@ import hashlib
 import hmac
 import secrets
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -32,6 +39,7 @@ CSRF_KEY_SETTING = "web:csrf_key"
 
 
 SIGN_IN_REASONS = {
+    "ended": "Your session has ended (signed out, unused for a while, or the server restarted): sign in again.",
     "revoked": "Your token is no longer valid (unknown or revoked): sign in with a valid one.",
     "metrics": "A metrics token only reads /metrics: sign in with a team or admin token.",
     "team-refused": "This control plane refuses team tokens: it runs every job as its own user, so teams are not "
@@ -53,10 +61,88 @@ class CsrfError(GpufleetError):
     """A POST without our CSRF token or from another origin (403)."""
 
 
+SESSION_IDLE_S = 8 * 3600.0  # a session unused this long is gone
+SESSION_MAX_S = 7 * 86400.0  # and any session after this long, used or not
+MAX_SESSIONS = 10_000  # beyond this many, signing in drops the least recently used
+
+
+@dataclass(slots=True)
+class _Stored:
+    secret_hash: str  # the token's, as the store keeps it: the secret itself is never held
+    created: float
+    used: float
+
+
+class WebSessions:
+    """The dashboard's sessions: id -> the token it was opened with. Ids are kept as their SHA-256, so this
+    map, seen in a memory dump, opens no session either."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._by_id: dict[str, _Stored] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(session_id: str) -> str:
+        return hashlib.sha256(session_id.encode()).hexdigest()
+
+    def open(self, secret_hash: str) -> str:
+        """A new session for the token with this hash; returns its id (the cookie's value)."""
+        session_id = secrets.token_urlsafe(32)
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            if len(self._by_id) >= MAX_SESSIONS:
+                oldest = min(self._by_id, key=lambda key: self._by_id[key].used)
+                del self._by_id[oldest]
+            self._by_id[self._key(session_id)] = _Stored(secret_hash, now, now)
+        return session_id
+
+    def token_hash(self, session_id: str) -> str | None:
+        """The hash of the session's token, or None for an unknown, closed or expired session."""
+        now = self._clock()
+        key = self._key(session_id)
+        with self._lock:
+            stored = self._by_id.get(key)
+            if stored is None:
+                return None
+            if now - stored.used > SESSION_IDLE_S or now - stored.created > SESSION_MAX_S:
+                del self._by_id[key]
+                return None
+            stored.used = now
+            return stored.secret_hash
+
+    def close(self, session_id: str) -> None:
+        with self._lock:
+            self._by_id.pop(self._key(session_id), None)
+
+    def close_token(self, secret_hash: str) -> int:
+        """End every session of a token (it was revoked or refused); returns how many there were."""
+        with self._lock:
+            keys = [key for key, stored in self._by_id.items() if stored.secret_hash == secret_hash]
+            for key in keys:
+                del self._by_id[key]
+        return len(keys)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_id)
+
+    def _expire(self, now: float) -> None:
+        dead = [
+            key
+            for key, stored in self._by_id.items()
+            if now - stored.used > SESSION_IDLE_S or now - stored.created > SESSION_MAX_S
+        ]
+        for key in dead:
+            del self._by_id[key]
+
+
 @dataclass(frozen=True, slots=True)
 class WebSession:
     principal: Principal
     csrf: str
+    id: str = ""
 
     @property
     def admin(self) -> bool:
@@ -81,8 +167,9 @@ class CsrfKeys:
                 self._key = bytes.fromhex(stored)
             return self._key
 
-    def token_for(self, principal: Principal) -> str:
-        return hmac.new(self.key(), principal.token.secret_hash.encode(), hashlib.sha256).hexdigest()
+    def token_for(self, session_id: str) -> str:
+        """Bound to the session, so a form of a session that ended is refused in the next one."""
+        return hmac.new(self.key(), session_id.encode(), hashlib.sha256).hexdigest()
 
 
 def secure_request(request: Request) -> bool:
