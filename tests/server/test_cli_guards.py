@@ -52,15 +52,18 @@ def test_user_strings_never_reach_the_terminal_raw(live: Live, tmp_path: Path) -
     assert json.loads(live.cli("show", job_id, "--json"))["name"] == EVIL
 
 
-def test_logs_print_the_output_as_written_unless_asked_to_escape(live: Live, tmp_path: Path) -> None:
+def test_logs_to_a_pipe_are_the_output_as_written_unless_asked_to_escape(live: Live, tmp_path: Path) -> None:
     job = json.loads(live.cli("submit", _spec_file(tmp_path), "--json"))
     log = tmp_path / "attempt-1" / "worker-0.log"
     log.parent.mkdir()
     log.write_text(f"{ESC}[32mgreen{ESC}[0m\tok\n")
     live.ctx.log_paths = lambda job_id: [log] if job_id == job["id"] else []
     run_on_live(live, job["id"])
-    assert "green\tok\n" in live.cli("logs", job["id"])  # as written (click drops colours when not a terminal)
+    # Not a terminal (the runner's output is a pipe): as written, colours included, as `> file` keeps them.
+    assert live.cli("logs", job["id"]) == f"{ESC}[32mgreen{ESC}[0m\tok\n"
+    assert live.cli("logs", job["id"], "--raw") == f"{ESC}[32mgreen{ESC}[0m\tok\n"
     assert live.cli("logs", job["id"], "--escape-control") == "\\x1b[32mgreen\\x1b[0m\tok\n"
+    live.cli("logs", job["id"], "--raw", "--escape-control", code=1)  # one or the other
 
 
 def test_submit_retries_through_a_refusing_port_with_one_key_and_makes_one_job(live: Live, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ GPUFLEET_TOKEN, or the file `gpufleet login` writes) and most take --json for sc
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -387,10 +388,19 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
     worker: Annotated[int, typer.Option(min=0, help="Worker (rank).")] = 0,
     attempt: Annotated[int | None, typer.Option(min=1, help="Attempt (default: the latest).")] = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Write the output as the job wrote it, escape sequences included, also to a terminal (where "
+            "they can set its title, write its clipboard (OSC 52) or rewrite what is on screen).",
+        ),
+    ] = False,
     escape_control: Annotated[
         bool,
         typer.Option(
-            "--escape-control", help="Show control characters of the output escaped (\\x1b), not as the job wrote them."
+            "--escape-control",
+            help="Show control characters escaped (\\x1b) also when the output is not a terminal (a pipe, a file).",
         ),
     ] = False,
     tail: Annotated[
@@ -399,9 +409,16 @@ def logs(
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Print a job's output (one worker's stdout and stderr), as the job wrote it. With -f it exits, once the
-    job has ended, with the job's exit code (128+N for a job killed by signal N; 1 for one that ended without
-    a code)."""
+    """Print a job's output (one worker's stdout and stderr). With -f it exits, once the job has ended,
+    with the job's exit code (128+N for a job killed by signal N; 1 for one that ended without a code).
+
+    To a terminal, control characters are shown escaped (ESC as \\x1b; newlines and tabs kept), so a job's
+    output cannot drive the terminal of whoever reads it. To a file or a pipe it is written as the job wrote
+    it, as `> file` (and a Slurm output file) would keep it; `less -R` then shows only colours and links.
+    --raw and --escape-control choose either way explicitly."""
+    if raw and escape_control:
+        raise GpufleetError("--raw and --escape-control contradict each other", "give one of them, or neither")
+    escape = escape_control or (not raw and sys.stdout.isatty())
     offset = 0
     with _client(url, token) as client:
         if tail is not None:
@@ -409,7 +426,7 @@ def logs(
         while True:
             chunk = client.get(f"/v1/jobs/{job_id}/logs", worker=worker, attempt=attempt, offset=offset)
             if chunk["text"]:
-                typer.echo(text_block(chunk["text"]) if escape_control else chunk["text"], nl=False)
+                _write_out(text_block(chunk["text"]) if escape else chunk["text"])
             moved = chunk["next_offset"] != offset
             offset = chunk["next_offset"]
             if attempt is None and chunk["attempt"]:
@@ -420,6 +437,19 @@ def logs(
                 time.sleep(0.3)
         if follow:
             raise typer.Exit(exit_status(wait_for(client, job_id)))
+
+
+def _write_out(text: str) -> None:
+    """Straight to stdout: `click.echo` would drop colour sequences from a pipe, and the raw output is the
+    job's, as it wrote it."""
+    data = text.encode("utf-8", "replace")
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        sys.stdout.write(data.decode("utf-8", "replace"))
+    else:
+        sys.stdout.flush()
+        buffer.write(data)
+    sys.stdout.flush()
 
 
 # -------------------------------------------------------------------------------------------- queues

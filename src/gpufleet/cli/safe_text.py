@@ -1,7 +1,8 @@
 """Strings from the control plane (job names, reasons, queue, node and model names, audit entries) printed
 so that they cannot drive the terminal: control characters (escape sequences, carriage returns,
 bidirectional overrides) are shown escaped, `\\x1b` rather than ESC, and Rich markup in them is shown, not
-interpreted. Job output (`gpufleet logs`) is printed as it is, unless `--escape-control` asks otherwise."""
+interpreted. Job output (`gpufleet logs`) gets `text_block` when it goes to a terminal (or with
+`--escape-control`), and is written as the job wrote it to a file or a pipe, or with `--raw`."""
 
 from __future__ import annotations
 
