@@ -9,6 +9,8 @@ real mount namespaces, on the local executor (and the `gpufleet up` it runs as r
   that a later job reads;
 - a job sees only its own user's processes in /proc: not the control plane's, nor another team's;
 - the workers of one attempt share /dev/shm (NCCL's shared-memory transport between local ranks needs it).
+
+The same on the Ray test cluster is in tests/ray/test_sandbox.py (it shares that session's cluster).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def peek(path):
 
 mode, result, trigger, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 found = {"uid": os.getuid(), "pid": os.getpid(), "rank": os.environ.get("RANK"),
-         "shm_dev": os.stat("/dev/shm").st_dev, "tmp_dev": os.stat("/tmp").st_dev}
+         "shm_dev": os.stat("/dev/shm").st_dev, "tmp_dev": os.stat("/tmp").st_dev, "tmp_seen": peek("/tmp")}
 if mode == "shm":  # write MIB MiB into /dev/shm/NAME and a file into /tmp
     found["written"], found["error"] = fill("/dev/shm/" + args[0], int(args[1]))
     with open("/tmp/" + args[0], "w") as f:

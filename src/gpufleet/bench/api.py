@@ -202,8 +202,9 @@ def _start_latency(server: LocalServer, samples: int, marks: Path) -> dict[str, 
 
 def run(jobs: int = 2000, clients: int = 16, latency_samples: int = 50) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-api-"))
-    # Jobs run as their queue's own user when the control plane is root: their marks go where they may write.
-    marks = Path(tempfile.mkdtemp(prefix="gpufleet-bench-marks-"))
+    # Jobs run as their queue's own user when the control plane is root: their marks go where they may write,
+    # and not under /tmp, which is each job's own.
+    marks = Path(tempfile.mkdtemp(prefix="gpufleet-bench-marks-", dir="/var/tmp"))
     marks.chmod(0o1777)
     try:
         server = LocalServer(root / "data", extra=("--stop-jobs",))

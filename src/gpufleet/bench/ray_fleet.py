@@ -40,7 +40,7 @@ def run(nodes: int, gpus_per_node: int, jobs: int, timeout_s: float = 600.0) -> 
 
     if nodes < 2:
         raise GpufleetError("the node-loss measure needs at least 2 nodes", "give --nodes 2 or more")
-    root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-ray-"))
+    root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-ray-", dir="/var/tmp"))  # not /tmp: each job has its own
     root.chmod(0o755)
     marks = root / "marks"
     marks.mkdir()
@@ -57,7 +57,7 @@ def run(nodes: int, gpus_per_node: int, jobs: int, timeout_s: float = 600.0) -> 
     server: LocalServer | None = None
     try:
         started = time.perf_counter()
-        extra = ("--ray", cluster.address, "--inventory", str(inventory))
+        extra = ("--ray", cluster.address, "--ray-token-file", str(cluster.token_path), "--inventory", str(inventory))
         server = LocalServer(root / "data", emulate=None, extra=extra, ready_timeout_s=180.0)
         up_s = time.perf_counter() - started
         paced = _launch(server, jobs, marks / "paced", timeout_s, clients=1, rate=GOAL_LAUNCHES_PER_S)
