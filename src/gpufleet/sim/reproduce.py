@@ -40,6 +40,7 @@ from gpufleet.sim.metrics import PolicyMetrics
 from gpufleet.sim.pollux_loads import reproduce_pollux_loads
 from gpufleet.sim.prices import PriceTable
 from gpufleet.sim.reproduce_base import chosen_policies, data_folder, ratio, rounded
+from gpufleet.sim.reproduce_gavel_jobs import reproduce_gavel_jobs
 from gpufleet.sim.reproduce_pollux import reproduce_pollux
 from gpufleet.sim.workload import WorkloadError
 from gpufleet.sim.workloads import (
@@ -636,6 +637,7 @@ REPRODUCTIONS: Mapping[str, Callable[..., Comparison]] = {
     "helios-calibration": calibrate_helios_load,
     "gavel": reproduce_gavel,
     "gavel-multi": partial(reproduce_gavel, trace="continuous-multiple"),
+    "gavel-jobs": reproduce_gavel_jobs,
     "pollux": reproduce_pollux,
     "pollux-loads": partial(reproduce_pollux_loads, reproduce_pollux=reproduce_pollux),
 }

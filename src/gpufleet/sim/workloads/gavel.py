@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufleet.domain import GiB, Job, QueueSpec, WorkerRequest, make_node
+from gpufleet.domain import GiB, Job, Node, QueueSpec, WorkerRequest, make_node
 from gpufleet.sim.workload import ThroughputEntry, ThroughputTable, TraceJob, Workload, WorkloadError
 from gpufleet.sim.workloads._common import DEFAULT_QUEUE, resolve, split_gang
 from gpufleet.sim.workloads._csv import CsvTable
@@ -71,6 +71,31 @@ def load_throughput_table(path: str | Path) -> ThroughputTable:
     return ThroughputTable(tuple(entries), source=str(file), reference=REFERENCE_MODEL)
 
 
+def _check_cluster(gpus_per_model: int, gpus_per_node: int) -> None:
+    if gpus_per_model < 1 or gpus_per_node < 1 or gpus_per_model % gpus_per_node:
+        raise WorkloadError(
+            f"{gpus_per_model} GPUs per model in nodes of {gpus_per_node}",
+            "give gpus_per_model as a positive multiple of gpus_per_node, e.g. 36 and 4",
+        )
+
+
+def gavel_cluster(gpus_per_model: int, gpus_per_node: int) -> tuple[Node, ...]:
+    """Gavel's cluster: `gpus_per_model` each of V100, P100 and K80, in nodes of `gpus_per_node`."""
+    _check_cluster(gpus_per_model, gpus_per_node)
+    return tuple(
+        make_node(f"gavel-{model.lower()}-{n:02d}", model, gpus_per_node, memory)
+        for model, memory in GAVEL_MODELS.items()
+        for n in range(gpus_per_model // gpus_per_node)
+    )
+
+
+def _cluster_assumption(gpus_per_model: int, gpus_per_node: int) -> str:
+    return (
+        f"Cluster: {gpus_per_model} each of V100, P100, K80 in nodes of {gpus_per_node} GPUs (Gavel fixes the "
+        "GPU counts, not the server shape); GPU memory V100 16 GiB, P100 16 GiB, K80 12 GiB."
+    )
+
+
 def load_gavel(
     path: str | Path,
     *,
@@ -93,11 +118,7 @@ def load_gavel(
         raise WorkloadError(f"rate_per_hour is {rate_per_hour}", "give an arrival rate > 0 jobs per hour, e.g. 4.0")
     if num_jobs < 1:
         raise WorkloadError(f"num_jobs is {num_jobs}", "generate 1 or more jobs")
-    if gpus_per_model < 1 or gpus_per_node < 1 or gpus_per_model % gpus_per_node:
-        raise WorkloadError(
-            f"{gpus_per_model} GPUs per model in nodes of {gpus_per_node}",
-            "give gpus_per_model as a positive multiple of gpus_per_node, e.g. 36 and 4",
-        )
+    _check_cluster(gpus_per_model, gpus_per_node)
     table = load_throughput_table(path)
     types_by_scale = {
         sf: tuple(t for t in table.job_types if (table.get(t, REFERENCE_MODEL, sf) or 0.0) > 0)
@@ -142,22 +163,16 @@ def load_gavel(
         )
         jobs.append(TraceJob(job, float(durations[i])))
 
-    nodes = tuple(
-        make_node(f"gavel-{model.lower()}-{n:02d}", model, gpus_per_node, memory)
-        for model, memory in GAVEL_MODELS.items()
-        for n in range(gpus_per_model // gpus_per_node)
-    )
     return Workload(
         name=f"gavel-{'multi' if multi_gpu else 'single'}-{rate_per_hour:g}jph-seed{seed}",
         citation=CITATION,
         license=LICENSE,
-        nodes=nodes,
+        nodes=gavel_cluster(gpus_per_model, gpus_per_node),
         queues=(QueueSpec(DEFAULT_QUEUE),),
         jobs=tuple(jobs),
         throughput=table,
         assumptions=(
-            f"Cluster: {gpus_per_model} each of V100, P100, K80 in nodes of {gpus_per_node} GPUs (Gavel fixes the "
-            "GPU counts, not the server shape); GPU memory V100 16 GiB, P100 16 GiB, K80 12 GiB.",
+            _cluster_assumption(gpus_per_model, gpus_per_node),
             f"Arrivals: Poisson, {rate_per_hour:g} jobs/hour, first job after one exponential gap; numpy "
             f"default_rng({seed}) (Gavel's own random stream is not reproduced).",
             "Job type uniform over the templates measured at the job's scale factor; scale factor "
@@ -166,4 +181,101 @@ def load_gavel(
             "run time elsewhere = duration / relative speed from the throughput table. Jobs larger than a node "
             "span nodes: their speed is the table's unconsolidated entry.",
         ),
+    )
+
+
+# A job list that Gavel's own simulator generated (`generated/` beside the throughput table): the same jobs as
+# Gavel's run, so a reproduction is judged job for job, not seed number for seed number.
+JOB_LIST_COLUMNS = ("job_id", "arrival_time_s", "job_type", "scale_factor", "total_steps", "duration_s")
+JOB_LIST_OPTIONAL = ("priority_weight", "SLO", "v100_steps_per_s")
+JOB_LIST_PREFIX = "gavel-jobs:"
+
+
+def gavel_job_id(number: int) -> str:
+    """Our id of Gavel's job `number`: the same for a generated and a listed job, so one window measures both."""
+    return f"gavel-{number:05d}"
+
+
+def load_gavel_jobs(
+    path: str | Path,
+    *,
+    throughputs: str | Path | None = None,
+    gpus_per_model: int = 36,
+    gpus_per_node: int = 4,
+) -> Workload:
+    """The jobs of one list Gavel's simulator generated (columns `JOB_LIST_COLUMNS`), on Gavel's cluster.
+
+    `duration` is Gavel's own draw (`duration_s`, on V100 at the job's scale factor; it is `total_steps` over
+    the V100 throughput, which the file also gives); time on other models follows from the throughput table,
+    `throughputs` or, by default, the `gavel_isolated_throughputs.csv` of the list's folder or its parent.
+    Job ids keep Gavel's numbers (`gavel-04000`), so Gavel's window (jobs 4000-4999) measures the same jobs.
+    """
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise WorkloadError(
+            "job list does not exist",
+            "give a CSV of Gavel's generated jobs (e.g. gavel_single_5.6_seed0.csv)",
+            path=file,
+        )
+    _check_cluster(gpus_per_model, gpus_per_node)
+    table = load_throughput_table(throughputs if throughputs is not None else _throughputs_beside(file))
+    rows = CsvTable(file, "Gavel job list", JOB_LIST_COLUMNS, optional=JOB_LIST_OPTIONAL)
+    requests: dict[int, tuple[int, WorkerRequest]] = {}
+    jobs = []
+    seen: set[int] = set()
+    for index, row in enumerate(rows):
+        number = row.integer("job_id", minimum=0)
+        if number in seen:
+            raise row.error("job_id", f"job {number} is listed twice", "keep one row per job")
+        seen.add(number)
+        scale = row.integer("scale_factor", minimum=1)
+        job_type = row.text("job_type")
+        if (table.get(job_type, REFERENCE_MODEL, scale) or 0.0) <= 0:
+            raise row.error(
+                "job_type",
+                f"{job_type!r} has no V100 throughput at scale factor {scale} in {table.source}",
+                "give the throughput table the list was generated with (--set throughputs=FILE)",
+            )
+        if scale not in requests:
+            workers, per_worker = split_gang(scale, gpus_per_node)
+            requests[scale] = (workers, WorkerRequest(gpus=per_worker))
+        workers, request = requests[scale]
+        job = Job(
+            id=gavel_job_id(number),
+            queue=DEFAULT_QUEUE,
+            request=request,
+            workers=workers,
+            submit_seq=index,
+            submitted_at=row.number("arrival_time_s", minimum=0.0),
+            job_type=job_type,
+        )
+        jobs.append(TraceJob(job, row.number("duration_s", positive=True)))
+    if not jobs:
+        raise WorkloadError("has no jobs", "give one row per job", path=file)
+    return Workload(
+        name=f"gavel-jobs-{file.stem}",
+        citation=CITATION,
+        license=LICENSE,
+        nodes=gavel_cluster(gpus_per_model, gpus_per_node),
+        queues=(QueueSpec(DEFAULT_QUEUE),),
+        jobs=tuple(jobs),
+        throughput=table,
+        assumptions=(
+            _cluster_assumption(gpus_per_model, gpus_per_node),
+            f"Jobs: the {len(jobs)} jobs Gavel's own simulator generated in {file.name} (arrival, type, scale "
+            "factor, duration on V100), replayed as listed.",
+            "Run time elsewhere = duration / relative speed from the throughput table. Jobs larger than a node span "
+            "nodes: their speed is the table's unconsolidated entry.",
+        ),
+    )
+
+
+def _throughputs_beside(file: Path) -> Path:
+    for folder in (file.parent, file.parent.parent):
+        if (folder / THROUGHPUT_FILE).is_file():
+            return folder / THROUGHPUT_FILE
+    raise WorkloadError(
+        f"no {THROUGHPUT_FILE} beside the job list or in its parent folder",
+        "give the throughput table: --set throughputs=FILE",
+        path=file,
     )

@@ -35,6 +35,10 @@ SOURCES: Mapping[str, Source] = {
     )
 }
 NAMES = tuple(SOURCES)
+# Formats read from a path only (no data folder to look them up by name): `PREFIX:FILE`, or detected.
+PATH_SOURCES: Mapping[str, Source] = {
+    "gavel-jobs": Source("gavel-jobs", None, gavel.load_gavel_jobs, "a job list Gavel's own simulator generated"),
+}
 
 # Header columns that identify each kind of CSV file (all must be present).
 _FILE_SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
@@ -42,6 +46,7 @@ _FILE_SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
     ("openb", frozenset(openb.NODE_COLUMNS)),
     ("philly", frozenset(philly.JOB_COLUMNS)),
     ("gavel", frozenset(gavel.THROUGHPUT_COLUMNS)),
+    ("gavel-jobs", frozenset(gavel.JOB_LIST_COLUMNS)),
     ("pollux", frozenset(pollux.COLUMNS)),
     ("tiresias", frozenset(tiresias.JOB_COLUMNS)),
 )
@@ -132,13 +137,20 @@ def load_workload(spec: str | Path, *, traces_root: str | Path | None = None, **
                 f"the {source.name} data folder is missing", f"put {source.folder}/ under {traces_root}", path=folder
             )
         return _call(source, folder, options)
+    for name, path_source in PATH_SOURCES.items():
+        if text.lower().startswith(f"{name}:"):
+            return _call(path_source, Path(text[len(name) + 1 :].strip()).expanduser(), options)
     path = Path(text).expanduser()
     if is_snapshot(path):
         if options:
             raise WorkloadError(f"a snapshot takes no option {sorted(options)[0]!r}", "drop the option", path=path)
         return load_snapshot(path)
     if path.exists():
-        return _call(SOURCES[detect_format(path)], path, options)
+        name = detect_format(path)
+        return _call(SOURCES.get(name) or PATH_SOURCES[name], path, options)
     if path.suffix or len(path.parts) > 1:
         raise WorkloadError("does not exist", "give the path to a trace folder or CSV file", path=path)
-    raise WorkloadError(f"unknown workload {text!r}", f"use one of: {_valid_names()}; or a path to a trace")
+    raise WorkloadError(
+        f"unknown workload {text!r}",
+        f"use one of: {_valid_names()}; or a path to a trace; or {gavel.JOB_LIST_PREFIX}FILE (a Gavel job list)",
+    )
