@@ -607,6 +607,7 @@ REPRODUCE_OPTIONS: dict[str, dict[str, str]] = {
         "las_min_run_s": "las_min_run_s=900 (LAS preemption's minimum run, s)",
     },
     "pollux": {"load": "load=1.5 (arrivals scaled; default 1)"},
+    "gavel-jobs": {"lists": "lists=DIR (Gavel's generated job lists)", "only": "only=single_5.6 (lists named so)"},
     "pollux-loads": {"loads": "loads=0.5,1,1.5,2"},
 }
 
@@ -672,7 +673,9 @@ def _reproduce(
         raise WorkloadError(
             f"--set {', '.join(unknown)} does not apply to --reproduce {name}", f"{takes}; drop the others"
         )
-    kwargs |= {key: str(value) if key in ("pods", "window") else value for key, value in options.items()}
+    kwargs |= {
+        key: str(value) if key in ("pods", "window", "lists", "only") else value for key, value in options.items()
+    }
     if "loads" in kwargs:
         kwargs["loads"] = parse_loads(str(kwargs["loads"]))
     if "load" in kwargs:
