@@ -165,6 +165,10 @@ def unavailable() -> tuple[str, str]:
     if os.geteuid() != 0:
         reason = "gpufleet does not run as root here, and only root may make mount namespaces"
         return reason, reason
+    libc = _c()
+    # Looked up before the fork: in a process with threads (a Ray actor), the child must not take the dynamic
+    # loader's lock, which another thread may have held at the fork.
+    _ = (libc.unshare, libc.mount, libc.umount2)
     report, into = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
