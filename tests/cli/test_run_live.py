@@ -114,12 +114,14 @@ def test_a_job_above_its_queues_quota_is_accepted_with_a_warning(cli: Cli) -> No
     assert cli("quota", "set", "small", "--gpu", "2").returncode == 0
     done = cli("run", "--no-wait", *HERE, "--queue", "small", "--gpus", "4", "--", "true")
     assert done.returncode == 0, done.stderr
-    assert "warning: queue 'small''s quota can never admit this job as it stands" in done.stderr
+    assert "warning: queue 'small''s quota can never admit this job as it stands" in done.stderr, done.stderr
     job_id = done.stdout.strip()
-    assert json.loads(cli("show", job_id, "--json").stdout)["state"] == "pending"
-    assert cli("cancel", job_id).returncode == 0
+    shown = cli("show", job_id, "--json")
+    assert json.loads(shown.stdout)["state"] == "pending", shown
+    cancelled = cli("cancel", job_id)
+    assert cancelled.returncode == 0, cancelled
     fits = cli("run", "--no-wait", *HERE, "--queue", "small", "--gpus", "2", "--", "true")
-    assert "warning" not in fits.stderr
+    assert (fits.returncode, "warning" in fits.stderr) == (0, False), fits
 
 
 def test_piped_jobs_are_never_cut_short_and_take_columns(cli: Cli) -> None:
