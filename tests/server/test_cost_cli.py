@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.kit.traces import price_tables
 from tests.server.test_cli_live import Live, live  # noqa: F401 - the fixture
-from tests.server.test_cost_api import GCP_CSV, HOUR, Loop
+from tests.server.test_cost_api import HOUR, Loop
 
 
 def test_price_budget_and_cost_report_commands(live: Live, tmp_path: Path) -> None:  # noqa: F811
@@ -17,10 +18,10 @@ def test_price_budget_and_cost_report_commands(live: Live, tmp_path: Path) -> No
     assert {(p["model"], p["pool"]) for p in listed} == {("A100-80GB", "on-demand"), ("A100-80GB", "spot")}
     bad = live.cli("price", "set", "A100-80GB", "2", "--pool", "cheap", code=2)
     assert "pool" in bad
-    if GCP_CSV.exists():
-        out = live.cli("price", "import", str(GCP_CSV), "--gpu-only", "--region", "us-west1")
-        assert "prices set" in out
-        assert "V100" in live.cli("price", "list")
+    catalog = price_tables() / "gcp_gpu_prices_us.csv"
+    out = live.cli("price", "import", str(catalog), "--gpu-only", "--region", "us-west1")
+    assert "prices set" in out
+    assert "V100" in live.cli("price", "list")
     missing = live.cli("price", "import", str(tmp_path / "nope.csv"), code=2)
     assert "cannot read" in missing
     assert "to fix" in missing
