@@ -21,6 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.routing import APIRoute
 from markupsafe import Markup
 
+from gpufleet.domain.costs import gpu_hours_text
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.ports.admin import Role
 from gpufleet.server.http_app import authenticate, error_status
@@ -128,7 +129,13 @@ _env = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
 )
 _env.filters.update(
-    duration=duration, isotime=isotime, size=size, number=number, percent=percent, script_json=script_json
+    duration=duration,
+    isotime=isotime,
+    size=size,
+    number=number,
+    percent=percent,
+    script_json=script_json,
+    gpu_hours=gpu_hours_text,
 )
 
 
