@@ -77,7 +77,18 @@ def test_an_elastic_job_grows_into_gpus_that_became_idle() -> None:
     assert progress.sizes[-1] == (61.0, 8)
     # GPU-time: 4 GPUs from its start (1 s) to the grow (60 s), then 8.
     assert record.attained_gpu_seconds == 4 * 59.0 + 8 * 1.0
-    assert [t.target for t in store.history("elastic")] == [S.ADMITTED, S.LAUNCHING, S.RUNNING]
+    # the resize is in the job's history (what explain and the dashboard show): when it started and ended
+    history = [(t.source, t.target, t.at, t.reason) for t in store.history("elastic")]
+    assert [(s, t) for s, t, _, _ in history] == [
+        (S.PENDING, S.ADMITTED),
+        (S.ADMITTED, S.LAUNCHING),
+        (S.LAUNCHING, S.RUNNING),
+        (S.RUNNING, S.RUNNING),
+        (S.RUNNING, S.RUNNING),
+    ]
+    assert history[3][2:] == (60.0, "growing from 4 to 8 GPU(s) into idle GPUs")
+    assert history[4][2] == 61.0
+    assert history[4][3].startswith("resized to 8 GPU(s) in 8 worker(s)")
 
 
 def test_an_elastic_job_shrinks_to_admit_a_waiting_job_and_holds_its_gpus_until_resized() -> None:

@@ -32,6 +32,14 @@ class Changes:
         self.add(new)
         return new
 
+    def resize(self, record: JobRecord, reason: str, at: float, **changes: object) -> JobRecord:
+        """A running job's size changes: its state stays, its history says so (RUNNING -> RUNNING)."""
+        if record.state is S.RUNNING:
+            self.transitions.append(transition(record.id, S.RUNNING, S.RUNNING, reason, at))
+        new = record.evolve(reason=reason, **changes)
+        self.add(new)
+        return new
+
 
 def gpus_held(record: JobRecord) -> float:
     return sum(s.milli for w in record.workers for s in w.gpus) / 1000.0

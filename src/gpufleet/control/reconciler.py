@@ -535,16 +535,16 @@ class Reconciler:
         workers = record.resize_to or record.workers
         gpus = len(workers) * record.job.request.gpus
         reason = f"resized to {gpus} GPU(s) in {len(workers)} worker(s) (resize {record.resizes} of this job)"
-        new = record.evolve(
+        return changes.resize(
+            record,
+            reason,
+            obs.at,
             workers=workers,
             resize_to=(),
             resizing=False,
             resized_at=obs.at,
             attained_gpu_seconds=attained,
-            reason=reason,
         )
-        changes.add(new)
-        return new
 
     def _resize_observed(self, record: JobRecord, outcome: JobRecord, released: set[str]) -> None:
         if outcome.workers != record.workers:
@@ -583,7 +583,7 @@ class Reconciler:
             if workers < current:
                 target = kept_on_densest(record.workers, workers)
                 why = f"shrinking from {current * step} to {workers * step} GPU(s) to admit waiting jobs"
-                new = record.evolve(resize_to=target, reason=why, **common)
+                new = changes.resize(record, why, now, resize_to=target, **common)
             else:
                 grown = resizer.grow(now, self.base, record, workers)
                 if grown is None:
@@ -591,10 +591,9 @@ class Reconciler:
                 target = grown.target
                 why = f"growing from {current * step} to {workers * step} GPU(s) into idle GPUs"
                 regathered = {"resize_to": target} if grown.held != target else {}
-                new = record.evolve(workers=grown.held, reason=why, **common, **regathered)
+                new = changes.resize(record, why, now, workers=grown.held, **common, **regathered)
                 self.base.remove_running(job_id)
                 self.base.add_running(new.as_running())
-            changes.add(new)
             started.append((new, target))
         self._write(changes)
         for record, target in started:

@@ -41,6 +41,8 @@ TRANSITIONS: dict[tuple[JobState, JobState], str] = {
     (S.RUNNING, S.FAILED): "observed: a worker failed, or the node was lost with no retries left",
     (S.RUNNING, S.EVICTING): "preemption or cancel: checkpoint signal sent, grace period running",
     (S.RUNNING, S.PENDING): "observed: node lost or worker failed, retried from its last checkpoint",
+    # No change of state, but a line of the job's history: how many GPUs it holds changed.
+    (S.RUNNING, S.RUNNING): "an elastic job's resize started (checkpoint signal to the workers it changes) or ended",
     (S.EVICTING, S.PENDING): "observed: stopped after preemption; back in its queue",
     (S.EVICTING, S.CANCELLED): "observed: stopped after a cancel",
     (S.EVICTING, S.SUCCEEDED): "observed: finished on its own during the grace period",
