@@ -1,7 +1,8 @@
 """One real Ray cluster for the whole session: a head without GPUs and three nodes of 8 emulated A100-80GB
 each (`node-1`, `node-2` in rack r1, `node-3` in rack r2, labelled reserved in zone z-b), all real raylets on
 this machine bound to 127.0.0.1, with Ray's health checks tightened so a killed node is declared dead in a few
-seconds. One `gpufleet up --ray ADDRESS` serves every test (the kill -9 test restarts it on the same data);
+seconds. The cluster runs with Ray's token authentication, its token in a file only root reads.
+One `gpufleet up --ray ADDRESS` serves every test (the kill -9 test restarts it on the same data);
 each test cancels what it started, so the next one finds the cluster idle.
 
 Every wait has a timeout: a Ray cluster on a wrong address hangs rather than fails.
@@ -76,9 +77,16 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         lambda: LocalRayCluster(nodes, system_config=FAST_HEALTH_CHECKS, labels=LABELS),
     )
     cluster.inventory_file = inventory
+    # The cluster runs with Ray's token authentication: fleets made in this process find its token here.
+    saved = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(cluster.token_path)
     try:
         yield cluster
     finally:
+        if saved is None:
+            os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+        else:
+            os.environ["RAY_AUTH_TOKEN_PATH"] = saved
         within(120, "stopping the Ray cluster", cluster.shutdown)
 
 
@@ -113,7 +121,10 @@ class RayPlane:
 def _server(data: Path, cluster: Any, token: str | None = None) -> Any:
     from gpufleet.bench.api import LocalServer
 
-    extra = ("--ray", cluster.address, "--inventory", str(cluster.inventory_file), "--sample-interval", "0.5")
+    extra = (
+        *("--ray", cluster.address, "--ray-token-file", str(cluster.token_path)),
+        *("--inventory", str(cluster.inventory_file), "--sample-interval", "0.5"),
+    )
     return LocalServer(data, emulate=None, extra=extra, token=token, ready_timeout_s=PLANE_START_S)
 
 

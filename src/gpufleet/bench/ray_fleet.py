@@ -57,7 +57,7 @@ def run(nodes: int, gpus_per_node: int, jobs: int, timeout_s: float = 600.0) -> 
     server: LocalServer | None = None
     try:
         started = time.perf_counter()
-        extra = ("--ray", cluster.address, "--inventory", str(inventory))
+        extra = ("--ray", cluster.address, "--ray-token-file", str(cluster.token_path), "--inventory", str(inventory))
         server = LocalServer(root / "data", emulate=None, extra=extra, ready_timeout_s=180.0)
         up_s = time.perf_counter() - started
         paced = _launch(server, jobs, marks / "paced", timeout_s, clients=1, rate=GOAL_LAUNCHES_PER_S)

@@ -174,6 +174,23 @@ def up(
             help="With --ray: where each node's agent keeps its files on that node [default: DATA_DIR/nodes]."
         ),
     ] = None,
+    ray_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --ray HOST:PORT: the file (mode 0600) holding the cluster's Ray token "
+            "[default: RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token]."
+        ),
+    ] = None,
+    ray_insecure: Annotated[
+        bool,
+        typer.Option(
+            help="With --ray HOST:PORT: run on a Ray cluster without token authentication (refused otherwise): "
+            "then any process that reaches its ports, a job included, runs code as root on its nodes."
+        ),
+    ] = False,
+    ray_dashboard: Annotated[
+        bool, typer.Option(help="With --ray local: also run Ray's dashboard (on 127.0.0.1, token required).")
+    ] = False,
 ) -> None:
     """Start the control plane: HTTP API, scheduling loop and executor (this machine, or a Ray cluster's
     nodes with --ray), on embedded defaults."""
@@ -222,6 +239,9 @@ def up(
         log_max_total=_option(parse_size, log_max_total, "--log-max-total") if log_max_total else None,
         ray=ray,
         agent_dir=agent_dir.expanduser().absolute() if agent_dir is not None else None,
+        ray_token_file=ray_token_file.expanduser().absolute() if ray_token_file is not None else None,
+        ray_insecure=ray_insecure,
+        ray_dashboard=ray_dashboard,
     )
     try:
         plane = ControlPlane(settings)
@@ -237,6 +257,13 @@ def up(
         console.print(f"  GPUs: {gpus} on {len(plane.inventory.nodes)} node(s), {plane.inventory.source}{label}")
         console.print(f"  data: {settings.data_dir}   store: {settings.db_url or 'SQLite (WAL)'}")
         console.print(f"  policy: {settings.policy}   on exit: {'stop jobs' if stop_jobs else 'keep jobs running'}")
+        console.print(f"  adopted {plane.reconciler.adopted} running job(s) from the last start")
+        if plane.local_cluster is not None:
+            state = markup(str(plane.local_cluster.state_dir / "cluster.json"))
+            console.print(
+                f"  local Ray cluster: {'reused, ' if plane.local_cluster.reused else ''}token authentication on; "
+                f"it keeps running after this process unless it stops with --stop-jobs (its PIDs: {state})"
+            )
         report = plane.isolation_report
         console.print(f"  jobs: {report.users}", markup=False)
         console.print(f"  limits: {report.cgroups}", markup=False)

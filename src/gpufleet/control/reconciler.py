@@ -147,6 +147,7 @@ class Reconciler:
         self.throughput_learner = ThroughputLearner.of_store(throughput, store, self.settings.learn_throughput_s)
         self._rebuild()
         holding = [r for r in self.store.active() if r.holds_resources]
+        self.adopted = len(holding)  # handed to the backend at start (one whose workers are gone is then LOST)
         self.backend.adopt([self._launch(r) for r in holding])
         resume_intents(self.backend, holding, self._launch, self._grace)
 

@@ -122,6 +122,9 @@ class UpSettings:
     agent_dir: Path | None = None  # where node agents keep their files on each node; default: <data_dir>/nodes
     ray_wait_nodes: int = 0  # at start, wait for this many GPU nodes to be up (at most ray_wait_s)
     ray_wait_s: float = 60.0
+    ray_token_file: Path | None = None  # the Ray cluster's token (default: RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)
+    ray_insecure: bool = False  # join a Ray cluster that runs without authentication
+    ray_dashboard: bool = False  # --ray local: also run Ray's dashboard
 
     @property
     def url(self) -> str:
@@ -595,7 +598,13 @@ class ControlPlane:
                 )
             from gpufleet.adapters.ray.local_cluster import LocalRayCluster
 
-            self.local_cluster = LocalRayCluster(emulated.nodes)
+            # The cluster outlives this process (a kill -9 included): the next start on the same data reuses it
+            # and adopts the jobs on it.
+            state_dir = settings.data_dir / "ray-local"
+            self.local_cluster = LocalRayCluster.reuse(state_dir, emulated.nodes)
+            if self.local_cluster is None:
+                dashboard = settings.ray_dashboard
+                self.local_cluster = LocalRayCluster(emulated.nodes, state_dir=state_dir, dashboard=dashboard)
             address = self.local_cluster.address
         options = AgentOptions(
             root=str((settings.agent_dir or settings.data_dir / "nodes").absolute()),
@@ -607,11 +616,17 @@ class ControlPlane:
             pids_reserve=settings.pids_reserve,
             queue_disk=settings.queue_disk,
             private_tmp=settings.private_tmp,
+            engine_ports=tuple(self.local_cluster.engine_ports()) if self.local_cluster is not None else (),
         )
-        self.fleet = RayFleet(address, options, emulated=emulated.nodes)
+        token_file = self.local_cluster.token_path if self.local_cluster is not None else settings.ray_token_file
+        self.fleet = RayFleet(
+            address, options, emulated=emulated.nodes, token_file=token_file, insecure=settings.ray_insecure
+        )
         wait_for = settings.ray_wait_nodes or len(emulated.nodes)
         nodes = self.fleet.first_scan(self.store.nodes(), wait_for=wait_for, timeout_s=settings.ray_wait_s)
-        where = "local Ray cluster" if self.local_cluster is not None else f"Ray cluster at {settings.ray}"
+        where = f"Ray cluster at {settings.ray}"
+        if self.local_cluster is not None:
+            where = "local Ray cluster" + (" (still running, reused)" if self.local_cluster.reused else "")
         up = sum(1 for n in nodes if n.healthy)
         source = f"{where}: {up} node(s) up" + (f", {emulated.source}" if emulated.nodes else "")
         return Inventory(nodes, self.fleet.all_emulated(), source)
@@ -628,11 +643,15 @@ class ControlPlane:
         self.store.set_nodes(nodes)
         self.telemetry.nodes = nodes
 
-    def _leave_ray(self) -> None:
+    def _leave_ray(self, stop_cluster: bool | None = None) -> None:
+        """Disconnect, and stop a `--ray local` cluster if `stop_cluster` (default: only one this start made:
+        one found running may hold jobs of the store). Jobs left running stay on it: the next start on the same
+        data reuses it and adopts them."""
         if self.fleet is not None:
             self.fleet.close()
-        if self.local_cluster is not None:
-            self.local_cluster.shutdown()
+        cluster = self.local_cluster
+        if cluster is not None and (not cluster.reused if stop_cluster is None else stop_cluster):
+            cluster.shutdown()
 
     def serve(self, on_ready: Callable[[], None] | None = None) -> None:
         import uvicorn
@@ -690,7 +709,7 @@ class ControlPlane:
             self.isolation.cgroups.release()  # only if no job is left running in them
         finally:
             try:
-                self._leave_ray()
+                self._leave_ray(stop_cluster=self.settings.stop_jobs_on_exit)
             finally:
                 self.store.close()
                 self.lock.release()

@@ -30,6 +30,7 @@ from typing import Any
 from gpufleet.adapters.local import cgroups as cg
 from gpufleet.adapters.local import host_limits
 from gpufleet.adapters.local.disk_quota import DiskQuotas
+from gpufleet.adapters.local.firewall import EngineFirewall
 from gpufleet.adapters.local.layout import safe_name
 from gpufleet.adapters.local.users import DEFAULT_JOBS_HOME, RunAs, Users, check_mapped, queue_user
 from gpufleet.adapters.local.worker_env import base_env, worker_env
@@ -131,6 +132,8 @@ class Isolation:
     host: host_limits.HostBudget | None = None  # None: no default memory limit, no cap on all jobs together
     disk_quotas: DiskQuotas | None = None  # None: no disk quota per queue
     cap_problems: dict[str, str] = field(default_factory=dict)  # the caps on all jobs that could not be set
+    # Where an engine (Ray) runs beside the jobs: every job user is shut out of its ports before it runs.
+    firewall: EngineFirewall | None = None
 
     @classmethod
     def detect(
@@ -210,6 +213,8 @@ class Isolation:
         """Resolve the worker's user, environment, folders and limits, and create its cgroup. Raises
         GpufleetError (a user that cannot be used) or OSError (a cgroup the kernel refused)."""
         user = self.user_for(spec.queue, spec.run_as)
+        if user is not None and self.firewall is not None:
+            self.firewall.add_uid(user.uid)  # before the worker exists: it never has a route to the engine
         me = user or RunAs.me()
         if user is None:
             job_dir = str(same_user_job_dir)
@@ -310,6 +315,8 @@ class Isolation:
             mounted = self.disk_quotas.made()
             if mounted:
                 limits += f" ({len(mounted)} made: {', '.join(mounted[:8])}{', …' if len(mounted) > 8 else ''})"
+        if self.firewall is not None:
+            notes.append(f"engine firewall: {self.firewall.describe()}")
         for what, why in self.cap_problems.items():
             notes.append(f"not enforced: {what}: {why}")
         return IsolationReport(users, limits, self.users is None, tuple(notes))

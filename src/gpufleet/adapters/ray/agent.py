@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.adapters.local.firewall import EngineFirewall
 from gpufleet.adapters.local.isolation import Isolation, IsolationReport, WorkerSpec
 from gpufleet.adapters.local.layout import job_id_of, safe_name
 from gpufleet.adapters.local.logs import LogRetention, read_log_file, run_records
@@ -65,6 +66,9 @@ class AgentOptions:
     private_tmp: bool = True  # each attempt its own /tmp and /dev/shm, and a /proc without others' processes
     port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     watch_s: float = 0.05
+    # The engine's ports no job may connect to (the control plane adds what Ray reports of its nodes).
+    engine_ports: tuple[tuple[int, int], ...] = ()
+    firewall: bool = True  # shut job users out of `engine_ports` (as root; `adapters/local/firewall.py`)
 
 
 @dataclass
@@ -165,6 +169,9 @@ class NodeAgent:
             queue_disk=options.queue_disk,
             sandbox=options.private_tmp,
         )
+        if options.firewall and self.isolation.switches_users:
+            self.isolation.firewall = EngineFirewall()
+            self._shut_out([*options.engine_ports, *raylet_ports()])
         self.supervisor = WorkerSupervisor(state_dir, self.isolation)
         low, high = options.port_range
         self.ports = PortLeases(Path(options.root) / "ports", low, high, address)
@@ -179,6 +186,20 @@ class NodeAgent:
 
     # --- who am I -----------------------------------------------------------------------------------------
 
+    def set_engine_ports(self, ports: Sequence[tuple[int, int]]) -> dict[str, Any]:
+        """Shut job users out of `ports` too (added to what they were shut out of). A firewall the kernel
+        refuses is reported in `describe` and refuses every worker start (a job must never reach the engine)."""
+        self._shut_out(ports)
+        return self.describe()
+
+    def _shut_out(self, ports: Sequence[tuple[int, int]]) -> None:
+        firewall = self.isolation.firewall
+        if firewall is not None:
+            try:
+                firewall.add_ports(ports)
+            except GpufleetError as error:
+                log.error("node %s: %s", self.name, error)
+
     def describe(self) -> dict[str, Any]:
         """The node as this agent sees it: its GPUs (NVML or the emulated spec), address, isolation."""
         report: IsolationReport = self.isolation.report(single_user_allowed=True)
@@ -192,6 +213,7 @@ class NodeAgent:
             "isolation": report,
             "pid": os.getpid(),
             "ray_node_id": self.ray_node_id,
+            "engine_ports": raylet_ports(),  # this node's, for every node's firewall
         }
 
     # --- workers ------------------------------------------------------------------------------------------
@@ -489,3 +511,30 @@ def _started_at(worker: Worker) -> float | None:
 
 def _pid(worker: Worker) -> int | None:
     return int(worker.child["pid"]) if worker.child is not None else None
+
+
+def raylet_ports(pid: int | None = None) -> list[tuple[int, int]]:
+    """The ports this node's raylet was told to use (its own, its agents', its workers' range), read from its
+    command line: Ray reports its workers' range nowhere else. `pid`: the raylet's (default: the one that
+    started this process, `RAY_RAYLET_PID`); [] if unknown."""
+    if pid is None:
+        given = os.environ.get("RAY_RAYLET_PID", "")
+        if not given.isdigit():
+            return []
+        pid = int(given)
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+    flags = dict(arg[2:].split("=", 1) for arg in argv if arg.startswith("--") and "=" in arg)
+    found: list[tuple[int, int]] = []
+    for name, value in flags.items():
+        if name.endswith("_port") and value.isdigit() and 0 < int(value) < 65536:
+            found.append((int(value), int(value)))
+    low, high = flags.get("min_worker_port", ""), flags.get("max_worker_port", "")
+    if low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) < 65536:
+        found.append((int(low), int(high)))
+    for port in flags.get("worker_port_list", "").split(","):
+        if port.isdigit():
+            found.append((int(port), int(port)))
+    return sorted(set(found))

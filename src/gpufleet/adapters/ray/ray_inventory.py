@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.adapters.local.layout import safe_name
-from gpufleet.adapters.ray import require_ray
+from gpufleet.adapters.ray import auth, require_ray
 from gpufleet.adapters.ray.agent import AgentOptions, NodeAgent
 from gpufleet.domain.cluster import NODE_POOLS, Node
 from gpufleet.domain.errors import GpufleetError
@@ -47,6 +47,28 @@ ZONE_LABEL = "gpufleet.io/zone"
 POOL_LABEL = "gpufleet.io/pool"
 DEFAULT_NAMESPACE = "gpufleet"
 AGENT_START_TIMEOUT_S = 120.0
+# Ports a Ray cluster listens on whatever its nodes report: its defaults for the GCS, the dashboard, the Ray
+# client server and its workers' range (10001-19999), the dashboard and autoscaler metrics, the dashboard agent.
+RAY_DEFAULT_PORTS: tuple[tuple[int, int], ...] = (
+    (6379, 6379),
+    (8265, 8265),
+    (10001, 19999),
+    (44217, 44217),
+    (44227, 44227),
+    (52365, 52365),
+)
+NODE_PORT_FIELDS = (
+    "NodeManagerPort",
+    "ObjectManagerPort",
+    "MetricsExportPort",
+    "MetricsAgentPort",
+    "DashboardAgentListenPort",
+    "RuntimeEnvAgentPort",
+)
+INSECURE_NOTE = (
+    "the Ray cluster runs WITHOUT authentication (--ray-insecure): any process that reaches one of its ports, "
+    "on any node, can run code as the agents' user (root)"
+)
 ANSWER_TIMEOUT_S = 10.0
 
 
@@ -89,9 +111,9 @@ def labelled(node: Node, labels: Mapping[str, str]) -> Node:
     return dataclasses.replace(node, rack=rack, zone=zone, pool=pool)
 
 
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Raise a GpufleetError (with the fix) unless the Ray cluster at `address` (`auto`: the one this machine
-    runs or `RAY_ADDRESS` names) answers on its port within `timeout_s`."""
+def check_reachable(address: str, timeout_s: float = 5.0) -> str:
+    """The GCS address (HOST:PORT) of the Ray cluster at `address` (`auto`: the one this machine runs or
+    `RAY_ADDRESS` names); raises a GpufleetError (with the fix) unless it answers within `timeout_s`."""
     given = address
     if address == "auto":
         address = os.environ.get("RAY_ADDRESS", "")
@@ -113,6 +135,7 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"cannot reach the Ray cluster at {address}: {error.strerror or error}",
             "check the address (`ray status` on its head node prints it) and that this machine can reach it",
         ) from None
+    return f"{host}:{port}"
 
 
 def agent_namespace(root: str) -> str:
@@ -132,10 +155,13 @@ class RayFleet:
         emulated: Sequence[Node] = (),
         namespace: str | None = None,
         scan_s: float = 1.0,
+        token_file: Path | None = None,
+        insecure: bool = False,
     ) -> None:
         """`namespace`: the Ray namespace of the agents; default `gpufleet-<hash of options.root>`, so a control
         plane restarted on the same data finds its agents again, and another one on the same cluster never
-        takes them over."""
+        takes them over. `token_file`: the cluster's Ray token (default: RAY_AUTH_TOKEN_PATH, else Ray's
+        ~/.ray/auth_token); `insecure`: join a cluster without authentication (else refused)."""
         self.ray = require_ray()
         self.address_given = address
         self.options = options
@@ -151,15 +177,37 @@ class RayFleet:
         self.wake: Callable[[], None] = lambda: None
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
-        self._connect(address)
+        self.insecure = False  # joined a cluster without authentication (--ray-insecure)
+        self.gcs_port = 0
+        self._engine_ports: tuple[tuple[int, int], ...] = ()
+        self._agent_ports: set[tuple[int, int]] = set()  # what each node's agent read of its raylet
+        self._connect(address, token_file, insecure)
 
     # --- connection -------------------------------------------------------------------------------------
 
-    def _connect(self, address: str) -> None:
+    def _connect(self, address: str, token_file: Path | None, insecure: bool) -> None:
         ray = self.ray
+        resolved = check_reachable(address)  # Ray itself retries a wrong address for minutes
+        self.gcs_port = int(resolved.rpartition(":")[2])
         if ray.is_initialized():
             return
-        check_reachable(address)  # Ray itself retries a wrong address for minutes
+        if auth.probe_auth(resolved):
+            given = token_file or (Path(os.environ[auth.PATH_ENV]) if os.environ.get(auth.PATH_ENV) else None)
+            path = given or Path.home() / ".ray" / "auth_token"
+            auth.check_private(path)
+            auth.use_token(path)
+        elif insecure:
+            self.insecure = True
+            log.warning("%s", INSECURE_NOTE)
+            auth.no_token()
+        else:
+            raise GpufleetError(
+                f"the Ray cluster at {resolved} runs without authentication: any process that reaches one of its "
+                "ports (a job included) can run code as root on its nodes",
+                "restart it with token authentication (`RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=FILE ray start …` "
+                "on every node, FILE a token of mode 0600) and pass --ray-token-file FILE; or pass --ray-insecure "
+                "to run on it anyway",
+            )
         try:
             ray.init(
                 address=address,
@@ -254,7 +302,9 @@ class RayFleet:
 
     def _ray_nodes(self) -> dict[str, _RayNode]:
         found: dict[str, _RayNode] = {}
-        for entry in self.ray.nodes():
+        entries = self.ray.nodes()
+        self._note_ports(entries)
+        for entry in entries:
             if not entry.get("Alive"):
                 continue
             resources = entry.get("Resources") or {}
@@ -268,6 +318,30 @@ class RayFleet:
                 name, str(entry["NodeID"]), str(entry.get("NodeManagerAddress")), dict(entry.get("Labels") or {})
             )
         return found
+
+    # --- the engine firewall ------------------------------------------------------------------------------
+
+    @property
+    def engine_ports(self) -> tuple[tuple[int, int], ...]:
+        """Every port of the cluster that jobs must not reach (`adapters/local/firewall.py`)."""
+        return self._engine_ports
+
+    def _note_ports(self, entries: Sequence[Mapping[str, Any]]) -> None:
+        """The cluster's ports from what Ray says of its nodes (dead ones too: they come back on the same
+        ports), its GCS port, its default ports and those the agents were given; sent to every agent when
+        they change."""
+        ports = {(self.gcs_port, self.gcs_port), *RAY_DEFAULT_PORTS, *self.options.engine_ports, *self._agent_ports}
+        for entry in entries:
+            for key in NODE_PORT_FIELDS:
+                port = entry.get(key)
+                if isinstance(port, int) and 0 < port < 65536:
+                    ports.add((port, port))
+        merged = tuple(sorted(ports))
+        if merged == self._engine_ports:
+            return
+        self._engine_ports = merged
+        for _name, agent in list(self._agents.items()):
+            agent.handle.set_engine_ports.remote(merged)
 
     def _check_unreachable(self, name: str, agent: _Agent) -> bool:
         """True if the agent of `name` was reported unreachable and does not answer now."""
@@ -316,6 +390,12 @@ class RayFleet:
             ).remote(info.name, info.address, self.options, self.emulated_specs.get(info.name), info.node_id)
             described = ray.get(handle.describe.remote(), timeout=AGENT_START_TIMEOUT_S)
         assert described is not None
+        new = {(int(low), int(high)) for low, high in described.get("engine_ports") or ()} - self._agent_ports
+        if new:  # another node's workers' range: every agent shuts jobs out of it too
+            self._agent_ports |= new
+            self._note_ports(self.ray.nodes())
+        # An agent found again may have been given fewer ports by an earlier control plane.
+        described = ray.get(handle.set_engine_ports.remote(self._engine_ports), timeout=ANSWER_TIMEOUT_S)
         node: Node = described["node"]
         node = labelled(dataclasses.replace(node, name=info.name, healthy=True), info.labels)
         if adopt:
@@ -387,7 +467,12 @@ class RayFleet:
 
     def isolation_report(self) -> Any | None:
         agents = list(self._agents.values())
-        return agents[0].isolation if agents else None
+        if not agents:
+            return None
+        report = agents[0].isolation
+        if self.insecure:
+            report = dataclasses.replace(report, notes=(INSECURE_NOTE, *report.notes))
+        return report
 
     def report_unreachable(self, name: str) -> None:
         """A call to the agent of `name` failed as if it were gone: the next scan checks, and recreates it or
