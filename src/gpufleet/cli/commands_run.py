@@ -25,6 +25,24 @@ EXIT_HELP = (
     "killed by signal N (143: SIGTERM), 1 when it ended without a code of its own (cancelled before it started, "
     "lost). Errors of the command itself (a bad spec, an unreachable control plane) exit 2."
 )
+ArrayOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--array",
+        "-a",
+        help="A job array, as Slurm's: 0-99, 0-99:2, 1,3,5, and %N for at most N tasks at once (0-99%8). Each "
+        "task gets GPUFLEET_ARRAY_JOB_ID and GPUFLEET_ARRAY_TASK_ID.",
+    ),
+]
+DependencyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dependency",
+        "-d",
+        help="Start only after other jobs, as Slurm's: afterok:ID[:ID…][,afterany:ID…] with after, afterok, "
+        "afternotok, afterany, or singleton. An array's id means all its tasks.",
+    ),
+]
 RetryOpt = Annotated[
     float, typer.Option(min=0, help="Seconds to keep retrying when the control plane is unreachable or busy.")
 ]
@@ -44,6 +62,8 @@ def _flags(
     priority: int | None,
     max_runtime: str | None,
     retries: int | None,
+    array: str | None = None,
+    dependency: str | None = None,
 ) -> dict[str, Any]:
     return {
         "gpus": gpus,
@@ -58,6 +78,8 @@ def _flags(
         "priority": priority,
         "max_runtime": max_runtime,
         "retries": retries,
+        "array": array,
+        "depends_on": dependency,
     }
 
 
@@ -104,6 +126,8 @@ def submit(
     env: sa.EnvOpt = None,
     workdir: sa.WorkdirOpt = None,
     set_: sa.SetOpt = None,
+    array: ArrayOpt = None,
+    dependency: DependencyOpt = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it ends; exit with its exit code.")] = False,
     retry_for: RetryOpt = 30.0,
     url: UrlOpt = None,
@@ -128,12 +152,17 @@ def submit(
         flags = _flags(
             gpus=gpus, workers=workers, min_workers=min_workers, name=name, queue=queue, cpu=cpu, memory=memory,
             gpu_memory=gpu_memory, gpu_models=gpu_models, priority=priority, max_runtime=max_runtime,
-            retries=retries,
+            retries=retries, array=array, dependency=dependency,
         )  # fmt: skip
         data = _with_workdir(sa.build_spec_data(base, flags=flags, env=env or (), sets=set_ or ()), workdir)
         where = "job spec" if spec_file in (None, sa.STDIN) else f"job spec {spec_file}"
         job = _send(client, sa.validated(data, where), retry_for)
-        if not as_json:
+        if job.get("array_id"):
+            if not as_json:
+                typer.echo(_array_words(job))
+            if wait:
+                raise GpufleetError("--wait waits for one job, not an array", "follow an array with `gpufleet jobs`")
+        elif not as_json:
             typer.echo(f"submitted {plain(job['id'])} to queue {plain(job['queue'])}")
         if wait:
             job = wait_for(client, job["id"])
@@ -166,6 +195,8 @@ def run(
     env: sa.EnvOpt = None,
     workdir: sa.WorkdirOpt = None,
     set_: sa.SetOpt = None,
+    array: ArrayOpt = None,
+    dependency: DependencyOpt = None,
     spec_file: Annotated[
         str | None, typer.Option("--spec", "-f", help="Start from this spec file (`-`: stdin); flags change it.")
     ] = None,
@@ -188,11 +219,14 @@ def run(
         flags = _flags(
             gpus=gpus, workers=workers, min_workers=min_workers, name=name, queue=queue, cpu=cpu, memory=memory,
             gpu_memory=gpu_memory, gpu_models=gpu_models, priority=priority, max_runtime=max_runtime,
-            retries=retries,
+            retries=retries, array=array, dependency=dependency,
         )  # fmt: skip
         data = sa.build_spec_data(base, flags=flags, env=env or (), sets=set_ or (), command=command)
         job = _send(client, sa.validated(_with_workdir(data, workdir)), retry_for)
         job_id = job["id"]
+        if job.get("array_id"):  # an array is not streamed: each task's output is its own (`gpufleet logs ID_N`)
+            _print_json(job) if as_json else typer.echo(_array_words(job))
+            return
         if not wait:
             _print_json(job) if as_json else typer.echo(plain(job_id))
             return
@@ -218,6 +252,10 @@ def run(
 
 
 run.__doc__ = f"{inspect.cleandoc(run.__doc__ or '')}\n\n{EXIT_HELP}"
+
+
+def _array_words(job: dict[str, Any]) -> str:
+    return plain(f"submitted array {job['array_id']} ({job.get('array_tasks') or 1} tasks) to queue {job['queue']}")
 
 
 def register_run_commands(app: typer.Typer) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.comm import CommNeeds
+from gpufleet.domain.dependencies import ArrayTask, Dependency
 from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.domain.resources import MILLI_PER_GPU, WorkerRequest
 
@@ -78,6 +79,10 @@ class Job:
     run: RunSpec | None = None
     user: str = ""  # who submitted it (the name of the API token used); the scheduler never reads it
     comm: CommNeeds | None = None  # what a data-parallel gang synchronises each step (`domain.comm`)
+    # What must happen before it may be scheduled, and the array it is a task of (`domain.dependencies`): the
+    # control layer holds it back until then; the scheduler never reads either.
+    depends_on: tuple[Dependency, ...] = ()
+    array: ArrayTask | None = None
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []

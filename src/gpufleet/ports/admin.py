@@ -106,6 +106,7 @@ class JobQuery:
     order: JobOrder = JobOrder.SUBMITTED
     ascending: bool = False
     offset: int = 0
+    array_id: str | None = None  # the tasks of this array
 
 
 class AdminStore(StateStore, Protocol):

@@ -41,6 +41,7 @@ from gpufleet.server.chargeback import BudgetWatch
 from gpufleet.server.context import ApiContext
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of
 from gpufleet.server.http_errors import ConflictError, ForbiddenError, NotFoundError, UnavailableError
+from gpufleet.server.job_graph import array_jobs, resolve_dependencies, waits_for
 from gpufleet.server.log_files import index_logs
 from gpufleet.server.ratelimit import RateLimits
 from gpufleet.server.schemas import (
@@ -193,11 +194,14 @@ class Service:
     ) -> tuple[JobOut, bool]:
         """Submit from the event loop: the commit happens in the batcher's thread, grouped with others.
         Returns the job and whether it was made by an earlier request with the same idempotency key."""
-        job = self.prepare_submit(principal, spec)
+        job = resolve_dependencies(self.store, principal, self.prepare_submit(principal, spec))
         warnings = self.fleet_fit.check(job)
         key = None
         if idempotency_key is not None:
             key = SubmitKey(principal.token.id, idempotency_key, request_hash(job.queue, spec))
+        array = spec.array_indexes()
+        if array is not None:
+            return await asyncio.to_thread(self._submit_array, job, array, key, warnings)
         for _ in range(5):
             try:
                 record = await asyncio.wrap_future(self.batcher.submit(job, job.submitted_at, key))
@@ -208,6 +212,45 @@ class Service:
             except SpecError as error:
                 job = self._redraw(job, error)
         raise ConflictError("could not draw a free job id", "submit again")  # pragma: no cover
+
+    def _submit_array(
+        self, job: Job, array: tuple[tuple[int, ...], int | None], key: SubmitKey | None, warnings: list[str]
+    ) -> tuple[JobOut, bool]:
+        """All of an array's tasks in one write (the first task's alone first when an idempotency key came, so
+        that a retry finds the array it made instead of making another)."""
+        indexes, throttle = array
+        for _ in range(5):
+            array_id = new_job_id()
+            tasks = array_jobs(job, array_id, indexes, throttle)
+            done: list[JobRecord] = []
+            rest = tasks
+            if key is not None:
+                first = self.store.submit_many(tasks[:1], job.submitted_at, [key], self.ctx.idempotency_ttl_s)[0]
+                if isinstance(first, SpecError) and any(f.field == "id" for f in first.fields):
+                    continue
+                if isinstance(first, GpufleetError):
+                    raise first
+                if first.id != tasks[0].id:  # a retry: the array an earlier request made
+                    return self._array_out(first, warnings), True
+                done, rest = [first], tasks[1:]
+            results = self.store.submit_many(rest, job.submitted_at) if rest else []
+            errors = [r for r in results if isinstance(r, GpufleetError)]
+            if errors and not done and all(isinstance(e, SpecError) and e.fields[0].field == "id" for e in errors):
+                continue
+            self.ctx.wake()
+            if errors:
+                raise errors[0]
+            stored = [*done, *(r for r in results if isinstance(r, JobRecord))]
+            return self._array_out(stored[0], warnings, len(stored)), False
+        raise ConflictError("could not draw a free array id", "submit again")  # pragma: no cover
+
+    def _array_out(self, record: JobRecord, warnings: list[str], tasks: int | None = None) -> JobOut:
+        out = self.submitted(record)
+        array_id = record.job.array.array_id if record.job.array is not None else record.id
+        out.array_tasks = tasks if tasks is not None else self.store.count_jobs(JobQuery(array_id=array_id))
+        if warnings:
+            out.warnings = warnings
+        return out
 
     def prepare_submit(self, principal: Principal, spec: JobSpec) -> Job:
         queue = spec.queue or principal.queue or DEFAULT_QUEUE
@@ -316,10 +359,15 @@ class Service:
         spec = next((q for q in self.store.queues() if q.name == queue), None)
         quota = self._quota_use(spec, use, record)
         events = [event_out(t) for t in self.store.history(job_id)]
+        summary = self._summary(record, position, 0 if position is None else position - 1, spec)
+        waits = waits_for(self.store, record) if record.state is JobState.PENDING else []
+        if waits:
+            summary = f"waiting for its dependencies: {'; '.join(waits)}"
         return ExplainOut(
             id=job_id,
             state=record.state.value,
-            summary=self._summary(record, position, 0 if position is None else position - 1, spec),
+            summary=summary,
+            waits_for=waits,
             reason=record.reason,
             waiting_code=record.waiting_code,
             waiting_reason=record.waiting_reason,

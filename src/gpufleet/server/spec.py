@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gpufleet.domain.comm import DTYPE_BYTES, CommNeeds
+from gpufleet.domain.dependencies import Dependency, parse_array, parse_dependencies
 from gpufleet.domain.errors import FieldProblem, SpecError, WorkloadError
 from gpufleet.domain.jobs import SIGNALS, Job, JobId, RunSpec
 from gpufleet.domain.resources import MILLI_PER_GPU, WorkerRequest, parse_models
@@ -253,6 +254,18 @@ class JobSpec(BaseModel):
     max_comm_overhead: float | str | None = Field(
         None,
         description="Largest share of each step in all-reduce a placement may cost (0.2 or 20%); else the job waits.",
+    )
+    depends_on: list[str] | str | None = Field(
+        None,
+        description="What must happen first, as Slurm's --dependency: afterok:ID[:ID…][,afterany:ID…] with after, "
+        "afterok, afternotok, afterany (an array's id means all its tasks, ARRAYID_N one task), or singleton "
+        "(one job of this name and submitter at a time); every part must hold.",
+    )
+    array: str | None = Field(
+        None,
+        max_length=10_000,
+        description="Run one task per index, as Slurm's --array: 0-99, 0-99:2, 1,3,5; %N runs at most N at once "
+        "(0-99%8). Each task gets GPUFLEET_ARRAY_JOB_ID and GPUFLEET_ARRAY_TASK_ID.",
     )
 
     @field_validator("command")
@@ -489,6 +502,12 @@ class JobSpec(BaseModel):
             problems.extend(_rename(error.fields))
             run = None
         comm = self._comm(problems)
+        depends_on: tuple[Dependency, ...] = ()
+        try:
+            depends_on = parse_dependencies(self.depends_on or [])
+            self.array_indexes()
+        except SpecError as error:
+            problems.extend(error.fields)
         if not problems:
             try:
                 return Job(
@@ -506,10 +525,15 @@ class JobSpec(BaseModel):
                     job_type=self.job_type.strip(),
                     run=run,
                     comm=comm,
+                    depends_on=depends_on,
                 )
             except SpecError as error:
                 problems.extend(_rename(error.fields))
         raise SpecError("job spec", tuple(problems))
+
+    def array_indexes(self) -> tuple[tuple[int, ...], int | None] | None:
+        """The array's task indexes and throttle; None for a job of its own."""
+        return None if self.array is None else parse_array(self.array)
 
     def _comm(self, problems: list[FieldProblem]) -> CommNeeds | None:
         """What the job synchronises each step, from `grad_bytes` (or `params` x `dtype`) and `step_time`; the

@@ -93,6 +93,9 @@ def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
     job, request = record.job, record.job.request
     run = job.run
     return JobOut(
+        depends_on=[str(d) for d in job.depends_on],
+        array_id=job.array.array_id if job.array is not None else None,
+        array_task=job.array.task if job.array is not None else None,
         id=job.id,
         name=job.name,
         queue=job.queue,

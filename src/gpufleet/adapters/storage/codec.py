@@ -19,6 +19,7 @@ from typing import Any
 from gpufleet.domain.checkpoints import AttemptLoss, CheckpointPlan
 from gpufleet.domain.cluster import Gpu, GpuShare, Node, WorkerPlacement
 from gpufleet.domain.comm import CommNeeds
+from gpufleet.domain.dependencies import ArrayTask, Dependency, DepKind
 from gpufleet.domain.jobs import Job, RunSpec
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.quotas import QueueSpec, Quota
@@ -129,6 +130,8 @@ def encode_job(job: Job) -> Json:
         "run": None if job.run is None else encode_run(job.run),
         "user": job.user,
         "comm": None if job.comm is None else encode_comm(job.comm),
+        "depends_on": [[d.kind.value, d.job_id] for d in job.depends_on],
+        "array": None if job.array is None else [job.array.array_id, job.array.task, job.array.throttle],
     }
 
 
@@ -150,6 +153,8 @@ _JOB_READERS: dict[str, Callable[[Any], Any]] = {
     "run": lambda v: None if v is None else decode_run(v),
     "user": str,  # absent in records written before it existed: "" (unknown)
     "comm": lambda v: None if v is None else decode_comm(v),  # absent before it existed: None
+    "depends_on": lambda pairs: tuple(Dependency(DepKind(kind), str(job_id)) for kind, job_id in pairs),
+    "array": lambda v: None if v is None else ArrayTask(str(v[0]), int(v[1]), None if v[2] is None else int(v[2])),
 }
 
 

@@ -39,6 +39,7 @@ jobs = sa.Table(
     sa.Column("record", sa.JSON(), nullable=False),
     sa.Column("priority", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("username", sa.String(), nullable=False, server_default=""),  # who submitted it (token name)
+    sa.Column("array_id", sa.String(), nullable=False, server_default=""),  # the array of a task, else ""
     # The loop reads active jobs in submission order; the API pages by queue, state, name or submitter, newest
     # first; `explain` counts the waiting jobs ahead of one in its queue (higher priority, then earlier).
     sa.Index(None, "state", "seq"),
@@ -47,6 +48,7 @@ jobs = sa.Table(
     # Also what a queue's pending jobs are counted on at each submit, when an admin capped them.
     sa.Index(None, "queue", "state", "priority", "seq"),
     sa.Index(None, "username", "seq"),
+    sa.Index(None, "array_id", "seq"),
 )
 
 transitions = sa.Table(

@@ -484,6 +484,8 @@ def _filtered(statement: Any, query: JobQuery) -> Any:
         statement = statement.where(t.jobs.c.name.icontains(query.name_contains, autoescape=True))
     if query.user is not None:
         statement = statement.where(t.jobs.c.username == query.user)
+    if query.array_id is not None:
+        statement = statement.where(t.jobs.c.array_id == query.array_id)
     if query.before_seq is not None:
         statement = statement.where(t.jobs.c.seq < query.before_seq)
     return statement
@@ -504,6 +506,7 @@ def _job_row(record: JobRecord) -> dict[str, Any]:
         "record": encode_record(record),
         "priority": record.job.priority,
         "username": record.job.user,
+        "array_id": record.job.array.array_id if record.job.array is not None else "",
     }
 
 
