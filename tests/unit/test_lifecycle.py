@@ -35,10 +35,11 @@ def test_other_transitions_are_refused(source: JobState, target: JobState) -> No
 @pytest.mark.parametrize(
     ("source", "allowed"),
     [
-        pytest.param(S.PENDING, "admitted, cancelled, failed", id="pending"),
+        pytest.param(S.PENDING, "admitted, cancelled, failed, held", id="pending"),
+        pytest.param(S.HELD, "cancelled, pending", id="held"),
         pytest.param(S.ADMITTED, "cancelled, launching, pending", id="admitted"),
         pytest.param(S.LAUNCHING, "evicting, failed, pending, running", id="launching"),
-        pytest.param(S.RUNNING, "evicting, failed, pending, succeeded", id="running"),
+        pytest.param(S.RUNNING, "evicting, failed, pending, running, succeeded", id="running"),
         pytest.param(S.EVICTING, "cancelled, failed, pending, succeeded", id="evicting"),
         pytest.param(S.SUCCEEDED, "nothing (terminal)", id="succeeded"),
         pytest.param(S.FAILED, "nothing (terminal)", id="failed"),

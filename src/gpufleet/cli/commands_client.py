@@ -19,7 +19,7 @@ import typer
 from rich.console import Console, RenderableType
 from rich.table import Table
 
-from gpufleet.cli import output, progress_view
+from gpufleet.cli import arrays_view, output, progress_view
 from gpufleet.cli.client import (
     TOKEN_ENV,
     URL_ENV,
@@ -37,10 +37,11 @@ UrlOpt = Annotated[str | None, typer.Option("--url", envvar=URL_ENV, help="Contr
 TokenOpt = Annotated[str | None, typer.Option("--token", envvar=TOKEN_ENV, help="API token.", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
-ACTIVE_STATES = ("pending", "admitted", "launching", "running", "evicting")
+ACTIVE_STATES = ("pending", "held", "admitted", "launching", "running", "evicting")
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 STATE_STYLE = {
     "pending": "yellow",
+    "held": "bold yellow",
     "running": "green",
     "succeeded": "bold green",
     "failed": "red",
@@ -173,17 +174,21 @@ def jobs(
         ),
     ] = None,
     no_header: Annotated[bool, typer.Option("--no-header", "-h", help="Rows only (for scripts).")] = False,
+    expand: Annotated[bool, typer.Option("--expand", "-r", help="Each array task on its own line.")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List jobs, newest first (active ones unless --all or --state). Piped, nothing is cut short."""
+    """List jobs, newest first (active ones unless --all or --state); an array is one line with its tasks
+    counted by state (--expand: one line per task). Piped, nothing is cut short."""
     chosen = output.pick_columns(columns, tuple(JOB_COLUMNS), DEFAULT_JOB_COLUMNS)
     states = list(state or ()) or ([] if show_all else list(ACTIVE_STATES))
     with _client(url, token) as client:
         page = client.call(
             "GET", "/v1/jobs", params={"queue": queue, "state": states, "limit": limit, "name": name or None}
         )
+        if not expand and not as_json:
+            page["jobs"] = arrays_view.fold(client, page["jobs"])
     if as_json:
         _print_json(page["jobs"])
         return
@@ -362,25 +367,6 @@ def explain(
         console.print(markup(f"  note ({notice['kind']}): {notice['message']}"))
     for event in why["events"][-5:]:
         console.print(markup(f"  {event['source']} -> {event['target']}: {event['reason']}"))
-
-
-def cancel(
-    job_id: Annotated[str, typer.Argument(metavar="JOB")],
-    force: Annotated[
-        bool,
-        typer.Option("--force", help="Kill it now (SIGKILL), whatever its grace period; recorded in the audit log."),
-    ] = False,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Cancel a job: checkpoint signal, grace period, then kill (--force: kill at once)."""
-    with _client(url, token) as client:
-        answer = client.call("POST", f"/v1/jobs/{job_id}/cancel", params={"force": "true"} if force else None)
-    if as_json:
-        _print_json(answer)
-    else:
-        typer.echo(plain(f"{job_id}: {answer['message']}"))
 
 
 def logs(
@@ -790,7 +776,7 @@ def snapshot(
 
 def register_client_commands(app: typer.Typer) -> None:
     """Add the client commands to the `gpufleet` app."""
-    for command in (login, jobs, show, explain, cancel, logs, queues, cordon, uncordon, drain, snapshot):
+    for command in (login, jobs, show, explain, logs, queues, cordon, uncordon, drain, snapshot):
         app.command()(command)
     app.add_typer(quota_app, name="quota")
     app.add_typer(token_app, name="token")

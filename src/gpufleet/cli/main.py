@@ -16,6 +16,7 @@ from gpufleet.cli.commands_cost import register_cost_commands
 from gpufleet.cli.commands_report import idle_policy as idle_policy_command
 from gpufleet.cli.commands_report import report_app
 from gpufleet.cli.commands_run import register_run_commands
+from gpufleet.cli.commands_verbs import register_verb_commands
 from gpufleet.cli.exporter import exporter as exporter_command
 from gpufleet.cli.extras import command_name, missing_extra
 from gpufleet.cli.safe_text import plain
@@ -36,6 +37,7 @@ app.add_typer(bench_app, name="bench")
 app.command("sim")(sim_command)
 register_run_commands(app)
 register_client_commands(app)
+register_verb_commands(app)
 register_admin_commands(app)
 register_cost_commands(app)
 app.command("up")(up_command)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.domain.dependencies import DepKind, Verdict, judge
 from gpufleet.domain.jobs import Job, JobId
+from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.records import JobRecord
 
 NEVER_CODE = "DependencyNeverSatisfied"
@@ -180,7 +181,7 @@ class DependencyGate:
         """Its dependencies are met: next its array's throttle, then its singleton name."""
         if job.array is not None and job.array.throttle is not None:
             throttle = self._throttle(job)
-            if len(throttle.released) >= throttle.limit:
+            if job.id not in throttle.released and len(throttle.released) >= throttle.limit:
                 self.throttled[job.id] = job
                 heapq.heappush(throttle.queue, (job.array.task, job.id))
                 return False
@@ -207,7 +208,8 @@ class DependencyGate:
             return
         job = record.job
         array = job.array
-        if array is not None and array.array_id in self.throttles and record.state.terminal:
+        gone = record.state.terminal or record.state is JobState.HELD  # a held job gives its slot back
+        if array is not None and array.array_id in self.throttles and gone:
             throttle = self.throttles[array.array_id]
             throttle.released.discard(job_id)
             while throttle.queue and len(throttle.released) < throttle.limit:
@@ -218,7 +220,7 @@ class DependencyGate:
             if not throttle.queue and not throttle.released:
                 del self.throttles[array.array_id]
         key = (job.user, job.name)
-        if self.singleton_holder.get(key) == job_id and record.state.terminal:
+        if self.singleton_holder.get(key) == job_id and gone:
             del self.singleton_holder[key]
         waiting = self.singletons.get(key)
         while waiting and key not in self.singleton_holder:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
+from gpufleet.control import holds
 from gpufleet.control.changes import (
     Changes,
     attained_until,
@@ -402,6 +403,7 @@ class Reconciler:
         changes = Changes()
         stops: list[JobRecord] = []
         killed: set[JobId] = set()
+        readmit: list[JobId] = []
         for request in requests:
             record = self._latest(request.job_id, changes)
             if record is None or record.state.terminal:
@@ -415,7 +417,12 @@ class Reconciler:
                 stops.append(self._stop(record, StopCause.PREEMPTED, f"requeued: {request.reason}", now, changes))
             elif request.kind is RequestKind.RECLAIM and self._requeue_applies(record, request):
                 stops.append(self._stop(record, StopCause.RECLAIMED, f"reclaimed: {request.reason}", now, changes))
+            elif request.kind in holds.KINDS and holds.apply(self, record, request, now, changes):
+                readmit.append(record.id)
         self._write(changes)
+        for job_id in readmit:
+            if (record := self._known.get(job_id)) is not None and record.state is S.PENDING:
+                self._admit(record, now)
         self._send_stops(stops, report, killed)
 
     @staticmethod
@@ -439,7 +446,7 @@ class Reconciler:
     ) -> None:
         what = "force-cancelled (killed at once, without its grace period)" if force else "cancelled"
         reason = f"{what}: {request.reason}" if request.reason else what
-        if record.state is S.PENDING:
+        if record.state in (S.PENDING, S.HELD):
             changes.move(record, S.CANCELLED, reason, now, finished_at=now)
             self._reason_at.pop(record.id, None)
             self.pending.remove(record.id)

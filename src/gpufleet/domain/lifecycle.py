@@ -10,6 +10,7 @@ from gpufleet.domain.errors import InvalidTransitionError
 
 class JobState(enum.StrEnum):
     PENDING = "pending"
+    HELD = "held"  # kept out of the scheduler's sight until released (`gpufleet hold`)
     ADMITTED = "admitted"
     LAUNCHING = "launching"
     RUNNING = "running"
@@ -30,6 +31,9 @@ TRANSITIONS: dict[tuple[JobState, JobState], str] = {
     (S.PENDING, S.ADMITTED): "the core placed it: quota reserved, GPUs chosen",
     (S.PENDING, S.CANCELLED): "cancelled before it ever ran",
     (S.PENDING, S.FAILED): "rejected for good (e.g. its spec can never be satisfied)",
+    (S.PENDING, S.HELD): "held by its submitter or an admin: not offered to the scheduler until released",
+    (S.HELD, S.PENDING): "released: back in its queue, in the place its priority and submit time give it",
+    (S.HELD, S.CANCELLED): "cancelled while held (or a dependency it waited for can never be met)",
     (S.ADMITTED, S.LAUNCHING): "the backend was asked to start its workers",
     (S.ADMITTED, S.PENDING): "the placement went stale (node lost, cordoned) before launch",
     (S.ADMITTED, S.CANCELLED): "cancelled after placement, before launch",

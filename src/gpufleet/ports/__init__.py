@@ -112,6 +112,9 @@ class RequestKind(enum.StrEnum):
     RECLAIM = "reclaim"  # reserved but idle: stop it and put it back in its queue
     # The job reported a saved checkpoint: `at` is when, `value` how long saving it took (seconds).
     CHECKPOINT = "checkpoint"
+    HOLD = "hold"  # a pending job: keep it from the scheduler until released
+    RELEASE = "release"  # a held job: back to its queue
+    UPDATE = "update"  # a pending or held job: new fields, as JSON in the request's reason
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,12 @@ from gpufleet.domain.checkpoints import AttemptLoss
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.costs import Budget, BudgetLevel, Charge, Pool, Price, PriceTable
 from gpufleet.domain.errors import GpufleetError
-from gpufleet.domain.jobs import Job
+from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.progress import JobProgress
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.records import JobRecord
-from gpufleet.ports import StateStore
+from gpufleet.ports import RequestKind, StateStore
 
 
 class Role(enum.StrEnum):
@@ -121,6 +121,10 @@ class AdminStore(StateStore, Protocol):
         (LimitError when its queue's `max_pending` is reached). A job with a key that was used in the last
         `key_ttl_s` gets the job that key made instead (a record with another id), or a SpecError if the key
         came with a different body."""
+        ...
+
+    def request_many(self, items: Sequence[tuple[JobId, RequestKind, str]], at: float) -> None:
+        """Record requests (job, kind, reason) for many jobs in one transaction."""
         ...
 
     def forget_idempotency_keys(self, before: float) -> int:

@@ -391,6 +391,27 @@ class JobTables(SqlBase):
                 },
             )
 
+    def request_many(self, items: Sequence[tuple[JobId, RequestKind, str]], at: float) -> None:
+        """Record requests for many jobs in one transaction (a bulk cancel of a 10,000-task array); the jobs
+        were read from this store, so they exist."""
+        if not items:
+            return
+        with self._tx(write=True) as c:
+            last = int(c.execute(_ADVANCE, {"counter": t.REQUEST_SEQ, "by": len(items)}).scalar_one())
+            first = last - len(items) + 1
+            rows = [
+                {
+                    "seq": first + n,
+                    "job_id": job_id,
+                    "kind": RequestKind(kind).value,
+                    "reason": why,
+                    "at": at,
+                    "value": None,
+                }
+                for n, (job_id, kind, why) in enumerate(items)
+            ]
+            c.execute(_INSERT_REQUEST, rows)
+
     def take_requests(self, cursor: int) -> tuple[Sequence[Request], int]:
         with self._tx(write=False) as c:
             rows = c.execute(_REQUESTS_AFTER, {"cursor": cursor}).all()
