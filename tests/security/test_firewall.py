@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.adapters.local.firewall import EngineFirewall
+from gpufleet.adapters.local.firewall import EngineFirewall, ephemeral_range
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.domain.jobs import RunSpec
 from gpufleet.ports import ObservationKind
@@ -41,12 +41,24 @@ os.replace(out + ".tmp", out)
 """
 
 
+def _free_below(high: int) -> int:
+    for port in range(high - 1, 20000, -7):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise AssertionError(f"no free port below {high}")
+
+
 class _Listener:
     """A TCP port on 127.0.0.1 that root listens on and accepts every connection of."""
 
-    def __init__(self) -> None:
+    def __init__(self, below: int = 0) -> None:
+        """`below`: a port under this (an engine's ports lie below the kernel's ephemeral range); 0: any."""
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.1", _free_below(below) if below else 0))
         self.sock.listen(16)
         self.port = int(self.sock.getsockname()[1])
         threading.Thread(target=self._accept, daemon=True).start()
@@ -83,7 +95,7 @@ def firewall() -> Iterator[EngineFirewall]:
 def test_a_job_cannot_connect_to_an_engine_port_while_root_and_other_ports_can(
     iso: Isolated, firewall: EngineFirewall
 ) -> None:
-    engine, other = _Listener(), _Listener()
+    engine, other = _Listener(below=ephemeral_range()[0]), _Listener()
     try:
         firewall.apply(ports=[engine.port])
         isolation = iso.per_queue_users(firewall=firewall)
@@ -128,3 +140,18 @@ def test_applying_twice_keeps_one_rule_and_adds_ports(firewall: EngineFirewall) 
     assert "21000-21063" in listed
     assert "21100" in listed
     assert "65534" in listed
+
+
+def test_ports_in_the_ephemeral_range_are_left_to_the_jobs_own_connections(firewall: EngineFirewall) -> None:
+    """gloo and NCCL listen on ports the kernel picks from its ephemeral range: an engine port seen there (a
+    joined cluster's random one) must not refuse a gang's rendezvous, and the report says it is not covered."""
+    low, high = ephemeral_range()
+    firewall.apply(ports=[21000, low + 5, (high - 1, high + 2)])
+    listed = subprocess.run(
+        ["nft", "list", "set", "inet", firewall.table, "engine_ports"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "21000" in listed
+    assert str(low + 5) not in listed
+    assert f"{high + 1}-{high + 2}" in listed
+    assert "ephemeral range" in firewall.describe()
+    assert str(low + 5) in firewall.describe()

@@ -17,6 +17,11 @@ ran an overlay network and gpufleet wired each job into it; the owner match leav
 job's calls to gpufleet's API, which checks its own token) alone and shuts exactly the engine's doors.
 Matching the destination port only (any address) also covers a node's other addresses and the other nodes.
 
+Ports in the kernel's ephemeral range (`ip_local_port_range`, 32768-60999 by default) are never added: gloo
+and NCCL listen on ports the kernel picks from that range, and a gang's rendezvous must never hit a port that
+once was an engine's. A cluster that gpufleet starts pins every port below it; on a cluster it joins, a port
+Ray picked at random there is left to Ray's token authentication, and `describe` names it with the fix.
+
 Everything is added, never flushed: several control planes on one machine (tests, emulated clusters) share
 the table, and a port or a uid added twice is one element. Applied with the `nft` binary (package nftables).
 """
@@ -28,6 +33,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpufleet.domain.errors import GpufleetError
 
@@ -52,6 +58,32 @@ def spans(ports: Iterable[int | PortSpan]) -> tuple[PortSpan, ...]:
     return tuple(merged)
 
 
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> PortSpan:
+    """The ports the kernel hands out for binds to port 0 (and outgoing connections)."""
+    try:
+        low, high = (int(word) for word in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return (32768, 60999)
+    return (low, high)
+
+
+def outside(given: Iterable[PortSpan], excluded: PortSpan) -> tuple[list[PortSpan], list[PortSpan]]:
+    """`given` split into what lies outside `excluded` and what lies inside it."""
+    kept: list[PortSpan] = []
+    inside: list[PortSpan] = []
+    low_x, high_x = excluded
+    for low, high in given:
+        if high < low_x or low > high_x:
+            kept.append((low, high))
+            continue
+        if low < low_x:
+            kept.append((low, low_x - 1))
+        if high > high_x:
+            kept.append((high_x + 1, high))
+        inside.append((max(low, low_x), min(high, high_x)))
+    return kept, inside
+
+
 def _element(span: PortSpan) -> str:
     return str(span[0]) if span[0] == span[1] else f"{span[0]}-{span[1]}"
 
@@ -65,11 +97,14 @@ class EngineFirewall:
     _uids: set[int] = field(default_factory=set)
     _ports: set[PortSpan] = field(default_factory=set)
     error: str | None = None  # why it is not active, once it failed
+    uncovered: set[PortSpan] = field(default_factory=set)  # engine ports in the ephemeral range (not added)
 
     def apply(self, ports: Iterable[int | PortSpan] = (), uids: Iterable[int] = ()) -> None:
         """Make sure the table and its rule exist and hold `ports` and `uids` (besides what they held).
         Raises GpufleetError (with the fix) when nft is missing or the kernel refuses."""
-        new_ports = [s for s in spans(ports) if s not in self._ports]
+        kept, inside = outside(spans(ports), ephemeral_range())
+        self.uncovered.update(inside)
+        new_ports = [s for s in kept if s not in self._ports]
         new_uids = sorted({int(u) for u in uids} - self._uids)
         script = [
             f"table inet {self.table} {{",
@@ -97,7 +132,7 @@ class EngineFirewall:
         self.apply(uids=(uid,))
 
     def add_ports(self, ports: Iterable[int | PortSpan]) -> None:
-        if all(s in self._ports for s in spans(ports)):
+        if all(s in self._ports or s in self.uncovered for s in spans(ports)):
             return
         self.apply(ports=ports)
 
@@ -126,10 +161,18 @@ class EngineFirewall:
         if self.error is not None:
             return f"not enforced: jobs may connect to the engine's ports ({self.error})"
         shown = ", ".join(map(_element, self.ports[:6])) + (", …" if len(self.ports) > 6 else "")
-        return (
+        said = (
             f"jobs cannot connect to the engine's ports ({shown or 'none yet'}): nftables table inet {self.table}, "
             f"{len(self._uids)} job user(s)"
         )
+        if self.uncovered:
+            low, high = ephemeral_range()
+            left = ", ".join(map(_element, spans(self.uncovered)[:6]))
+            said += (
+                f"; not the engine's ports in the kernel's ephemeral range {low}-{high} ({left}), which jobs' own "
+                "connections use: only Ray's token guards them (start Ray with every port pinned below it)"
+            )
+        return said
 
     def _run(self, script: str) -> None:
         if shutil.which(self.nft) is None:

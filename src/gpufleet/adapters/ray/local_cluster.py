@@ -183,6 +183,7 @@ class LocalRayCluster:
         self.labels = {name: dict(given) for name, given in (labels or {}).items()}
         self.system_config = dict(system_config or {})
         self.dashboard = dashboard
+        self._own_state = state_dir is None  # a temporary folder of its own: removed with the cluster
         self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="gpufleet-ray-"))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)
@@ -221,6 +222,7 @@ class LocalRayCluster:
         self.gcs_address = record["address"]
         self._nodes = {name: _NodeRecord(int(n["block"]), n["pids"]) for name, n in record["nodes"].items()}
         self.reused = True
+        self._own_state = False
         head = self._nodes.get(HEAD)
         if head is None or not all(_alive(pid) for pid in head.every_pid()) or not self.token_path.exists():
             self.shutdown()
@@ -303,6 +305,8 @@ class LocalRayCluster:
         with contextlib.suppress(OSError):
             (self.state_dir / STATE_FILE).unlink()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if self._own_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     # --- starting ----------------------------------------------------------------------------------------
 

@@ -48,15 +48,9 @@ POOL_LABEL = "gpufleet.io/pool"
 DEFAULT_NAMESPACE = "gpufleet"
 AGENT_START_TIMEOUT_S = 120.0
 # Ports a Ray cluster listens on whatever its nodes report: its defaults for the GCS, the dashboard, the Ray
-# client server and its workers' range (10001-19999), the dashboard and autoscaler metrics, the dashboard agent.
-RAY_DEFAULT_PORTS: tuple[tuple[int, int], ...] = (
-    (6379, 6379),
-    (8265, 8265),
-    (10001, 19999),
-    (44217, 44217),
-    (44227, 44227),
-    (52365, 52365),
-)
+# client server and its workers' range (10001-19999). (Its other defaults, 44217, 44227 and 52365, lie in the
+# kernel's ephemeral range, which the firewall leaves to the jobs' own connections.)
+RAY_DEFAULT_PORTS: tuple[tuple[int, int], ...] = ((6379, 6379), (8265, 8265), (10001, 19999))
 NODE_PORT_FIELDS = (
     "NodeManagerPort",
     "ObjectManagerPort",
