@@ -144,3 +144,24 @@ def test_a_job_waiting_on_its_parent_is_never_shown_to_the_scheduler() -> None:
     clock.t = 3.0
     loop.step()
     assert [launch.job.id for launch in backend.launches] == ["p", "c"]
+
+
+def test_singletons_of_one_name_and_submitter_run_one_at_a_time() -> None:
+    store = InMemoryStore([make_node("n0", "A100-80GB", 8, 80 * GiB)])
+    backend = ScriptedBackend()
+    clock = ManualClock()
+    loop = Reconciler(store, backend, clock, profile("default"))
+    single = (Dependency(DepKind.SINGLETON),)
+    for job_id, user in (("s1", "ann"), ("s2", "ann"), ("s3", "ann"), ("other", "bob")):
+        job = dataclasses.replace(make_job(job_id).build(), name="nightly", user=user, depends_on=single)
+        store.submit(job, at=0.0)
+    loop.step()
+    assert sorted(launch.job.id for launch in backend.launches) == ["other", "s1"]  # bob's is his own
+    for step, (done, then) in enumerate((("s1", "s2"), ("s2", "s3"))):
+        clock.t = 10.0 * (step + 1)
+        backend.started(done, clock.t - 5)
+        loop.step()
+        assert backend.launches[-1].job.id != then  # still running: the next one waits
+        backend.exited(done, clock.t, code=1)  # any end lets the next one go
+        loop.step()
+        assert backend.launches[-1].job.id == then

@@ -1,6 +1,8 @@
-"""A user's hold, release and update of a job that waits, as the loop applies them (the loop is the only writer of
-job state: the API files each as a request). A held job leaves the scheduler's sight and the dependency gate; a
-released or updated one comes back through the gate, keyed again by the profile's order."""
+"""What the loop does with jobs that wait outside the scheduler's sight: a user's hold, release and update (the
+loop is the only writer of job state: the API files each as a request), and the dependency gate's releases.
+
+A held job leaves the scheduler's sight and the dependency gate; a released or updated one comes back through
+the gate, keyed again by the profile's order. A job whose dependencies can never be met ends cancelled."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.control.changes import Changes
-from gpufleet.domain.jobs import Job
+from gpufleet.control.dependencies import NEVER_CODE, DependencyGate
+from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.records import JobRecord
 from gpufleet.domain.resources import MILLI_PER_GPU
@@ -67,3 +70,38 @@ def _leave(loop: Reconciler, record: JobRecord) -> None:
     loop.pending.remove(record.id)
     loop.gate.remove(record.id)
     loop.nominated.discard(record.id)
+
+
+def gate_of(loop: Reconciler) -> DependencyGate:
+    """A dependency gate that reads the loop's records (the store's for jobs that ended)."""
+
+    def lookup(job_id: JobId) -> JobRecord | None:
+        record = loop._known.get(job_id)
+        return record if record is not None else loop.store.get(job_id)
+
+    def busy(user: str, name: str, job_id: JobId) -> bool:
+        return any(
+            r.holds_resources and r.job.name == name and r.job.user == user and r.id != job_id
+            for r in loop._known.values()
+        )
+
+    return DependencyGate(lookup, busy)
+
+
+def release_dependents(loop: Reconciler, now: float) -> None:
+    """Jobs whose dependencies are now met go to the scheduler; those that can never be met end cancelled (which
+    may end their own dependents in turn)."""
+    while True:
+        ready, never = loop.gate.settle()
+        if not ready and not never:
+            return
+        changes = Changes()
+        for job, why in never:
+            record = loop._latest(job.id, changes)
+            if record is not None and record.state is S.PENDING:
+                changes.move(record, S.CANCELLED, why, now, finished_at=now, waiting_code=NEVER_CODE)
+        loop._write(changes)
+        for job in ready:
+            record = loop._latest(job.id, changes)
+            if record is not None and record.state is S.PENDING and record.id not in loop.pending:
+                loop._add_pending(record.as_pending(), now)

@@ -31,7 +31,6 @@ from gpufleet.control.changes import (
     collapse,
 )
 from gpufleet.control.collector import LongLivedObjects
-from gpufleet.control.dependencies import NEVER_CODE, DependencyGate
 from gpufleet.control.learning import Learning
 from gpufleet.control.loop_state import LoopState
 from gpufleet.control.pending import PendingIndex
@@ -125,7 +124,7 @@ class Reconciler:
         self.observed_pools = observed_pools
         self._nodes: dict[str, Node] = {}
         self.pending = self._pending_index()
-        self.gate = self._dependency_gate()
+        self.gate = holds.gate_of(self)
         self.learning = Learning(profile.learner)
         self.inventory = InventoryCache()  # the node inventory's table and memo, kept across rebuilds
         self.nominated: set[JobId] = set()
@@ -189,7 +188,7 @@ class Reconciler:
 
     def _resync(self) -> None:
         self.pending = self._pending_index()
-        self.gate = self._dependency_gate()
+        self.gate = holds.gate_of(self)
         self.nominated.clear()
         self._rebuild()
         self._dirty = False
@@ -209,7 +208,7 @@ class Reconciler:
         self._requests(now, report, requests)
         self._request_cursor = cursor  # taken only once acted on: a failed step reads them again
         self._timeouts(now, report)
-        self._release_dependents(now)
+        holds.release_dependents(self, now)
         if self.throughput_learner is not None and self.throughput_learner.due(now):
             holding = (self._known[job_id] for job_id in self.base.holdings if job_id in self._known)
             table = self.throughput_learner.learn(now, holding)
@@ -285,41 +284,10 @@ class Reconciler:
             return PendingIndex(self.profile.strict_fifo, burst=ROUND_BURST)
         return PendingIndex(self.profile.strict_fifo)
 
-    def _dependency_gate(self) -> DependencyGate:
-        return DependencyGate(self._gate_lookup, self._name_busy)
-
-    def _gate_lookup(self, job_id: JobId) -> JobRecord | None:
-        record = self._known.get(job_id)
-        return record if record is not None else self.store.get(job_id)
-
-    def _name_busy(self, user: str, name: str, job_id: JobId) -> bool:
-        return any(
-            r.holds_resources and r.job.name == name and r.job.user == user and r.id != job_id
-            for r in self._known.values()
-        )
-
     def _admit(self, record: JobRecord, now: float) -> None:
         """A pending job the loop has not seen: to the scheduler, unless the dependency gate keeps it."""
         if self.gate.admit(record.job):
             self._add_pending(record.as_pending(), now)
-
-    def _release_dependents(self, now: float) -> None:
-        """Jobs whose dependencies are now met go to the scheduler; those that can never be met end cancelled
-        (which may end their own dependents in turn)."""
-        while True:
-            ready, never = self.gate.settle()
-            if not ready and not never:
-                return
-            changes = Changes()
-            for job, why in never:
-                record = self._latest(job.id, changes)
-                if record is not None and record.state is S.PENDING:
-                    changes.move(record, S.CANCELLED, why, now, finished_at=now, waiting_code=NEVER_CODE)
-            self._write(changes)
-            for job in ready:
-                record = self._latest(job.id, changes)
-                if record is not None and record.state is S.PENDING and record.id not in self.pending:
-                    self._add_pending(record.as_pending(), now)
 
     def _round_after(self, now: float) -> float | None:
         """The first round boundary after `now` (None: the profile does not allocate in rounds)."""
