@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 HERE = ("--workdir", "-")
 
 
-def _jobs(cli: Cli, ids: list[str], timeout_s: float = 60.0) -> list[dict[str, Any]]:
+def _jobs(cli: Cli, ids: list[str], timeout_s: float = 120.0) -> list[dict[str, Any]]:
     """The jobs once every one has ended."""
     deadline = time.monotonic() + timeout_s
     with cli.live.http() as client:

@@ -10,7 +10,6 @@ sequence, numbers 5 and 6 may commit as 6 then 5, and a cursor at 6 would miss 5
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -238,9 +237,7 @@ class JobTables(SqlBase):
             last = int(c.execute(_ADVANCE, {"counter": t.SUBMIT_SEQ, "by": len(accepted)}).scalar_one())
             first = last - len(accepted) + 1
             for offset, index in enumerate(accepted):
-                results[index] = JobRecord(
-                    dataclasses.replace(jobs[index], submit_seq=first + offset), JobState.PENDING, submitted_at=at
-                )
+                results[index] = JobRecord(jobs[index].numbered(first + offset), JobState.PENDING, submitted_at=at)
             c.execute(_INSERT_JOB, [_job_row(results[i]) for i in accepted])  # type: ignore[arg-type]
             new_keys = [(keys[i], results[i]) for i in accepted if keys[i] is not None]
             if new_keys:
