@@ -33,8 +33,8 @@ from gpufleet.domain.quotas import DEFAULT_QUEUE, GPU_MODEL_PREFIX, QueueSpec
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import AdminStore, JobQuery, Role, SubmitKey, Token
-from gpufleet.scheduling.cycle import collector_paused
 from gpufleet.server.admission import FleetFit
+from gpufleet.server.array_submit import submit_array
 from gpufleet.server.audit import Auditor
 from gpufleet.server.auth import Authenticator, Principal, create_token
 from gpufleet.server.batcher import SubmitBatcher
@@ -42,7 +42,7 @@ from gpufleet.server.chargeback import BudgetWatch
 from gpufleet.server.context import ApiContext
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, owner_of
 from gpufleet.server.http_errors import ConflictError, ForbiddenError, NotFoundError, UnavailableError
-from gpufleet.server.job_graph import array_jobs, resolve_dependencies, waits_for
+from gpufleet.server.job_graph import resolve_dependencies, waits_for
 from gpufleet.server.log_files import index_logs
 from gpufleet.server.ratelimit import RateLimits
 from gpufleet.server.schemas import (
@@ -202,7 +202,7 @@ class Service:
             key = SubmitKey(principal.token.id, idempotency_key, request_hash(job.queue, spec))
         array = spec.array_indexes()
         if array is not None:
-            return await asyncio.to_thread(self._submit_array, job, array, key, warnings)
+            return await asyncio.to_thread(submit_array, self, job, array, key, warnings)
         for _ in range(5):
             try:
                 record = await asyncio.wrap_future(self.batcher.submit(job, job.submitted_at, key))
@@ -214,52 +214,9 @@ class Service:
                 job = self._redraw(job, error)
         raise ConflictError("could not draw a free job id", "submit again")  # pragma: no cover
 
-    def _submit_array(
-        self, job: Job, array: tuple[tuple[int, ...], int | None], key: SubmitKey | None, warnings: list[str]
-    ) -> tuple[JobOut, bool]:
-        """All of an array's tasks in one write (the first task's alone first when an idempotency key came, so
-        that a retry finds the array it made instead of making another)."""
-        # Python's cyclic collector paused, as the loop does for a step: 10,000 tasks' records are many young
-        # objects, and each collection it ran among them walked them all again (a third of the time).
-        with collector_paused():
-            return self._write_array(job, array, key, warnings)
-
-    def _write_array(
-        self, job: Job, array: tuple[tuple[int, ...], int | None], key: SubmitKey | None, warnings: list[str]
-    ) -> tuple[JobOut, bool]:
-        indexes, throttle = array
-        for _ in range(5):
-            array_id = new_job_id()
-            tasks = array_jobs(job, array_id, indexes, throttle)
-            done: list[JobRecord] = []
-            rest = tasks
-            if key is not None:
-                first = self.store.submit_many(tasks[:1], job.submitted_at, [key], self.ctx.idempotency_ttl_s)[0]
-                if isinstance(first, SpecError) and any(f.field == "id" for f in first.fields):
-                    continue
-                if isinstance(first, GpufleetError):
-                    raise first
-                if first.id != tasks[0].id:  # a retry: the array an earlier request made
-                    return self._array_out(first, warnings), True
-                done, rest = [first], tasks[1:]
-            results = self.store.submit_many(rest, job.submitted_at) if rest else []
-            errors = [r for r in results if isinstance(r, GpufleetError)]
-            if errors and not done and all(isinstance(e, SpecError) and e.fields[0].field == "id" for e in errors):
-                continue
-            self.ctx.wake()
-            if errors:
-                raise errors[0]
-            stored = [*done, *(r for r in results if isinstance(r, JobRecord))]
-            return self._array_out(stored[0], warnings, len(stored)), False
-        raise ConflictError("could not draw a free array id", "submit again")  # pragma: no cover
-
-    def _array_out(self, record: JobRecord, warnings: list[str], tasks: int | None = None) -> JobOut:
-        out = self.submitted(record)
-        array_id = record.job.array.array_id if record.job.array is not None else record.id
-        out.array_tasks = tasks if tasks is not None else self.store.count_jobs(JobQuery(array_id=array_id))
-        if warnings:
-            out.warnings = warnings
-        return out
+    @staticmethod
+    def new_id() -> JobId:
+        return new_job_id()
 
     def prepare_submit(self, principal: Principal, spec: JobSpec) -> Job:
         queue = spec.queue or principal.queue or DEFAULT_QUEUE
@@ -370,8 +327,11 @@ class Service:
         events = [event_out(t) for t in self.store.history(job_id)]
         summary = self._summary(record, position, 0 if position is None else position - 1, spec)
         waits = waits_for(self.store, record) if record.state is JobState.PENDING else []
+        array = record.job.array
         if waits:
             summary = f"waiting for its dependencies: {'; '.join(waits)}"
+        elif record.state is JobState.PENDING and array is not None and array.throttle and not record.waiting_code:
+            summary = f"waiting for a slot of its array: at most {array.throttle} tasks of {array.array_id} run at once"
         return ExplainOut(
             id=job_id,
             state=record.state.value,
