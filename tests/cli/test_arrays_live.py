@@ -56,7 +56,8 @@ def test_an_array_gives_each_task_its_ids_and_never_runs_more_than_its_throttle(
         assert overlapping <= 2, spans
     plain = cli("submit", "-", *HERE, "--array", "0-3", stdin="command: [sh, -c, 'exit 0']\n")
     assert plain.returncode == 0, plain.stderr
-    assert "submitted array j-" in plain.stdout and "(4 tasks)" in plain.stdout
+    assert "submitted array j-" in plain.stdout
+    assert "(4 tasks)" in plain.stdout
 
 
 def test_afterok_and_afternotok_follow_a_failed_parent(cli: Cli) -> None:
@@ -66,7 +67,8 @@ def test_afterok_and_afternotok_follow_a_failed_parent(cli: Cli) -> None:
     chained = cli("run", "--no-wait", *HERE, "-d", f"afterany:{ok}", "--", "true").stdout.strip()
     why = cli("explain", ok)
     assert why.returncode == 0, why.stderr
-    assert f"afterok:{parent}" in why.stdout and "waiting for its dependencies" in why.stdout, why.stdout
+    assert f"afterok:{parent}" in why.stdout, why.stdout
+    assert "waiting for its dependencies" in why.stdout, why.stdout
     p, o, n, c = _jobs(cli, [parent, ok, notok, chained])
     assert p["state"] == "failed"
     assert o["state"] == "cancelled"
@@ -80,8 +82,11 @@ def test_afterok_and_afternotok_follow_a_failed_parent(cli: Cli) -> None:
 def test_a_dependency_on_an_unknown_job_is_refused_at_submit(cli: Cli) -> None:
     done = cli("run", "--no-wait", *HERE, "--dependency", "afterok:j-00000000", "--", "true")
     assert done.returncode == 2
-    assert "j-00000000" in done.stderr and "does not exist" in done.stderr, done.stderr
+    assert "j-00000000" in done.stderr, done.stderr
+    assert "does not exist" in done.stderr, done.stderr
     bad = cli("run", "--no-wait", *HERE, "--dependency", "afterwards:j-1", "--", "true")
-    assert bad.returncode == 2 and "unknown type" in bad.stderr, bad.stderr
+    assert bad.returncode == 2, bad.stderr
+    assert "unknown type" in bad.stderr, bad.stderr
     array = cli("run", "--no-wait", *HERE, "--array", "5-1", "--", "true")
-    assert array.returncode == 2 and "array" in array.stderr, array.stderr
+    assert array.returncode == 2, array.stderr
+    assert "array" in array.stderr, array.stderr

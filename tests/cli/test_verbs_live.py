@@ -64,7 +64,8 @@ def test_update_changes_a_waiting_jobs_priority_runtime_and_gpus(cli: Cli) -> No
     # 2 GPUs no longer need the blocker's: it starts beside it.
     _until(cli, waiting, lambda j: j["state"] == "succeeded")
     late = cli("update", waiting, "--priority", "1")
-    assert late.returncode == 2 and "only a pending or held job" in late.stderr, late.stderr
+    assert late.returncode == 2, late.stderr
+    assert "only a pending or held job" in late.stderr, late.stderr
     too_big = _start(cli, "--gpus", "8", "--", "true")
     refused = cli("update", too_big, "--gpus", "16")
     assert refused.returncode == 2, refused.stderr
@@ -89,12 +90,14 @@ def test_bulk_cancel_of_an_array_asks_and_jobs_folds_it(cli: Cli) -> None:
     made = json.loads(cli("run", *HERE, "--gpus", "8", "--array", "0-11", "--json", "--", "true").stdout)
     array_id = made["array_id"]
     listed = cli("jobs").stdout
-    assert f"{array_id} [12 tasks]" in listed and "pending:12" in listed, listed
+    assert f"{array_id} [12 tasks]" in listed, listed
+    assert "pending:12" in listed, listed
     expanded = cli("jobs", "--expand").stdout
     assert f"{array_id}_11" in expanded
     refused = cli("cancel", array_id)  # stdin is not a terminal: no prompt, a refusal with its fix
     assert refused.returncode == 2
-    assert "12 jobs" in refused.stderr and "--yes" in refused.stderr, refused.stderr
+    assert "12 jobs" in refused.stderr, refused.stderr
+    assert "--yes" in refused.stderr, refused.stderr
     one = cli("cancel", f"{array_id}_3")
     assert "cancel requested for 1 job(s)" in one.stdout, one.stdout
     done = cli("cancel", array_id, "--yes")

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from gpufleet.cli.main import app
+from gpufleet.domain.quotas import QueueSpec
 from gpufleet.ports import RequestKind
 from tests.server.test_cli_live import Live, live
 
@@ -32,7 +33,8 @@ def _submit(live: Live, queue: str, *more: str, token: str | None = None) -> dic
 def test_a_team_token_cannot_depend_on_cancel_or_hold_another_teams_jobs(live: Live, tmp_path: Path) -> None:
     theirs = _submit(live, "team-b")["id"]
     refused = _run(live, "--dependency", f"afterok:{theirs}", token=live.team, code=2)
-    assert theirs in refused and "not yours to see" in refused, refused
+    assert theirs in refused, refused
+    assert "not yours to see" in refused, refused
     assert "no job or array" in live.cli("cancel", theirs, token=live.team, code=2)
     assert "team-a" in live.cli("hold", "--queue", "team-b", token=live.team, code=2)
     mine = _submit(live, "team-a", token=live.team)["id"]
@@ -63,4 +65,15 @@ def test_a_dependency_on_an_array_means_every_task(live: Live) -> None:
     one = _submit(live, "default", "--dependency", f"afterok:{array['array_id']}_2")
     assert one["depends_on"] == [f"afterok:{array['array_id']}_2"]
     folded = live.cli("jobs")
-    assert f"{array['array_id']} [3 tasks]" in folded and "pending:3" in folded, folded
+    assert f"{array['array_id']} [3 tasks]" in folded, folded
+    assert "pending:3" in folded, folded
+
+
+def test_an_array_its_queue_cannot_hold_is_refused_whole(live: Live) -> None:
+    live.store.set_queue(QueueSpec("small", max_pending=5))
+    out = _run(live, "--queue", "small", "--array", "0-7", code=2)
+    assert "small" in out, out
+    stored = [r for r in live.store.active() if r.job.queue == "small"]
+    assert len(stored) == 5
+    requests, _ = live.store.take_requests(0)
+    assert sorted(r.job_id for r in requests if r.kind is RequestKind.CANCEL) == sorted(r.id for r in stored)

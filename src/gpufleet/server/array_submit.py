@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from gpufleet.domain.errors import GpufleetError, SpecError
 from gpufleet.domain.jobs import Job
 from gpufleet.domain.records import JobRecord
+from gpufleet.ports import RequestKind
 from gpufleet.ports.admin import JobQuery, SubmitKey
 from gpufleet.scheduling.cycle import collector_paused
 from gpufleet.server.http_errors import ConflictError
@@ -51,10 +52,16 @@ def _write(
         errors = [r for r in results if isinstance(r, GpufleetError)]
         if errors and not done and all(isinstance(e, SpecError) and e.fields[0].field == "id" for e in errors):
             continue
+        stored = [*done, *(r for r in results if isinstance(r, JobRecord))]
+        if errors and stored:
+            # All or nothing: the tasks stored before one was refused (its queue's max_pending reached) are
+            # cancelled at once, in the step that takes them in unless the loop was mid-step: a refused array does
+            # not run.
+            why = f"its array {array_id} was refused: {errors[0].message}"
+            service.store.request_many([(r.id, RequestKind.CANCEL, why) for r in stored], job.submitted_at)
         service.ctx.wake()
         if errors:
             raise errors[0]
-        stored = [*done, *(r for r in results if isinstance(r, JobRecord))]
         return _out(service, stored[0], warnings, len(stored)), False
     raise ConflictError("could not draw a free array id", "submit again")  # pragma: no cover
 
