@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from gpufleet.cli.main import app
 from gpufleet.domain.quotas import QueueSpec
@@ -26,8 +27,8 @@ def _run(live: Live, *args: str, token: str | None = None, code: int = 0) -> str
     return result.output
 
 
-def _submit(live: Live, queue: str, *more: str, token: str | None = None) -> dict:
-    return json.loads(_run(live, "--json", "--queue", queue, *more, token=token))
+def _submit(live: Live, queue: str, *more: str, token: str | None = None) -> dict[str, Any]:
+    return dict(json.loads(_run(live, "--json", "--queue", queue, *more, token=token)))
 
 
 def test_a_team_token_cannot_depend_on_cancel_or_hold_another_teams_jobs(live: Live, tmp_path: Path) -> None:
