@@ -165,3 +165,29 @@ def test_singletons_of_one_name_and_submitter_run_one_at_a_time() -> None:
         backend.exited(done, clock.t, code=1)  # any end lets the next one go
         loop.step()
         assert backend.launches[-1].job.id == then
+
+
+def test_a_restarted_loop_keeps_the_throttle_and_the_waiting_dependencies() -> None:
+    store = InMemoryStore([make_node("n0", "A100-80GB", 8, 80 * GiB)])
+    backend = ScriptedBackend()
+    clock = ManualClock()
+    loop = Reconciler(store, backend, clock, profile("default"))
+    for task in range(5):
+        job = dataclasses.replace(make_job(f"a_{task}").build(), array=ArrayTask("a", task, 2))
+        store.submit(job, at=0.0)
+    child = dataclasses.replace(make_job("c").build(), depends_on=(Dependency(DepKind.AFTEROK, "a_0"),))
+    store.submit(child, at=0.0)
+    loop.step()
+    assert sorted(launch.job.id for launch in backend.launches) == ["a_0", "a_1"]
+    for launch in backend.launches:
+        backend.started(launch.job.id, 1.0)
+    clock.t = 2.0
+    loop.step()
+    restarted = Reconciler(store, backend, clock, profile("default"))
+    clock.t = 3.0
+    restarted.step()
+    assert len(backend.launches) == 2  # two tasks still run: the throttle holds; c still waits for a_0
+    backend.exited("a_0", 4.0, code=0)
+    clock.t = 4.0
+    restarted.step()
+    assert sorted(launch.job.id for launch in backend.launches[2:]) == ["a_2", "c"]
