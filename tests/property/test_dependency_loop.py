@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet.adapters.storage.memory import InMemoryStore
-from gpufleet.control.dependencies import NEVER_CODE
+from gpufleet.control.gate import NEVER_CODE
 from gpufleet.control.reconciler import Reconciler
 from gpufleet.domain import GiB, JobState, make_node
 from gpufleet.domain.dependencies import ArrayTask, Dependency, DepKind, Verdict, judge

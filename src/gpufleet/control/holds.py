@@ -11,7 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.control.changes import Changes
-from gpufleet.control.dependencies import NEVER_CODE, DependencyGate
+from gpufleet.control.gate import NEVER_CODE, DependencyGate
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.records import JobRecord
