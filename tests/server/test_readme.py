@@ -49,3 +49,32 @@ def test_the_readme_limits_are_the_ones_the_api_enforces() -> None:
     rates = f"{TEAM_RATE.per_s:g} requests a second on average, bursts of {TEAM_RATE.burst:g}"
     assert rates in text.replace("\n", " ")
     assert f"admin tokens {ADMIN_RATE.per_s:,.0f} and {ADMIN_RATE.burst:,.0f}" in text.replace("\n", " ")
+
+
+def test_the_readme_inventory_example_is_read_as_it_says(tmp_path: Path) -> None:
+    from gpufleet.adapters.inventory.emulated_inventory import load_inventory_yaml
+
+    block = re.search(r"```yaml\n(nodes:\n.*?)```", README.read_text(), re.S)
+    assert block is not None, "the README lost its inventory example"
+    file = tmp_path / "fleet.yaml"
+    file.write_text(block.group(1))
+    a, b = load_inventory_yaml(file)
+    assert (a.name, len(a.gpus), a.gpus[0].model, a.rack, a.zone, a.pool) == (
+        "gpu-a",
+        8,
+        "A100-80GB",
+        "r1",
+        "z1",
+        "spot",
+    )
+    assert a.memory == 512 << 30
+    assert (b.name, sorted(g.model for g in b.gpus)) == ("gpu-b", ["L4"] * 4 + ["T4"] * 2)
+
+
+def test_the_readme_set_example_builds_the_spec_it_shows() -> None:
+    from gpufleet.cli.spec_args import apply_sets
+
+    line = next(x for x in README.read_text().splitlines() if "submit --set command=" in x)
+    sets = re.findall(r"--set (\S+?=(?:'[^']*'|\S+))", line)
+    spec = apply_sets({}, [s.replace("'", "") for s in sets])
+    assert spec == {"command": ["python3", "eval.py"], "gpus": 1, "env": {"SEED": 7}}
