@@ -109,16 +109,10 @@ class DependencyGate:
                     kids.discard(job_id)
                     if not kids:
                         del self.children[parent_id]
-        job = self.throttled.pop(job_id, None)
-        if job is not None and job.array is not None:
-            throttle = self.throttles[job.array.array_id]
-            throttle.queue = [e for e in throttle.queue if e[1] != job_id]
-            heapq.heapify(throttle.queue)
-        job = self.singleton_jobs.pop(job_id, None)
-        if job is not None:
-            key = (job.user, job.name)
-            self.singletons[key] = [e for e in self.singletons[key] if e[1] != job_id]
-            heapq.heapify(self.singletons[key])
+        # Its entry in its array's or name's queue is dropped when it comes up (a whole array cancelled at once
+        # would otherwise rebuild the queue once per task).
+        self.throttled.pop(job_id, None)
+        self.singleton_jobs.pop(job_id, None)
         self._changed.setdefault(job_id, None)
 
     def changed(self, record: JobRecord) -> None:
@@ -214,7 +208,9 @@ class DependencyGate:
             throttle.released.discard(job_id)
             while throttle.queue and len(throttle.released) < throttle.limit:
                 _, next_id = heapq.heappop(throttle.queue)
-                next_job = self.throttled.pop(next_id)
+                next_job = self.throttled.pop(next_id, None)
+                if next_job is None:
+                    continue  # it left while it waited
                 throttle.released.add(next_id)
                 self._past_throttle(next_job, now=False)
             if not throttle.queue and not throttle.released:
@@ -225,6 +221,9 @@ class DependencyGate:
         waiting = self.singletons.get(key)
         while waiting and key not in self.singleton_holder:
             _, next_id = waiting[0]
+            if next_id not in self.singleton_jobs:
+                heapq.heappop(waiting)  # it left while it waited
+                continue
             if self.busy(key[0], key[1], next_id):
                 break
             heapq.heappop(waiting)
