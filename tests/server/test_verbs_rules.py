@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from gpufleet.cli.main import app
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.ports import RequestKind
@@ -78,3 +80,14 @@ def test_an_array_its_queue_cannot_hold_is_refused_whole(live: Live) -> None:
     assert len(stored) == 5
     requests, _ = live.store.take_requests(0)
     assert sorted(r.job_id for r in requests if r.kind is RequestKind.CANCEL) == sorted(r.id for r in stored)
+
+
+def test_the_single_cancel_route_takes_an_arrays_id(live: Live) -> None:
+    array = _submit(live, "team-a", "--array", "0-2", token=live.team)
+    with httpx.Client(base_url=live.url, headers={"Authorization": f"Bearer {live.team}"}) as client:
+        answer = client.post(f"/v1/jobs/{array['array_id']}/cancel").json()
+        assert answer["message"] == "cancel requested for 3 job(s)", answer
+        theirs = _submit(live, "team-b", "--array", "0-1")
+        assert client.post(f"/v1/jobs/{theirs['array_id']}/cancel").status_code == 404
+    requests, _ = live.store.take_requests(0)
+    assert sorted(r.job_id for r in requests) == [f"{array['array_id']}_{n}" for n in range(3)]

@@ -7,8 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
 from gpufleet.domain.lifecycle import JobState
+from gpufleet.ports.admin import JobQuery
 from gpufleet.server.auth import Principal
 from gpufleet.server.http_app import principal, service
+from gpufleet.server.job_verbs import JobVerbs, SelectIn
 from gpufleet.server.limits import MAX_IDEMPOTENCY_KEY, MAX_SEQ
 from gpufleet.server.schemas import CancelOut, EventsOut, ExplainOut, JobListOut, JobOut, LogsOut
 from gpufleet.server.service import MAX_LOG_CHUNK, Service
@@ -101,7 +103,11 @@ def cancel(
     svc: Svc,
     force: Annotated[bool, Query(description="Kill at once (SIGKILL), whatever the job's grace period")] = False,
 ) -> CancelOut:
-    """Ask the loop to stop the job for good (checkpoint signal, grace period, then kill; `force`: kill now)."""
+    """Ask the loop to stop the job for good (checkpoint signal, grace period, then kill; `force`: kill now). An
+    array's id cancels every task of it that has not ended."""
+    if svc.store.get(job_id) is None and svc.store.count_jobs(JobQuery(array_id=job_id)):
+        done = JobVerbs(svc).act(who, "cancel", SelectIn(ids=[job_id], force=force))
+        return CancelOut(id=job_id, state="array", requested=done.requested, message=done.message)
     return svc.cancel(who, job_id, force=force)
 
 
