@@ -106,7 +106,9 @@ def cancel(
     """Ask the loop to stop the job for good (checkpoint signal, grace period, then kill; `force`: kill now). An
     array's id cancels every task of it that has not ended."""
     if svc.store.get(job_id) is None and svc.store.count_jobs(JobQuery(array_id=job_id)):
-        done = JobVerbs(svc).act(who, "cancel", SelectIn(ids=[job_id], force=force))
+        done = JobVerbs(svc).act(
+            who, "cancel", SelectIn(ids=[job_id], name=None, queue=None, user=None, dry_run=False, force=force)
+        )
         return CancelOut(id=job_id, state="array", requested=done.requested, message=done.message)
     return svc.cancel(who, job_id, force=force)
 
