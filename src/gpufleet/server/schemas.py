@@ -146,10 +146,12 @@ class JobOut(BaseModel):
         None, description="The interval its current or last attempt was given (GPUFLEET_CHECKPOINT_INTERVAL_S)."
     )
     comm: CommOut | None = None
-    depends_on: list[str] = Field([], description="What must happen before it may run (afterok:ID, singleton, …).")
-    array_id: str | None = Field(None, description="The array it is a task of (its id is ARRAYID_TASK).")
+    depends_on: list[str] = Field(
+        default=[], description="What must happen before it may run (afterok:ID, singleton, …)."
+    )
+    array_id: str | None = Field(default=None, description="The array it is a task of (its id is ARRAYID_TASK).")
     array_task: int | None = None
-    array_tasks: int | None = Field(None, description="At an array's submit: how many tasks it made.")
+    array_tasks: int | None = Field(default=None, description="At an array's submit: how many tasks it made.")
     # At submit only: what the submitter should know, e.g. a quota that can never admit the job as it stands.
     warnings: list[str] = []
 
@@ -201,7 +203,9 @@ class ExplainOut(BaseModel):
     id: str
     state: str
     summary: str
-    waits_for: list[str] = Field([], description="Dependencies that do not hold yet, each with its job's state.")
+    waits_for: list[str] = Field(
+        default=[], description="Dependencies that do not hold yet, each with its job's state."
+    )
     reason: str
     waiting_code: str
     waiting_reason: str
