@@ -28,7 +28,7 @@ def _wait(condition: object, what: str, timeout_s: float = 20.0) -> None:
 def test_a_kill_that_runs_after_the_forget_sent_after_it_still_kills_the_workers(tmp_path: Path) -> None:
     node = parse_emulate("8xA100-80GB", "n1")[0]
     root = tmp_path / "agent"
-    options = AgentOptions(root=str(root), jobs_home=str(reachable_by_jobs(tmp_path / "homes")), use_cgroups=False)
+    options = AgentOptions(root=str(root), use_cgroups=False)
     with users_created_here():
         agent = NodeAgent("n1", "127.0.0.1", options, emulated=node)
         try:
@@ -64,7 +64,7 @@ def test_a_kill_that_runs_before_the_start_sent_before_it_leaves_nothing_running
     job, on the same GPU, runs and is not touched by the first attempt's late calls."""
     node = parse_emulate("8xA100-80GB", "n1")[0]
     root = tmp_path / "agent"
-    options = AgentOptions(root=str(root), jobs_home=str(reachable_by_jobs(tmp_path / "homes")), use_cgroups=False)
+    options = AgentOptions(root=str(root), use_cgroups=False)
     out = reachable_by_jobs(tmp_path / "out")
     script = 'echo $$ >> "$0/starts-$GPUFLEET_ATTEMPT"; exec sleep 600'
     with users_created_here():
@@ -108,9 +108,7 @@ def test_a_kill_before_the_agent_saw_the_command_start_kills_the_command(tmp_pat
     """The agent's watcher had not yet seen the worker's command start (its `child.pid` written since its last
     round) when the kill came: the command is killed, not only its shim."""
     node = parse_emulate("8xA100-80GB", "n1")[0]
-    options = AgentOptions(
-        root=str(tmp_path / "agent"), jobs_home=str(reachable_by_jobs(tmp_path / "homes")), use_cgroups=False
-    )
+    options = AgentOptions(root=str(tmp_path / "agent"), use_cgroups=False)
     with users_created_here():
         agent = NodeAgent("n1", "127.0.0.1", options, emulated=node)
         try:

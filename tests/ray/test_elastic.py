@@ -71,7 +71,7 @@ def test_the_ray_backend_resizes_an_attempt_across_nodes(ray_cluster: Any, tmp_p
     shared = reachable_by_jobs(tmp_path / "elastic")
     program = share(shared / "elastic.py", ELASTIC)
     out = str(shared / "found")
-    options = AgentOptions(root=str(tmp_path / "agents"), jobs_home=str(reachable_by_jobs(tmp_path / "homes")))
+    options = AgentOptions(root=str(tmp_path / "agents"))
     with users_created_here():
         # Agents of their own (their own namespace and folders) beside the plane's, driven from this process.
         nodes = tuple(cluster.specs.values())  # the emulated nodes' GPUs
@@ -183,7 +183,7 @@ def test_a_restart_of_the_control_plane_mid_resize_on_ray_completes_the_resize(
     shared = reachable_by_jobs(tmp_path / "elastic")
     program = share(shared / "elastic.py", ELASTIC)
     out = str(shared / "found")
-    options = AgentOptions(root=str(tmp_path / "agents"), jobs_home=str(reachable_by_jobs(tmp_path / "homes")))
+    options = AgentOptions(root=str(tmp_path / "agents"))
     clock = _Clock()
     policy = ScriptedResize()
     grow_later = dataclasses.replace(profile("default"), resize=policy, resize_every_s=0.05, elastic_grow=False)

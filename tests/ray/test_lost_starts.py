@@ -67,7 +67,7 @@ def _own_agents(cluster: Any, tmp_path: Path) -> Iterator[tuple[Any, str, RunSpe
     shared = reachable_by_jobs(tmp_path / "up")
     program = share(shared / "up.py", UP)
     out = str(shared / "up")
-    options = AgentOptions(root=str(tmp_path / "agents"), jobs_home=str(reachable_by_jobs(tmp_path / "homes")))
+    options = AgentOptions(root=str(tmp_path / "agents"))
     with users_created_here():
         nodes = tuple(cluster.specs.values())
         fleet = within(120, "joining the Ray cluster", lambda: RayFleet(cluster.address, options, emulated=nodes))
