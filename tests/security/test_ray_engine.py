@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpufleet.adapters.ray import auth
+from gpufleet.adapters.ray import ray_token
 from gpufleet.adapters.ray.local_cluster import HEAD, LocalRayCluster, _children, _lease_block, _release
 from gpufleet.bench.api import LocalServer, free_port
 from tests.kit.jobusers import python_for_anyone, reachable_by_jobs, share, shared_ledger, users_created_here
@@ -124,7 +124,7 @@ def test_without_the_token_the_dashboard_agent_answers_401_even_to_root(ray_clus
     assert httpx.post(url, json=body, headers=wrong, timeout=10).status_code == 403
     token_file = Path(ray_cluster.token_path)
     assert token_file.stat().st_mode & 0o077 == 0  # only root reads the token
-    assert auth.probe_auth(ray_cluster.address)  # the GCS too refuses a call without it
+    assert ray_token.probe_auth(ray_cluster.address)  # the GCS too refuses a call without it
     time.sleep(1.0)
     assert not marker.exists()
 
@@ -215,7 +215,7 @@ def test_up_refuses_a_ray_cluster_without_authentication_unless_told_and_then_sa
     open_cluster: tuple[str, Path], tmp_path: Path
 ) -> None:
     address, inventory = open_cluster
-    assert not auth.probe_auth(address)
+    assert not ray_token.probe_auth(address)
     refused = subprocess.run(
         [
             sys.executable,

@@ -6,7 +6,7 @@ node can be killed (`kill`, SIGKILL to its raylet) and brought back (`add`).
 
 Hardened as a real cluster should be:
 
-- Ray's token authentication is on (`auth.py`): the token is a 0600 file in `state_dir`, found by Ray
+- Ray's token authentication is on (`ray_token.py`): the token is a 0600 file in `state_dir`, found by Ray
   through `RAY_AUTH_TOKEN_PATH`. No dashboard (`dashboard=True` asks for one) and no job-submission server.
 - Every port is pinned: each node takes a block of `BLOCK` ports between `PORT_LOW` and `PORT_HIGH` (below
   the MASTER_PORT range gpufleet hands to jobs, 29500-30499, and Linux's ephemeral ports, 32768-60999), its
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.adapters.ray import auth
+from gpufleet.adapters.ray import ray_token
 from gpufleet.adapters.ray.ray_inventory import NODE_RESOURCE
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
@@ -188,7 +188,7 @@ class LocalRayCluster:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)
         self.owner = str(self.state_dir.absolute())
-        self.token_path = auth.new_token_file(self.state_dir / TOKEN_FILE)
+        self.token_path = ray_token.new_token_file(self.state_dir / TOKEN_FILE)
         # Ray's unix sockets live under its temp folder and must stay under 108 bytes: a short one of our own.
         self.temp_dir = tempfile.mkdtemp(prefix="gfray-")
         self._nodes: dict[str, _NodeRecord] = {}
@@ -366,11 +366,11 @@ class LocalRayCluster:
                     _release(block, self.owner)
 
     def _spawn(self, args: Mapping[str, Any], env: Mapping[str, str]) -> subprocess.Popen[str]:
-        environment = {**os.environ, **env, **auth.env_for(self.token_path)}
+        environment = {**os.environ, **env, **ray_token.env_for(self.token_path)}
         environment["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # several nodes on one machine, on 127.0.0.1
         # A busy machine starting several nodes at once may take longer than Ray's 30 s to register one.
         environment.setdefault("RAY_raylet_start_wait_time_s", str(int(LAUNCH_TIMEOUT_S)))
-        for leaked in (auth.TOKEN_ENV, "RAY_ADDRESS"):
+        for leaked in (ray_token.TOKEN_ENV, "RAY_ADDRESS"):
             environment.pop(leaked, None)
         process = subprocess.Popen(
             [sys.executable, "-m", "gpufleet.adapters.ray.node_launch"],

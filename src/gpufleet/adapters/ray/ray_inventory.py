@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.adapters.local.layout import safe_name
-from gpufleet.adapters.ray import auth, require_ray
+from gpufleet.adapters.ray import ray_token, require_ray
 from gpufleet.adapters.ray.agent import AgentOptions, NodeAgent
 from gpufleet.domain.cluster import NODE_POOLS, Node
 from gpufleet.domain.errors import GpufleetError
@@ -185,15 +185,15 @@ class RayFleet:
         self.gcs_port = int(resolved.rpartition(":")[2])
         if ray.is_initialized():
             return
-        if auth.probe_auth(resolved):
-            given = token_file or (Path(os.environ[auth.PATH_ENV]) if os.environ.get(auth.PATH_ENV) else None)
+        if ray_token.probe_auth(resolved):
+            given = token_file or (Path(os.environ[ray_token.PATH_ENV]) if os.environ.get(ray_token.PATH_ENV) else None)
             path = given or Path.home() / ".ray" / "auth_token"
-            auth.check_private(path)
-            auth.use_token(path)
+            ray_token.check_private(path)
+            ray_token.use_token(path)
         elif insecure:
             self.insecure = True
             log.warning("%s", INSECURE_NOTE)
-            auth.no_token()
+            ray_token.no_token()
         else:
             raise GpufleetError(
                 f"the Ray cluster at {resolved} runs without authentication: any process that reaches one of its "
