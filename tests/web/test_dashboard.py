@@ -78,12 +78,14 @@ def test_submitted_jobs_appear_and_change_state_without_a_reload(dashboard: Dash
 
 
 def test_a_waiting_job_shows_the_schedulers_explanation(dashboard: Dashboard, browser: Any) -> None:
-    job_id = dashboard.submit(**sleeper("team-a", name="too-big", gpus=8, gpu_models=["H100"]))
+    # 8 GPUs fit gpu-a but never team-b's quota of 4: accepted (with a warning), it waits and says why. (A job
+    # no node could hold, 8 H100s on the 4-H100 node, is refused at submit.)
+    job_id = dashboard.submit(**sleeper("team-b", name="over-quota", gpus=8, gpu_models=["A100-80GB"]))
     job = wait_api(dashboard, job_id, lambda j: bool(j["waiting_reason"]))
     page = sign_in(browser, dashboard.url, dashboard.admin)
     page.goto(f"{dashboard.url}/jobs/{job_id}")
     assert page.inner_text("#explain-reason") == job["waiting_reason"]
-    assert "needs 8 GPUs (H100)" in page.inner_text("#explain-summary")
+    assert "its GPU quota allows at most 4" in page.inner_text("#explain-summary")
     page.context.close()
 
 
