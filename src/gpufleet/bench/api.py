@@ -218,9 +218,7 @@ def _start_latency(server: LocalServer, samples: int, marks: Path) -> dict[str, 
     }
 
 
-def run(
-    jobs: int = 2000, clients: int = 16, latency_samples: int = 50, array_tasks: int = 10_000
-) -> dict[str, object]:
+def run(jobs: int = 2000, clients: int = 16, latency_samples: int = 50, array_tasks: int = 10_000) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-api-"))
     # Jobs run as their queue's own user when the control plane is root: their marks go where they may write,
     # and not under /tmp, which is each job's own.
