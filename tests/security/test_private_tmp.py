@@ -418,3 +418,17 @@ def test_gpufleet_up_with_shared_tmp_says_jobs_share_tmp_and_proc(tmp_path: Path
     assert "/tmp and /dev/shm are shared by every job on the node: turned off with --shared-tmp" in output
     assert "every job can read every process's command line" in output
     assert "each attempt has a private /tmp" not in output
+
+
+def test_a_worker_starts_while_another_attempts_tmpfs_is_being_released(tmp_path: Path) -> None:
+    # A worker's namespace starts with a copy of the host's mounts, other attempts' tmpfs among them, and
+    # detaches those; one whose attempt ended meanwhile is gone (EINVAL) or out of reach (ENOENT), and the
+    # worker must start all the same (it failed "cannot give it a private /tmp …: No such file or directory"
+    # when many short jobs started and ended at once).
+    require_root()
+    released = tmp_path / "released"
+    released.mkdir()
+    namespaces._detach_other(str(tmp_path / "removed"))  # ENOENT: its mount point is gone on the host
+    namespaces._detach_other(str(released))  # EINVAL: no longer a mount point here
+    with pytest.raises(OSError, match="unmount"):
+        namespaces._detach_other("/" + "x" * 5000)  # anything else (here ENAMETOOLONG) is still an error

@@ -24,6 +24,7 @@ The shim imports this module only where it is used (ctypes costs it about 2 ms).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 
 SOURCE = "gpufleet-attempt"  # the `source` of every attempt tmpfs, as /proc/*/mountinfo shows it
@@ -71,6 +72,17 @@ def _detach(target: str) -> None:
     _check(_c().umount2(target.encode(), _MNT_DETACH), f"unmount {target}", target)
 
 
+def _detach_other(target: str) -> None:
+    """Detach another attempt's tmpfs from this namespace's copy of the host's mounts. One that attempt's end
+    released meanwhile is not an error: gone (EINVAL: no longer a mount point here), or its mount point
+    removed on the host (ENOENT), which leaves the copy out of every path's reach and its memory held only
+    until this worker's namespace ends."""
+    if _c().umount2(target.encode(), _MNT_DETACH) != 0:
+        code = ctypes.get_errno()
+        if code not in (errno.ENOENT, errno.EINVAL):
+            raise OSError(code, f"unmount {target}: {os.strerror(code)}", target)
+
+
 # --- in the worker ----------------------------------------------------------------------------------------
 
 
@@ -86,7 +98,7 @@ def enter(tmp_root: str, hide_pids: bool) -> None:
     try:
         for target in reversed(attempt_mounts()):
             if target != tmp_root:
-                _detach(target)
+                _detach_other(target)
         if own >= 0:
             _mount(f"/proc/self/fd/{own}/{SHM}", "/dev/shm", None, _MS_BIND)
             _mount(f"/proc/self/fd/{own}/{TMP}", "/tmp", None, _MS_BIND)
