@@ -9,7 +9,7 @@ from gpufleet.domain.cluster import make_node
 from gpufleet.domain.resources import GiB
 from gpufleet.server.spot_watch import SpotWatch
 from tests.server.conftest import Api
-from tests.server.test_api import submit
+from tests.server.test_api import JOB, submit
 from tests.server.test_cost_api import Loop
 
 MIN = 60.0
@@ -76,11 +76,11 @@ def test_a_lost_spot_node_opens_the_breaker_which_gates_placements_until_a_probe
 
 def test_spot_never_jobs_do_not_use_spot_nodes_and_spot_pools_without_a_watch_say_so(api: Api) -> None:
     api.store.set_nodes([spot_node("s0")])
-    loop = Loop(api)
-    job = submit(api, api.team_a, gpus=1)
-    loop.reconciler.step()
-    why = api.client.get(f"/v1/jobs/{job['id']}/explain", headers=api.h(api.team_a)).json()
-    assert "spot capacity, which the job does not allow" in why["waiting_reason"]
+    # a job that never takes spot capacity, on a fleet of spot nodes only, could never run: refused at submit
+    # with the scheduler's own reason
+    refused = api.client.post("/v1/jobs", json={**JOB, "gpus": 1}, headers=api.h(api.team_a))
+    assert refused.status_code == 422, refused.text
+    assert "spot capacity, which the job does not allow" in refused.json()["message"]
     assert api.client.get("/v1/spot-pools", headers=api.as_admin()).json() == {
         "enabled": False,
         "threshold_per_node_hour": None,
