@@ -9,6 +9,7 @@ with fresh random examples each run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,3 +111,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"to fix: set {traces.TRACES_ENV}=DIR to the folder holding the trace folders, or put them at "
             f"{traces.DEFAULT_TRACES}; {traces.OPT_OUT}=1 skips these tests instead (and says so)."
         )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Detach the private /tmp of jobs that outlived their test's control plane (a test that stops it with
+    jobs still running, as a crash would): nothing of this session stays mounted on the machine, so that
+    pytest can remove its folders later."""
+    if os.geteuid() != 0:
+        return
+    from gpufleet.adapters.local import namespaces
+
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    roots = [str(factory.getbasetemp())] if factory is not None else []
+    roots.append("/var/tmp/gpufleet-")
+    for point in namespaces.attempt_mounts():
+        if any(point.startswith(root) for root in roots):
+            with contextlib.suppress(OSError):
+                namespaces.release(point)

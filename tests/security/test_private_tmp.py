@@ -263,6 +263,25 @@ def test_a_team_cannot_see_or_read_another_teams_tmp_and_shm_while_both_run(iso:
     wait_for(tenants.backend, lambda seen: ended("a")(seen) and ended("b")(seen))
 
 
+def test_a_worker_holds_no_other_attempts_tmpfs_and_none_stays_after_the_last_attempt(
+    iso: Isolated, groups: cg.Cgroups
+) -> None:
+    """In each worker's mount namespace the only tmpfs of ours are its own /tmp and /dev/shm (a copy of another
+    attempt's would keep that one's memory alive); once the attempts end, none of theirs stays mounted."""
+    tenants = Tenants(iso, groups)
+    go = iso.shared / "both-go"
+    results = {name: iso.out(name) for name in ("a", "b")}
+    for name, queue in (("a", "pt-a"), ("b", "pt-b")):
+        tenants.backend.launch(tenants.launch(name, tenants.run("shm", results[name], go, f"x-{name}", "1"), queue))
+    pids = {name: read_out(result)["pid"] for name, result in results.items()}
+    for pid in pids.values():
+        ours = namespaces.attempt_mounts(f"/proc/{pid}/mountinfo")
+        assert sorted(ours) == ["/dev/shm", "/tmp"], ours
+    go.touch()
+    wait_for(tenants.backend, lambda seen: ended("a")(seen) and ended("b")(seen))
+    assert attempt_mounts_under(tenants.tmp_root) == []
+
+
 def test_a_name_planted_in_tmp_or_shm_is_not_there_for_the_next_job(iso: Isolated, groups: cg.Cgroups) -> None:
     tenants = Tenants(iso, groups)
     name = f"gpufleet-test-planted-{secrets.token_hex(3)}"

@@ -13,7 +13,10 @@ every step is one second of simulated time: `rate` jobs arrive (default: one per
 nodes) and, on average, as many finish: a job's duration is drawn when it first starts, 1 s plus an
 exponential whose mean is the number of jobs running then divided by the rate (a few seconds), so the fleet
 stays full and the backlog stays near `pending`.
-Higher-priority arrivals preempt, teams over their quota are reclaimed from.
+Higher-priority arrivals preempt, teams over their quota are reclaimed from. With `array_size`, the jobs come
+as job arrays of that many tasks (each array's tasks ask what its first job of the mix asks, as one command
+over many indexes does), so that the loop's time with 10,000 pending array tasks can be set beside its time with
+10,000 plain jobs.
 
 Reported, over the measured steps (wall-clock, this machine): `decisions_per_s` (placements and preemptions the
 loop made, per second of loop time; `decisions_per_cpu_s`: per second of the process's CPU time in the steps,
@@ -34,6 +37,7 @@ that figures from different hosts or moments can be told apart from changes to t
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import heapq
@@ -53,6 +57,7 @@ from gpufleet.bench import yardstick
 from gpufleet.bench.scheduler import MODELS, build_fleet, job_mix
 from gpufleet.control.reconciler import Reconciler, ReconcilerSettings, StepReport
 from gpufleet.domain.cluster import WorkerPlacement
+from gpufleet.domain.dependencies import ArrayTask
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import Transition
 from gpufleet.domain.records import JobRecord
@@ -140,13 +145,16 @@ class SteadyLoop:
     one second, submits that second's arrivals (outside the loop's time, as the API would) and runs one loop
     step."""
 
-    def __init__(self, store: TimedStore, nodes: int, rate: int, backlog: int, seed: int, policy: str) -> None:
+    def __init__(
+        self, store: TimedStore, nodes: int, rate: int, backlog: int, seed: int, policy: str, array_size: int = 0
+    ) -> None:
         fleet = build_fleet(nodes, 0, seed)
         store.set_nodes(fleet.nodes)
         for queue in fleet.queues:
             store.set_queue(queue)
         self.store = store
         self.rate = rate
+        self.array_size = array_size
         self.models = [m for m, _, _ in MODELS]
         mean_gpus = _mean_gpus(job_mix(np.random.default_rng(seed + 2), 2_000, self.models))
         # Jobs that fill the fleet plus the backlog, then `rate` per step.
@@ -184,6 +192,8 @@ class SteadyLoop:
 
     def _arrive(self, count: int) -> None:
         jobs = job_mix(self._rng, count, self.models, first=self._submitted)
+        if self.array_size:
+            jobs = _as_arrays(jobs, self.array_size)
         self._submitted += count
         started = time.perf_counter()
         self.store.submit_many(jobs, self.clock.now())
@@ -234,6 +244,18 @@ class _DrawnAtStart(dict[JobId, float | None]):
         return self[key]
 
 
+def _as_arrays(jobs: Sequence[Job], size: int) -> list[Job]:
+    """The jobs as arrays of `size` tasks: each array's tasks are its first job, numbered (ids ARRAYID_N)."""
+    tasks = []
+    for start in range(0, len(jobs), size):
+        head = jobs[start]
+        array_id = f"{head.id}-array"
+        for index in range(min(size, len(jobs) - start)):
+            task = dataclasses.replace(head, id=f"{array_id}_{index}", array=ArrayTask(array_id, index))
+            tasks.append(task.numbered(jobs[start + index].submit_seq))
+    return tasks
+
+
 def _full_speed(job: Job, workers: tuple[WorkerPlacement, ...]) -> float:
     return 1.0
 
@@ -250,9 +272,11 @@ def run(
     seed: int = 0,
     policy: str = "default",
     db_dir: Path | None = None,
+    array_size: int = 0,
 ) -> dict[str, object]:
     """Fill `nodes` x 8 GPUs, leave `pending` (default 10 per node) waiting, then measure `steps` steady steps
-    with `rate` arrivals each (default: one per 5 nodes)."""
+    with `rate` arrivals each (default: one per 5 nodes); with `array_size`, jobs come as arrays of that many
+    tasks."""
     backlog = 10 * nodes if pending is None else pending
     rate = max(1, nodes // NODES_PER_ARRIVAL) if rate is None else rate
     root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-loop-", dir=db_dir))
@@ -261,7 +285,7 @@ def run(
         assert isinstance(store, TimedStore)  # `open` builds the class it is called on
         try:
             setup_started = time.perf_counter()
-            world = SteadyLoop(store, nodes, rate, backlog, seed, policy)
+            world = SteadyLoop(store, nodes, rate, backlog, seed, policy, array_size)
             fill_report, fill_seconds, _ = world.fill()
             for _ in range(WARMUP_STEPS):
                 world.step()
@@ -295,6 +319,7 @@ def run(
                 "pending_target": backlog,
                 "seed": seed,
                 "policy": policy,
+                "array_size": array_size,
                 "decisions_digest": world.digest.hexdigest()[:16],
                 "host_yardstick_before": yardstick_before,
                 "host_yardstick_after": yardstick_after,
