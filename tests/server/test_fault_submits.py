@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.bench.api import LocalServer
-from gpufleet.cli.client import IDEMPOTENCY_HEADER, Client, Target
+from gpufleet.client import Client
+from gpufleet.client.transport import IDEMPOTENCY_HEADER, Target
 from gpufleet.domain.errors import GpufleetError
 from tests.server.live import TERMINAL, start
 
@@ -44,7 +45,7 @@ def test_kill_9_during_submits_loses_and_duplicates_nothing(tmp_path: Path) -> N
     all_killed = threading.Event()
 
     def submit_all(index: int) -> None:
-        with Client(Target(live.url, live.server.token), timeout=10.0) as client:
+        with Client(target=Target(live.url, live.server.token), timeout=10.0) as client:
             for n in range(JOBS_PER_CLIENT):
                 name = f"c{index}-{n}"
                 if n == JOBS_PER_CLIENT - 1:

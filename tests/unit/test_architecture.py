@@ -10,7 +10,19 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("domain", "ports", "scheduling", "policies", "control", "adapters", "sim", "server", "bench", "cli")
+PACKAGES = (
+    "domain",
+    "ports",
+    "scheduling",
+    "policies",
+    "control",
+    "adapters",
+    "sim",
+    "server",
+    "client",
+    "bench",
+    "cli",
+)
 
 
 def documented() -> dict[str, set[str]]:

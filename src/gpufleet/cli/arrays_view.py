@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.cli.client import Client
+from gpufleet.client import Client
 
 ORDER = ("running", "launching", "admitted", "evicting", "pending", "held", "succeeded", "failed", "cancelled")
 

@@ -18,7 +18,7 @@ from gpufleet.domain.errors import GpufleetError
 
 if TYPE_CHECKING:
     from gpufleet.adapters.storage.health import BackupInfo
-    from gpufleet.cli.client import Client
+    from gpufleet.client import Client
 
 
 def backup(

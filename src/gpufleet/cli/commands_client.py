@@ -20,17 +20,10 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 
 from gpufleet.cli import arrays_view, output, progress_view
-from gpufleet.cli.client import (
-    TOKEN_ENV,
-    URL_ENV,
-    ApiError,
-    Client,
-    resolve,
-    write_config,
-)
 from gpufleet.cli.cost_text import budget_cell, cost_line
-from gpufleet.cli.job_wait import exit_status, tail_offset, wait_for
 from gpufleet.cli.safe_text import cell, markup, plain, text_block
+from gpufleet.client import ApiError, Client
+from gpufleet.client.transport import TOKEN_ENV, URL_ENV, resolve, write_config
 from gpufleet.domain.errors import GpufleetError
 
 UrlOpt = Annotated[str | None, typer.Option("--url", envvar=URL_ENV, help="Control plane URL.", show_default=False)]
@@ -66,7 +59,7 @@ def _print_json(data: Any) -> None:
 def _client(url: str | None, token: str | None) -> Iterator[Client]:
     """A client; any GpufleetError inside becomes `error: …; to fix: …` and exit code 2."""
     try:
-        with Client(resolve(url, token)) as client:
+        with Client(target=resolve(url, token)) as client:
             yield client
     except GpufleetError as error:
         typer.echo(f"error: {plain(error)}", err=True)
@@ -392,6 +385,14 @@ def logs(
     tail: Annotated[
         int | None, typer.Option("--tail", "-n", min=0, help="Only the last N lines (then more with -f).")
     ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help="Only what it wrote since then (to within a second before): an age (90s, 10m, 2h, 1d), an ISO "
+            "8601 time (2026-12-07T09:30) or epoch seconds.",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
@@ -404,11 +405,15 @@ def logs(
     --raw and --escape-control choose either way explicitly."""
     if raw and escape_control:
         raise GpufleetError("--raw and --escape-control contradict each other", "give one of them, or neither")
+    if tail is not None and since is not None:
+        raise GpufleetError("--tail and --since both choose where to start", "give one of them")
     escape = escape_control or (not raw and sys.stdout.isatty())
     offset = 0
     with _client(url, token) as client:
         if tail is not None:
-            offset = tail_offset(client, job_id, tail, worker=worker, attempt=attempt)
+            offset = client.tail_offset(job_id, tail, worker=worker, attempt=attempt)
+        elif since is not None:
+            offset = client.since_offset(job_id, since, worker=worker, attempt=attempt)
         while True:
             chunk = client.get(f"/v1/jobs/{job_id}/logs", worker=worker, attempt=attempt, offset=offset)
             if chunk["text"]:
@@ -422,7 +427,7 @@ def logs(
             if not moved:
                 time.sleep(0.3)
         if follow:
-            raise typer.Exit(exit_status(wait_for(client, job_id)))
+            raise typer.Exit(client.wait(job_id).exit_status)
 
 
 def _write_out(text: str) -> None:

@@ -2,7 +2,8 @@
 
 Both build the spec in layers (file, flags, `--set`, command: `spec_args`), validate it as the API does, and send
 it with an idempotency key, retried while the control plane cannot be reached. `run` waits by default and writes
-the job's output as it comes; both end, when they wait, with the job's own exit code (`job_wait`).
+the job's output as it comes; both end, when they wait, with the job's own exit code (`Job.exit_status`). Both
+go through the SDK (`gpufleet.Client`), as a script would.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from typing import Annotated, Any
 import typer
 
 from gpufleet.cli import spec_args as sa
-from gpufleet.cli.client import IDEMPOTENCY_HEADER, Client, new_idempotency_key
 from gpufleet.cli.commands_client import JsonOpt, TokenOpt, UrlOpt, _client, _print_json
-from gpufleet.cli.job_wait import exit_status, stream_until_done, wait_for
 from gpufleet.cli.safe_text import plain
+from gpufleet.client import Client, Job
 from gpufleet.domain.errors import GpufleetError
 
 EXIT_HELP = (
@@ -91,17 +91,13 @@ def _with_workdir(data: dict[str, Any], workdir: str | None) -> dict[str, Any]:
     return data
 
 
-def _send(client: Client, spec: Any, retry_for: float) -> dict[str, Any]:
-    body = spec.model_dump(mode="json", exclude_none=True)
-    job: dict[str, Any] = client.call(
-        "POST",
-        "/v1/jobs",
-        json_body=body,
-        headers={IDEMPOTENCY_HEADER: new_idempotency_key()},
-        retry_s=retry_for,
+def _send(client: Client, spec: Any, retry_for: float) -> Job:
+    job = client.submit(
+        spec.model_dump(mode="json", exclude_none=True),
+        retry_for=retry_for,
         on_retry=lambda note: typer.echo(f"note: {plain(note)} (--retry-for 0: fail at once)", err=True),
     )
-    for warning in job.get("warnings") or ():
+    for warning in job.warnings:
         typer.echo(f"warning: {plain(warning)}", err=True)
     return job
 
@@ -157,22 +153,21 @@ def submit(
         data = _with_workdir(sa.build_spec_data(base, flags=flags, env=env or (), sets=set_ or ()), workdir)
         where = "job spec" if spec_file in (None, sa.STDIN) else f"job spec {spec_file}"
         job = _send(client, sa.validated(data, where), retry_for)
-        if job.get("array_id"):
+        if job.array_id:
             if not as_json:
                 typer.echo(_array_words(job))
             if wait:
                 raise GpufleetError("--wait waits for one job, not an array", "follow an array with `gpufleet jobs`")
         elif not as_json:
-            typer.echo(f"submitted {plain(job['id'])} to queue {plain(job['queue'])}")
+            typer.echo(f"submitted {plain(job.id)} to queue {plain(job.queue)}")
         if wait:
-            job = wait_for(client, job["id"])
+            job = client.wait(job.id)
     if as_json:
-        _print_json(job)
+        _print_json(dict(job.raw))
     elif wait:
-        code = f" (exit code {job['exit_code']})" if job.get("exit_code") is not None else ""
-        typer.echo(plain(f"{job['id']} {job['state']}{code}: {job['reason']}"))
+        typer.echo(plain(_ended_words(job)))
     if wait:
-        raise typer.Exit(exit_status(job))
+        raise typer.Exit(job.exit_status)
 
 
 submit.__doc__ = f"{inspect.cleandoc(submit.__doc__ or '')}\n\n{EXIT_HELP}"
@@ -223,39 +218,41 @@ def run(
         )  # fmt: skip
         data = sa.build_spec_data(base, flags=flags, env=env or (), sets=set_ or (), command=command)
         job = _send(client, sa.validated(_with_workdir(data, workdir)), retry_for)
-        job_id = job["id"]
-        if job.get("array_id"):  # an array is not streamed: each task's output is its own (`gpufleet logs ID_N`)
-            _print_json(job) if as_json else typer.echo(_array_words(job))
+        job_id = job.id
+        if job.array_id:  # an array is not streamed: each task's output is its own (`gpufleet logs ID_N`)
+            _print_json(dict(job.raw)) if as_json else typer.echo(_array_words(job))
             return
         if not wait:
-            _print_json(job) if as_json else typer.echo(plain(job_id))
+            _print_json(dict(job.raw)) if as_json else typer.echo(plain(job_id))
             return
-        typer.echo(plain(f"submitted {job_id} to queue {job['queue']}"), err=True)
+        typer.echo(plain(f"submitted {job_id} to queue {job.queue}"), err=True)
         try:
-            job = stream_until_done(
-                client,
-                job_id,
-                lambda text: typer.echo(text, nl=False),
-                lambda note: typer.echo(f"note: {plain(note)}", err=True),
-                worker=worker,
-            )
+            for text in client.follow(
+                job_id, worker=worker, note=lambda note: typer.echo(f"note: {plain(note)}", err=True)
+            ):
+                typer.echo(text, nl=False)
+            job = client.job(job_id)
         except KeyboardInterrupt:
-            client.call("POST", f"/v1/jobs/{job_id}/cancel")
+            client.cancel(job_id)
             typer.echo(plain(f"interrupted: cancel of {job_id} requested"), err=True)
             raise typer.Exit(130) from None
     if as_json:
-        _print_json(job)
+        _print_json(dict(job.raw))
     else:
-        code = f" (exit code {job['exit_code']})" if job.get("exit_code") is not None else ""
-        typer.echo(plain(f"{job_id} {job['state']}{code}: {job['reason']}"), err=True)
-    raise typer.Exit(exit_status(job))
+        typer.echo(plain(_ended_words(job)), err=True)
+    raise typer.Exit(job.exit_status)
 
 
 run.__doc__ = f"{inspect.cleandoc(run.__doc__ or '')}\n\n{EXIT_HELP}"
 
 
-def _array_words(job: dict[str, Any]) -> str:
-    return plain(f"submitted array {job['array_id']} ({job.get('array_tasks') or 1} tasks) to queue {job['queue']}")
+def _array_words(job: Job) -> str:
+    return plain(f"submitted array {job.array_id} ({job.array_tasks or 1} tasks) to queue {job.queue}")
+
+
+def _ended_words(job: Job) -> str:
+    code = f" (exit code {job.exit_code})" if job.exit_code is not None else ""
+    return f"{job.id} {job.state}{code}: {job.reason}"
 
 
 def register_run_commands(app: typer.Typer) -> None:

@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from gpufleet.cli.client import Client
 from gpufleet.cli.commands_client import JsonOpt, TokenOpt, UrlOpt, _client, _print_json
 from gpufleet.cli.safe_text import plain
+from gpufleet.client import Client
 from gpufleet.domain.errors import GpufleetError
 
 CONFIRM_ABOVE = 10

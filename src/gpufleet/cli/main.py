@@ -12,6 +12,7 @@ import typer
 from gpufleet import __version__
 from gpufleet.cli.commands_admin import register_admin_commands
 from gpufleet.cli.commands_client import quota_app, register_client_commands
+from gpufleet.cli.commands_config import register_config_commands
 from gpufleet.cli.commands_cost import register_cost_commands
 from gpufleet.cli.commands_report import idle_policy as idle_policy_command
 from gpufleet.cli.commands_report import report_app
@@ -40,6 +41,7 @@ register_client_commands(app)
 register_verb_commands(app)
 register_admin_commands(app)
 register_cost_commands(app)
+register_config_commands(app)
 app.command("up")(up_command)
 app.command("top")(top_command)
 app.command("exporter")(exporter_command)
@@ -173,6 +175,7 @@ def bench_loop(
     rate: int | None = typer.Option(None, min=1, help="Jobs arriving per step (default: one per 5 nodes)."),
     seed: int = typer.Option(0, help="Seed of the fleet, the jobs and their durations."),
     policy: str = typer.Option("default", help="Scheduling profile."),
+    array_size: int = typer.Option(0, min=0, help="Submit the jobs as arrays of this many tasks (0: plain jobs)."),
     as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
 ) -> None:
     """The live control loop (Reconciler + SQLite store, a fake in-process backend) at a steady load."""
@@ -181,7 +184,9 @@ def bench_loop(
 
     try:
         check_policies([policy])
-        result = control_loop.run(nodes, pending, steps=steps, rate=rate, seed=seed, policy=policy)
+        result = control_loop.run(
+            nodes, pending, steps=steps, rate=rate, seed=seed, policy=policy, array_size=array_size
+        )
     except GpufleetError as error:
         fail(error)
         return

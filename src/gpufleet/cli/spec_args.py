@@ -8,16 +8,16 @@ refuse is refused here with the same field names and fixes. `--set` values are r
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, TextIO
 
 import typer
 import yaml
 
-from gpufleet.domain.errors import FieldProblem, SpecError, WorkloadError
+from gpufleet.domain.errors import FieldProblem, SpecError
+from gpufleet.server.yaml_file import SPEC_EXAMPLE, STDIN, read_yaml_mapping
 
-STDIN = "-"
+__all__ = ["STDIN"]
 
 # Flags shared by `submit` and `run`; each fills the spec field of the same name (dashes for underscores).
 GpusOpt = Annotated[float | None, typer.Option("--gpus", help="GPUs per worker (whole, or a fraction such as 0.5).")]
@@ -58,39 +58,7 @@ SetOpt = Annotated[
 def read_spec_source(source: str, stdin: TextIO | None = None) -> dict[str, Any]:
     """The mapping a YAML spec file holds, or stdin's with `-`; a missing file or bad YAML is a WorkloadError
     that says where."""
-    where = "stdin" if source == STDIN else source
-    if source == STDIN:
-        text = (stdin or sys.stdin).read()
-    else:
-        from pathlib import Path
-
-        try:
-            text = Path(source).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise WorkloadError(
-                "no such job spec file", "check the path, or give `-` to read the spec from stdin", path=source
-            ) from None
-        except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
-            raise WorkloadError(
-                f"cannot read the job spec ({error.__class__.__name__})", "give a readable YAML file", path=source
-            ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(error, "problem", None) or str(error)
-        raise WorkloadError(
-            f"not valid YAML: {problem}", "fix the YAML syntax (indentation, quotes, colons)", path=where, line=line
-        ) from None
-    if data is None:
-        raise WorkloadError("the job spec is empty", "write at least `command:`", path=where)
-    if not isinstance(data, Mapping):
-        raise SpecError(
-            f"job spec {where}",
-            (FieldProblem("(spec)", f"is a {type(data).__name__}", "write a mapping: name: …, command: …, gpus: …"),),
-        )
-    return dict(data)
+    return read_yaml_mapping(source, "job spec", SPEC_EXAMPLE, stdin)
 
 
 def apply_sets(data: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:

@@ -332,7 +332,7 @@ def _save_client_config(url: str, token: str) -> Path | None:
     """First start: let the CLI on this machine talk to this control plane without more setup, unless the
     user already has a client config (never overwrite one)."""
     try:
-        from gpufleet.cli.client import save_client_config
+        from gpufleet.client.transport import save_client_config
     except ImportError:
         return None
     return save_client_config(url, token, overwrite=False)

@@ -34,6 +34,19 @@ def new_token_id() -> str:
 
 def create_token(store: AdminStore, clock: Clock, name: str, role: Role, queue: str | None) -> tuple[Token, str]:
     """Create a token and return it with its secret: the only time the secret exists outside the caller."""
+    problems = token_problems(name, role, queue)
+    if problems:
+        raise SpecError("token", tuple(problems))
+    if queue and queue not in {q.name for q in store.queues()}:
+        raise NotFoundError(f"no queue named {queue!r}", "create it first with `gpufleet quota set QUEUE …`")
+    secret = new_secret()
+    token = Token(new_token_id(), name.strip(), role, queue or None, hash_secret(secret), clock.now())
+    store.create_token(token)
+    return token, secret
+
+
+def token_problems(name: str, role: Role, queue: str | None) -> list[FieldProblem]:
+    """What is wrong with a token's name, role and queue together (the queue's existence aside)."""
     problems: list[FieldProblem] = []
     if not name.strip():
         problems.append(FieldProblem("name", "is empty", "name the token after its team or user, e.g. team-a-ci"))
@@ -45,14 +58,7 @@ def create_token(store: AdminStore, clock: Clock, name: str, role: Role, queue: 
         problems.append(
             FieldProblem("queue", f"is set on a {role.value} token", "drop it: only team tokens belong to a queue")
         )
-    if problems:
-        raise SpecError("token", tuple(problems))
-    if queue and queue not in {q.name for q in store.queues()}:
-        raise NotFoundError(f"no queue named {queue!r}", "create it first with `gpufleet quota set QUEUE …`")
-    secret = new_secret()
-    token = Token(new_token_id(), name.strip(), role, queue or None, hash_secret(secret), clock.now())
-    store.create_token(token)
-    return token, secret
+    return problems
 
 
 def bootstrap_admin(store: AdminStore, clock: Clock) -> str | None:

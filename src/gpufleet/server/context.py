@@ -25,7 +25,7 @@ class ApiContext:
     log_paths: Callable[[JobId], Sequence[Path]] = lambda _job_id: ()
     # Reads part of one of those logs (offset, limit, tail -> data, start, size): from this machine's disk, or
     # through the agent of the node the log is on.
-    read_log: Callable[[Path, int, int, int | None], tuple[bytes, int, int]] = read_log_file
+    read_log: Callable[[Path, int, int, int | None, float | None], tuple[bytes, int, int]] = read_log_file
     # Tell the control loop that something changed (a submit, a cancel, a quota), so it runs now.
     wake: Callable[[], None] = lambda: None
     emulated: bool = False

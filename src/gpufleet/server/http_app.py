@@ -181,7 +181,15 @@ def isolation_out(ctx: ApiContext) -> IsolationOut | None:
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
-    from gpufleet.server import routes_admin, routes_cost, routes_jobs, routes_progress, routes_telemetry, routes_verbs
+    from gpufleet.server import (
+        routes_admin,
+        routes_config,
+        routes_cost,
+        routes_jobs,
+        routes_progress,
+        routes_telemetry,
+        routes_verbs,
+    )
     from gpufleet.server.job_tokens import JobTokens
     from gpufleet.server.progress_reports import ProgressService
     from gpufleet.server.web import mount_web
@@ -276,6 +284,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return Response(body, media_type=content_type)
 
     app.include_router(routes_verbs.router, prefix="/v1", responses=ERRORS)  # before /jobs/{id}: not job ids
+    app.include_router(routes_config.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_jobs.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_admin.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_telemetry.router, prefix="/v1", responses=ERRORS)

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
+from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.ports.admin import JobQuery
 from gpufleet.server.auth import Principal
@@ -63,6 +64,7 @@ def list_jobs(
     queue: Annotated[str | None, Query(max_length=200)] = None,
     state: Annotated[list[JobState] | None, Query(description="Repeatable: ?state=pending&state=running")] = None,
     name: Annotated[str | None, Query(max_length=200)] = None,
+    array: Annotated[str | None, Query(max_length=200, description="Only the tasks of this array")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     before_seq: Annotated[
         int | None, Query(ge=0, le=MAX_SEQ, description="Paging: `next_before_seq` of the last page")
@@ -74,6 +76,7 @@ def list_jobs(
         queue=_plain(queue),
         states=state or [],
         name=_plain(name),
+        array=_plain(array),
         limit=limit,
         before_seq=before_seq,
     )
@@ -125,9 +128,20 @@ def logs(
         int | None,
         Query(ge=1, le=MAX_LOG_CHUNK, description="Read the log's last `tail` bytes instead (`offset` unused)"),
     ] = None,
+    since: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            le=1e11,
+            description="Read from the output written at this time (epoch seconds) on, to within a second "
+            "before (`offset` unused)",
+        ),
+    ] = None,
 ) -> LogsOut:
     """A chunk of a worker's output from byte `offset` (latest attempt by default); follow with `next_offset`."""
-    return svc.logs(who, job_id, worker=worker, attempt=attempt, offset=offset, tail=tail)
+    if tail is not None and since is not None:
+        raise SpecError("logs request", (FieldProblem("since", "is given with `tail`", "give one of them"),))
+    return svc.logs(who, job_id, worker=worker, attempt=attempt, offset=offset, tail=tail, since=since)
 
 
 def _plain(text: str | None) -> str | None:

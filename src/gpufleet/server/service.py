@@ -263,11 +263,13 @@ class Service:
         name: str | None,
         limit: int,
         before_seq: int | None,
+        array: str | None = None,
     ) -> JobListOut:
         queue = self._listable_queue(principal, queue)
-        records = self.store.jobs(
-            JobQuery(queue=queue, states=frozenset(states), name=name, limit=limit + 1, before_seq=before_seq)
+        query = JobQuery(
+            queue=queue, states=frozenset(states), name=name, array_id=array, limit=limit + 1, before_seq=before_seq
         )
+        records = self.store.jobs(query)
         page = list(records[:limit])
         more = len(records) > limit
         nodes = self._nodes()
@@ -483,8 +485,10 @@ class Service:
         attempt: int | None,
         offset: int,
         tail: int | None = None,
+        since: float | None = None,
     ) -> LogsOut:
-        """A chunk of a worker's log from byte `offset`, or, with `tail`, its last `tail` bytes."""
+        """A chunk of a worker's log from byte `offset`, or, with `tail`, its last `tail` bytes, or, with
+        `since` (epoch seconds), from the output written then on (to within a second before)."""
         record = self._visible(principal, job_id)
         files = index_logs(list(self.ctx.log_paths(job_id)), record.job.workers)
         available = [f"attempt {f.attempt} worker {f.worker}" for f in files]
@@ -508,7 +512,7 @@ class Service:
                 f"pick one of: {', '.join(available)}",
             )
         try:
-            data, start, size = self.ctx.read_log(chosen.path, offset, MAX_LOG_CHUNK, tail)
+            data, start, size = self.ctx.read_log(chosen.path, offset, MAX_LOG_CHUNK, tail, since)
         except GpufleetError as error:
             raise UnavailableError(error.message, error.fix) from None
         next_offset = start + len(data)

@@ -15,12 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gpufleet.domain.comm import DTYPE_BYTES, CommNeeds
 from gpufleet.domain.dependencies import Dependency, parse_array, parse_dependencies
-from gpufleet.domain.errors import FieldProblem, SpecError, WorkloadError
+from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.domain.jobs import SIGNALS, Job, JobId, RunSpec
 from gpufleet.domain.resources import MILLI_PER_GPU, WorkerRequest, parse_models
 from gpufleet.server.limits import (
@@ -43,6 +42,7 @@ from gpufleet.server.limits import (
     MAX_PATH,
     MAX_WORKERS,
 )
+from gpufleet.server.yaml_file import SPEC_EXAMPLE, read_yaml_mapping
 
 # ---------------------------------------------------------------------------------------------- units
 
@@ -682,25 +682,7 @@ def parse_spec(data: object) -> JobSpec:
 def load_spec_file(path: str | Path) -> JobSpec:
     """Read a YAML job spec; a missing file or bad YAML is a WorkloadError that says where."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise WorkloadError("no such job spec file", "check the path", path=file) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
-        raise WorkloadError(
-            f"cannot read the job spec ({error.__class__.__name__})", "give a readable YAML file", path=file
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(error, "problem", None) or str(error)
-        raise WorkloadError(
-            f"not valid YAML: {problem}", "fix the YAML syntax (indentation, quotes, colons)", path=file, line=line
-        ) from None
-    if data is None:
-        raise WorkloadError("the job spec is empty", "write at least `command:`", path=file)
+    data = read_yaml_mapping(file, "job spec", SPEC_EXAMPLE)
     try:
         return parse_spec(data)
     except SpecError as error:

@@ -431,7 +431,8 @@ class LocalBackend:
             # The store still believes it runs: a plain STOPPED would be ignored, LOST gets it retried.
             self._inbox.emit(key, ObservationKind.LOST, wall=wall, detail="stopped when the control plane shut down")
         elif job.stop_reason is not None:
-            self._inbox.emit(key, ObservationKind.STOPPED, wall=wall, detail=job.stop_reason)
+            code = stopped_code(w.exit for w in sorted(job.workers, key=lambda w: w.rank))
+            self._inbox.emit(key, ObservationKind.STOPPED, wall=wall, exit_code=code, detail=job.stop_reason)
         elif job.failure is not None:
             self._inbox.emit(key, ObservationKind.EXITED, wall=wall, exit_code=job.failure[0], detail=job.failure[1])
         else:
@@ -625,6 +626,14 @@ def _placement_record(placement: WorkerPlacement) -> dict[str, Any]:
 def _placement_of(record: dict[str, Any]) -> WorkerPlacement:
     gpus = tuple(GpuShare(int(i), int(milli), int(memory)) for i, milli, memory in record["gpus"])
     return WorkerPlacement(str(record["node"]), gpus, int(record["cpu_milli"]), int(record["memory"]))
+
+
+def stopped_code(exits: Iterable[dict[str, Any] | None]) -> int | None:
+    """The exit code of an attempt that was stopped (cancelled, timed out), as a shell gives it: the first
+    worker's (by rank) that did not exit 0, e.g. 143 for SIGTERM or 137 for SIGKILL; 0 if all exited 0; None
+    if none left a record."""
+    codes = [int(record["code"]) for record in exits if record is not None and "code" in record]
+    return next((code for code in codes if code != 0), 0 if codes else None)
 
 
 def describe_failure(rank: int, exit_record: dict[str, Any]) -> tuple[int, str]:

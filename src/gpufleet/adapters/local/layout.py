@@ -18,6 +18,7 @@ tmp/<job>.<n>/                            the attempt's tmpfs while it runs here
                                           /tmp and /dev/shm (`namespaces.py`): its tmp/ and shm/
 logs/<job>/attempt-<n>/worker-<r>.log     the worker's stdout and stderr (under `--log-dir` when given); after
                                           a resize, rank r's new worker appends to the same file
+logs/<job>/attempt-<n>/worker-<r>.log.times  where each second's output starts in it (`logs --since`)
 """
 
 from __future__ import annotations

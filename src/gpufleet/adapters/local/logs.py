@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.adapters.local.layout import Layout, job_id_of
+from gpufleet.adapters.local.shim import MARK_EVERY_S, TIMES_SUFFIX
 
 DAY_S = 86_400.0
 
@@ -113,9 +114,37 @@ def _usage(folder: Path) -> tuple[int, float]:
     return size, last
 
 
-def read_log_file(path: Path, offset: int, limit: int, tail: int | None = None) -> tuple[bytes, int, int]:
-    """Up to `limit` bytes of a log file from `offset` (with `tail`: its last `tail` bytes): (data, where it
-    starts, the file's size). A file not there (yet, or any more) reads as empty at `offset`."""
+def since_offset(path: Path, since: float) -> int:
+    """Where the output written at `since` (epoch seconds) or later starts in a worker's log, from the marks
+    its shim keeps beside it (`shim._Log`): the first mark less than a second before `since` or after it (what
+    lies between two marks was written within a second of the first, so nothing written since is left out,
+    and at most a second's output before it is in). A log without marks (older than them) starts at 0; one
+    with nothing written since, at its end."""
+    try:
+        text = Path(f"{path}{TIMES_SUFFIX}").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        at, _, offset = line.partition(" ")
+        try:
+            if float(at) + MARK_EVERY_S > since and offset.isdigit():
+                return int(offset)
+        except ValueError:
+            continue
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def read_log_file(
+    path: Path, offset: int, limit: int, tail: int | None = None, since: float | None = None
+) -> tuple[bytes, int, int]:
+    """Up to `limit` bytes of a log file from `offset` (with `tail`: its last `tail` bytes; with `since`, a
+    time: from the output written then on, `since_offset`): (data, where it starts, the file's size). A file
+    not there (yet, or any more) reads as empty at `offset`."""
+    if since is not None:
+        offset = since_offset(path, since)
     try:
         with path.open("rb") as handle:
             size = handle.seek(0, 2)

@@ -53,6 +53,8 @@ RESERVE_BYTES = 4096  # exit.json is written into this space: a full disk cannot
 DRAIN_S = 2.0  # output still arriving after the end, without a cgroup to kill its writers: read this long
 REMOVE_S = 60.0  # how long a shim keeps trying to remove its worker's cgroup after recording the exit
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+TIMES_SUFFIX = ".times"  # beside a worker's log: where each second's output starts (`_Log`)
+MARK_EVERY_S = 1.0
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -264,7 +266,10 @@ def _drain(output: int, log: _Log, timeout_s: float) -> None:
 
 class _Log:
     """The worker's log (the shim's stdout): capped at `cap` bytes by keeping the newest half when it is
-    reached; output that a full disk refuses is counted and noted once space is back."""
+    reached; output that a full disk refuses is counted and noted once space is back. Beside it, `LOG.times`
+    marks where the output of each second starts (`logs.since_offset` reads it for `logs --since`): a line
+    `TIME OFFSET` before a write when the last mark is a second old or more, so that whatever lies between two
+    marks was written within a second of the first."""
 
     def __init__(self, path: object, cap: int, gid: int) -> None:
         self.path = path if isinstance(path, str) else None
@@ -276,10 +281,13 @@ class _Log:
             self.size = 0
         self.dropped = 0  # bytes dropped to keep under the cap
         self.lost = 0  # bytes a full disk refused
+        self.times = _open_marks(self.path + TIMES_SUFFIX, gid) if self.path else -1
+        self.marked = -MARK_EVERY_S
 
     def write(self, data: bytes) -> None:
         if self.cap and self.size + len(data) > self.cap:
             self._keep_tail(len(data))
+        self._mark()
         if self.lost:
             note = f"\n[gpufleet: {self.lost} bytes of output were lost here: the disk was full]\n".encode()
             if not self._put(note):
@@ -288,6 +296,41 @@ class _Log:
             self.lost = 0
         if not self._put(data):
             self.lost += len(data)
+
+    def _mark(self) -> None:
+        now = time.time()
+        if self.times < 0 or now - self.marked < MARK_EVERY_S:
+            return
+        self.marked = now
+        try:  # noqa: SIM105 - contextlib would cost the shim an import
+            os.write(self.times, f"{now:.3f} {self.size}\n".encode())
+        except OSError:  # a full disk: the marks are a help, the output is what counts
+            pass
+
+    def _shift_marks(self, cut: int, note: int) -> None:
+        """After the log restarted with a note of `note` bytes and what it held from `cut` on: the marks of
+        what it kept, moved to where that is now."""
+        if self.times < 0 or self.path is None:
+            return
+        path = self.path + TIMES_SUFFIX
+        try:
+            with open(path, encoding="ascii") as f:
+                lines = f.read().splitlines()
+            kept = []
+            for line in lines:
+                at, _, offset = line.partition(" ")
+                if offset.isdigit() and int(offset) >= cut:
+                    kept.append(f"{at} {int(offset) - cut + note}\n")
+            tmp = f"{path}.{os.getpid()}.tmp"
+            fd = _open_marks(tmp, self.gid, truncate=True)
+            if fd < 0:
+                return
+            os.write(fd, "".join(kept).encode())
+            os.replace(tmp, path)
+            os.close(self.times)
+            self.times = fd
+        except (OSError, ValueError):
+            pass
 
     def _put(self, data: bytes) -> bool:
         view = memoryview(data)
@@ -347,11 +390,27 @@ class _Log:
         os.dup2(fd, 2)
         os.close(fd)
         os.lseek(1, 0, os.SEEK_END)
+        self._shift_marks(self.size - keep, len(note))
         self.size = len(note) + keep
 
     def close(self) -> None:
         if self.lost:
             self._put(f"\n[gpufleet: {self.lost} bytes of output were lost: the disk was full]\n".encode())
+
+
+def _open_marks(path: str, gid: int, truncate: bool = False) -> int:
+    """The time marks file, opened to append (-1 if it cannot be: the log is kept without them)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
+    try:
+        fd = os.open(path, flags, 0o640)
+    except OSError:
+        return -1
+    if gid >= 0:
+        try:  # noqa: SIM105 - contextlib would cost the shim an import
+            os.fchown(fd, -1, gid)
+        except OSError:
+            pass
+    return fd
 
 
 def _size(nbytes: int) -> str:

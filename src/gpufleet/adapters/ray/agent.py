@@ -443,14 +443,17 @@ class NodeAgent:
     def log_paths(self, job_id: str) -> list[str]:
         return [str(p) for p in self.supervisor.log_paths(job_id)]
 
-    def read_log(self, path: str, offset: int, limit: int, tail: int | None = None) -> tuple[bytes, int, int]:
-        """Up to `limit` bytes of a worker's log from `offset` (with `tail`: its last `tail` bytes): (data,
-        where it starts, the file's size). Only files under this node's log folder are read."""
+    def read_log(
+        self, path: str, offset: int, limit: int, tail: int | None = None, since: float | None = None
+    ) -> tuple[bytes, int, int]:
+        """Up to `limit` bytes of a worker's log from `offset` (with `tail`: its last `tail` bytes; with
+        `since`: from the output written then on): (data, where it starts, the file's size). Only files under
+        this node's log folder are read."""
         root = self.supervisor.layout.log_root.resolve()
         target = Path(path).resolve()
         if not target.is_relative_to(root):
             raise GpufleetError(f"{path} is not a job log of node {self.name}", "ask for a path `log_paths` gave")
-        return read_log_file(target, offset, limit, tail)
+        return read_log_file(target, offset, limit, tail, since)
 
     def logged_jobs(self) -> list[str]:
         """The jobs that have logs or run records on this node."""

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.adapters.inbox import ObservationInbox
-from gpufleet.adapters.local.executor import describe_failure
+from gpufleet.adapters.local.executor import describe_failure, stopped_code
 from gpufleet.adapters.local.isolation import WorkerSpec
 from gpufleet.adapters.local.logs import LogRetention
 from gpufleet.adapters.local.worker_env import allocator_env
@@ -420,7 +420,9 @@ class RayBackend:
                 found.append((_number(p.parent.name, "attempt-"), _number(p.stem, "worker-"), path))
         return [Path(path) for _, _, path in sorted(found)]
 
-    def read_log(self, path: Path, offset: int, limit: int, tail: int | None = None) -> tuple[bytes, int, int]:
+    def read_log(
+        self, path: Path, offset: int, limit: int, tail: int | None = None, since: float | None = None
+    ) -> tuple[bytes, int, int]:
         """Read a log that `log_paths` listed, through the agent of the node it is on."""
         name = self.fleet.node_of_path(path)
         agent = self.fleet.agent(name) if name is not None else None
@@ -429,7 +431,7 @@ class RayBackend:
                 f"the log {path} is on node {name or '?'}, which is not reachable now",
                 "read it when the node is back",
             )
-        reading = agent.read_log.remote(str(path), offset, limit, tail)
+        reading = agent.read_log.remote(str(path), offset, limit, tail, since)
         data, start, size = self.ray.get(reading, timeout=LOG_TIMEOUT_S)
         return data, start, size
 
@@ -646,7 +648,8 @@ class RayBackend:
         if job.stop_reason == SHUTDOWN_REASON:
             self._inbox.emit(key, ObservationKind.LOST, wall=wall, detail="stopped when the control plane shut down")
         elif job.stop_reason is not None:
-            self._inbox.emit(key, ObservationKind.STOPPED, wall=wall, detail=job.stop_reason)
+            code = stopped_code(w.exit for w in sorted(job.workers, key=lambda w: w.rank))
+            self._inbox.emit(key, ObservationKind.STOPPED, wall=wall, exit_code=code, detail=job.stop_reason)
         elif job.failure is not None:
             self._inbox.emit(key, ObservationKind.EXITED, wall=wall, exit_code=job.failure[0], detail=job.failure[1])
         else:

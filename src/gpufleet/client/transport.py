@@ -1,5 +1,5 @@
-"""The CLI's way to the control plane: where it is (option, environment, config file), and an HTTP client
-whose every failure is a `GpufleetError` with a fix, never a traceback."""
+"""The way to the control plane, for the SDK and the CLI alike: where it is (argument, environment, config
+file), and an HTTP transport whose every failure is a `GpufleetError` with a fix, never a traceback."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -69,8 +69,12 @@ class Target:
     token: str | None
 
 
-def resolve(url: str | None, token: str | None) -> Target:
-    """Option, then environment (Typer fills options from it), then the config file, then the default."""
+def resolve(url: str | None, token: str | None, *, environment: bool = False) -> Target:
+    """Given, then (with `environment`: the CLI's Typer reads it into its options) GPUFLEET_URL and
+    GPUFLEET_TOKEN, then the config file, then the default."""
+    if environment:
+        url = url or os.environ.get(URL_ENV) or None
+        token = token or os.environ.get(TOKEN_ENV) or None
     saved = read_config() if url is None or token is None else {}
     return Target((url or saved.get("url") or DEFAULT_URL).rstrip("/"), token or saved.get("token") or None)
 
@@ -85,7 +89,9 @@ class ApiError(GpufleetError):
         super().__init__(message)
 
 
-class Client:
+class Transport:
+    """HTTP calls to the control plane's API (`/v1/...`), answers as decoded JSON."""
+
     def __init__(self, target: Target, timeout: float = 30.0) -> None:
         self.target = target
         headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
@@ -94,7 +100,7 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_exc: object) -> None:
