@@ -189,3 +189,15 @@ def test_logs_since_gives_what_was_written_from_then_on(cli: Cli) -> None:
     bad = cli("logs", job.id, "--since", "yesterday")
     assert bad.returncode == 2
     assert "90s, 10m, 2h or 1d" in bad.stderr
+
+
+def test_run_gives_up_after_its_timeout_and_the_job_goes_on(cli: Cli) -> None:
+    with _client(cli) as fleet:
+        heard: list[str] = []
+        with pytest.raises(JobTimeoutError) as late:
+            fleet.run("echo started; sleep 30", output=heard.append, timeout=2.0, name="sdk-late")
+        assert "after 2 s" in str(late.value)
+        job = late.value.job
+        assert job.state in ("running", "launching", "admitted", "pending")
+        assert fleet.cancel(job.id).matched == 1
+        assert fleet.wait(job.id, timeout=60).state == "cancelled"

@@ -207,8 +207,7 @@ class Client(Transport):
             raise GpufleetError("run waits for one job, not an array", "submit the array, then `wait(job.array_id)`")
         if output is None:
             return self.wait(job.id, timeout=timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for text in self.follow(job.id, worker=worker, deadline=deadline):
+        for text in self.follow(job.id, worker=worker, timeout=timeout):
             output(text)
         return self.job(job.id)
 
@@ -331,11 +330,12 @@ class Client(Transport):
         *,
         worker: int = 0,
         note: Callable[[str], None] | None = None,
-        deadline: float | None = None,
+        timeout: float | None = None,
     ) -> Iterator[str]:
         """Worker `worker`'s output as it comes, every attempt in turn from its start (`note` hears when a
-        retry starts), until the job has ended and its output is all given. `deadline` (time.monotonic()):
-        raise JobTimeoutError then."""
+        retry starts), until the job has ended and its output is all given. Raises JobTimeoutError after
+        `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         reading = 0  # the attempt whose log is being read
         offset = 0
         while True:
@@ -358,7 +358,7 @@ class Client(Transport):
             if job.ended:
                 return
             if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeoutError(job, 0.0)
+                raise JobTimeoutError(job, timeout or 0.0)
             if not moved:
                 time.sleep(POLL_S)
 
