@@ -7,6 +7,7 @@ worker process was seen dead."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -75,3 +76,28 @@ def test_a_node_lost_under_a_gang_requeues_it_and_no_gpu_is_ever_held_twice(plan
             assert start >= busy_until, f"GPU {gpu} held by {holder} until {busy_until} and by {owner} from {start}"
             busy_until, holder = max((busy_until, holder), (end, owner))
     assert requeued_after < 45.0
+
+
+def test_a_removed_node_stays_removed_until_it_joins_again(plane: RayPlane) -> None:
+    """`gpufleet nodes remove` on a Ray fleet: the fleet's own node list forgets it too, so the next change of
+    the cluster (here another node lost and back) does not write it back; joining Ray again brings it back."""
+    gone, other = "node-3", "node-2"
+    within(60, f"killing node {gone}", lambda: plane.cluster.kill(gone))
+    _until(lambda: not plane.nodes()[gone]["healthy"], f"node {gone} to be seen lost")
+    with plane.client() as client:
+        assert client.delete(f"/v1/nodes/{gone}").status_code == 204
+    assert gone not in plane.nodes()
+    within(60, f"killing node {other}", lambda: plane.cluster.kill(other))
+    _until(lambda: not plane.nodes()[other]["healthy"], f"node {other} to be seen lost")
+    within(120, f"restarting node {other}", lambda: plane.cluster.add(other))
+    _until(lambda: plane.nodes()[other]["healthy"], f"node {other} to be back")
+    assert gone not in plane.nodes()  # two changes of the cluster later, still removed
+    within(120, f"restarting node {gone}", lambda: plane.cluster.add(gone))
+    _until(lambda: gone in plane.nodes() and plane.nodes()[gone]["healthy"], f"node {gone} to join again")
+
+
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s:g} s for {what}"
+        time.sleep(0.2)

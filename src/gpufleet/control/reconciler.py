@@ -33,6 +33,7 @@ from gpufleet.control.changes import (
 from gpufleet.control.collector import LongLivedObjects
 from gpufleet.control.learning import Learning
 from gpufleet.control.loop_state import LoopState
+from gpufleet.control.outcomes import exited, stopped
 from gpufleet.control.pending import PendingIndex
 from gpufleet.control.resize import ProgressReader, Resizer, kept_on_densest
 from gpufleet.control.resume import resume_intents
@@ -528,14 +529,14 @@ class Reconciler:
                 return None
             if record.state is S.LAUNCHING:
                 record = changes.move(record, S.RUNNING, "all workers started", at, started_at=record.started_at)
-            return self._exited(record, obs, attained, checkpoint, changes)
+            return exited(record, obs, attained, checkpoint, changes)
         if obs.kind is ObservationKind.STOPPED:
             if record.state is not S.EVICTING:
                 return None
-            return self._stopped(record, obs, attained, checkpoint, changes)
+            return stopped(record, obs, attained, checkpoint, changes, self.store.submission_cursor)
         if obs.kind is ObservationKind.LOST and record.state in (S.RUNNING, S.LAUNCHING, S.EVICTING):
             if record.state is S.EVICTING and record.stop_cause in (StopCause.CANCELLED, StopCause.TIMEOUT):
-                return self._stopped(record, obs, attained, checkpoint, changes)
+                return stopped(record, obs, attained, checkpoint, changes, self.store.submission_cursor)
             what = "lost while being stopped" if record.state is S.EVICTING else "lost"
             reason = f"{what} ({obs.detail or 'no reason given'}); retried"
             preemptions = record.preemptions + (record.state is S.EVICTING)
@@ -618,78 +619,6 @@ class Reconciler:
             launch = dataclasses.replace(self._launch(record), workers=target)
             self.backend.resize(launch, self._grace(record), record.resizes)
             report.resized += 1
-
-    def _exited(
-        self, record: JobRecord, obs: Observation, attained: float, checkpoint: float | None, changes: Changes
-    ) -> JobRecord:
-        at = obs.at
-        code = obs.exit_code if obs.exit_code is not None else 0
-        ended: dict[str, object] = {
-            "finished_at": at,
-            "exit_code": code,
-            "attained_gpu_seconds": attained,
-            "last_checkpoint_at": checkpoint,
-        }
-        if code == 0:
-            return changes.move(record, S.SUCCEEDED, "all workers exited 0", at, evicting_for=None, **ended)
-        failed = f"a worker exited {code}" + (f": {obs.detail}" if obs.detail else "")
-        if record.state is S.EVICTING and record.stop_cause is StopCause.CANCELLED:
-            return changes.move(record, S.CANCELLED, f"{record.reason} ({failed})", at, evicting_for=None, **ended)
-        ended["attempt_loss"] = attempt_loss(record, LossCause.FAILED, at, checkpoint)
-        run = record.job.run
-        if record.state is S.RUNNING and run is not None and record.failures < run.retries:
-            return changes.move(
-                record,
-                S.PENDING,
-                f"{failed}; retry {record.failures + 1} of {run.retries}",
-                at,
-                workers=(),
-                started_at=None,
-                exit_code=code,
-                attained_gpu_seconds=attained,
-                last_checkpoint_at=checkpoint,
-                failures=record.failures + 1,
-                attempt_loss=ended["attempt_loss"],
-                resize_to=(),
-                resizing=False,
-            )
-        return changes.move(record, S.FAILED, failed, at, evicting_for=None, failures=record.failures + 1, **ended)
-
-    def _stopped(
-        self, record: JobRecord, obs: Observation, attained: float, checkpoint: float | None, changes: Changes
-    ) -> JobRecord:
-        at = obs.at
-        if record.stop_cause in (StopCause.CANCELLED, StopCause.TIMEOUT):
-            target = S.CANCELLED if record.stop_cause is StopCause.CANCELLED else S.FAILED
-            return changes.move(
-                record,
-                target,
-                record.reason or record.stop_cause.value,
-                at,
-                finished_at=at,
-                exit_code=obs.exit_code,
-                attained_gpu_seconds=attained,
-                last_checkpoint_at=checkpoint,
-                evicting_for=None,
-            )
-        why = (
-            f"preempted for {record.evicting_for}"
-            if record.evicting_for
-            else (record.reason or f"{(record.stop_cause or StopCause.PREEMPTED).value}")
-        )
-        job = record.job
-        where = f"back in queue {job.queue}"
-        if record.stop_cause is StopCause.RECLAIMED:
-            # It held GPUs it did not use: it queues again behind the jobs already waiting, so the GPUs
-            # go to them rather than straight back to it.
-            job = dataclasses.replace(job, submitted_at=at, submit_seq=self.store.submission_cursor())
-            where = f"at the back of queue {job.queue}"
-        more: dict[str, object] = {"job": job}
-        if record.stop_cause is not StopCause.RECLAIMED:  # reserved but idle: it was doing no work
-            more["attempt_loss"] = attempt_loss(record, LossCause.PREEMPTED, at, checkpoint)
-        return back_to_queue(
-            changes, record, f"{why}; {where}", at, attained, checkpoint, record.preemptions + 1, **more
-        )
 
     def _cohort_mates(self, queues: set[str]) -> set[str]:
         specs = self.base.queues

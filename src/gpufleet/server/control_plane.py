@@ -568,7 +568,7 @@ class ControlPlane:
                 team_rate=settings.team_rate,
                 admin_rate=settings.admin_rate,
                 data_dir=settings.data_dir,
-                extra={"telemetry": self.telemetry},
+                extra=self._api_extras(),
                 budgets=self.budgets,
                 spot=self.spot,
                 isolation=self.isolation_report,
@@ -637,6 +637,14 @@ class ControlPlane:
         self.telemetry.observer.after_step(reconciler, report, now)
         if report.placed and self.spot.awaits_probe():  # the loop starts in `serve`, after `spot` is made
             self.spot.check()
+
+    def _api_extras(self) -> dict[str, object]:
+        """What the API reaches beyond its context: the telemetry, and a Ray fleet's own node list (which a
+        removed node must leave too, or the next change of the cluster writes it back)."""
+        extras: dict[str, object] = {"telemetry": self.telemetry}
+        if self.fleet is not None:
+            extras["forget_node"] = self.fleet.forget
+        return extras
 
     def _nodes_changed(self, nodes: tuple[Node, ...]) -> None:
         """A node joined or left the Ray cluster: the store (the loop reads it), telemetry's GPU list."""

@@ -413,6 +413,13 @@ class RayFleet:
         with self._lock:
             return tuple(sorted(self._nodes.values(), key=lambda n: n.name))
 
+    def forget(self, name: str) -> None:
+        """An admin removed the node (`gpufleet nodes remove`): it leaves this fleet's list, so that the next
+        change of the cluster does not write it back. Should it join Ray again, it comes back as a new node."""
+        with self._lock:
+            if name not in self._agents:
+                self._nodes.pop(name, None)
+
     def nodes_by_name(self) -> dict[str, Node]:
         with self._lock:
             return dict(self._nodes)
