@@ -176,3 +176,22 @@ def test_a_team_token_may_neither_apply_nor_export(cli: Cli) -> None:
     refused = cli("apply", "-f", "-", stdin=FLEET, token=secret)
     assert refused.returncode == 2
     assert "admin" in refused.stderr
+
+
+def test_the_sdk_applies_and_reads_the_same_config(cli: Cli) -> None:
+    from gpufleet import Client
+    from gpufleet.domain.errors import SpecError
+
+    config = yaml.safe_load(FLEET.replace("cfg-", "sdk-"))
+    with Client(cli.live.url, cli.live.server.token) as fleet:
+        planned = fleet.apply_config(config, dry_run=True)
+        assert not planned.applied
+        assert ("queue", "sdk-a", "create") in {(c.kind, c.name, c.action) for c in planned.changes}
+        done = fleet.apply_config(config)
+        assert done.applied
+        assert set(done.secrets) == {"sdk-alice"}
+        assert fleet.apply_config(config).changes == ()
+        assert fleet.fleet_config()["queues"]["sdk-a"]["weight"] == 2
+        with pytest.raises(SpecError) as refused:
+            fleet.apply_config({"queues": {"sdk-c": {"quotas": {"gpux": 1}}}})
+        assert any(f.field == "queues.sdk-c.quotas.gpux" for f in refused.value.fields)

@@ -3,6 +3,7 @@ token bindings as one file, applied as `kubectl apply` applies one (see `server/
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,24 +45,24 @@ def apply(
     shown this once. `gpufleet export` writes the fleet's config in the same format."""
     with _client(url, token) as client:
         config = read_yaml_mapping(file, "fleet config", CONFIG_EXAMPLE)
-        answer: dict[str, Any] = client.post("/v1/config/apply", {"config": config, "dry_run": dry_run, "prune": prune})
+        result = client.apply_config(config, dry_run=dry_run, prune=prune)
     if as_json:
-        _print_json(answer)
+        _print_json(dataclasses.asdict(result))
         return
-    for change in answer["changes"]:
-        done, would = VERB[change["action"]]
-        typer.echo(plain(f"{change['kind']} {change['name']} {would if dry_run else done}"))
-        for field, (old, new) in change["fields"].items():
+    for change in result.changes:
+        done, would = VERB[change.action]
+        typer.echo(plain(f"{change.kind} {change.name} {would if dry_run else done}"))
+        for field, (old, new) in change.fields.items():
             typer.echo(plain(f"  {field}: {_shown(old)} → {_shown(new)}"))
-    for made in answer["tokens"]:
-        typer.echo(plain(f"token {made['name']}: secret {made['secret']} (shown once: give it to its holder now)"))
-    changed = len(answer["changes"])
+    for name, secret in result.secrets.items():
+        typer.echo(plain(f"token {name}: secret {secret} (shown once: give it to its holder now)"))
+    changed = len(result.changes)
     if dry_run:
-        summary = f"dry run: {changed} change(s) would be made, {answer['unchanged']} entry(ies) already match"
+        summary = f"dry run: {changed} change(s) would be made, {result.unchanged} entry(ies) already match"
     elif changed:
-        summary = f"applied: {changed} change(s), {answer['unchanged']} entry(ies) already matched"
+        summary = f"applied: {changed} change(s), {result.unchanged} entry(ies) already matched"
     else:
-        summary = f"nothing to change: the fleet matches the file ({answer['unchanged']} entry(ies))"
+        summary = f"nothing to change: the fleet matches the file ({result.unchanged} entry(ies))"
     typer.echo(summary)
 
 
@@ -75,7 +76,7 @@ def export(
     """Write the fleet's config (queues, quotas, cohorts, budgets, prices, token bindings) as `apply -f` reads
     it (admin). `export > fleet.yaml; apply -f fleet.yaml` changes nothing."""
     with _client(url, token) as client:
-        config = client.get("/v1/config")
+        config = client.fleet_config()
     text = HEADER + yaml.safe_dump(_pruned(config), sort_keys=False, allow_unicode=True)
     if output is None:
         typer.echo(text, nl=False)

@@ -144,6 +144,24 @@ class BulkResult:
     message: str
 
 
+@dataclass(frozen=True)
+class ConfigChange:
+    """One change an apply made (or, on a dry run, would make): `fields` maps a field to (live, file)."""
+
+    kind: str  # queue, budget, price or token
+    name: str
+    action: str  # create, update or delete
+    fields: Mapping[str, tuple[Any, Any]]
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    changes: tuple[ConfigChange, ...]
+    unchanged: int  # entries of the config the fleet already matched
+    applied: bool  # False on a dry run, or when nothing was to change
+    secrets: Mapping[str, str]  # token name -> secret, for the tokens this apply made (shown only here)
+
+
 class Client(Transport):
     """The control plane's API as Python calls (see the module's docstring). `url` and `token`: given, else
     GPUFLEET_URL and GPUFLEET_TOKEN, else the file `gpufleet login` writes, else http://127.0.0.1:8080 with no
@@ -379,6 +397,26 @@ class Client(Transport):
             yield str(chunk["text"]), offset, done
             if not step or done:
                 return
+
+    # --- the fleet's config (admin) ------------------------------------------------------------------------
+
+    def fleet_config(self) -> dict[str, Any]:
+        """The fleet's queues, quotas, cohorts, budgets, prices and token bindings, as `apply_config` takes
+        them (and `gpufleet export` writes them)."""
+        config: dict[str, Any] = self.get("/v1/config")
+        return config
+
+    def apply_config(self, config: Mapping[str, Any], *, dry_run: bool = False, prune: bool = False) -> ApplyResult:
+        """Make the fleet match `config` for what it names (see `gpufleet apply`): every entry checked first,
+        all or nothing (a SpecError names each bad entry); `dry_run` only lists the changes; `prune` also
+        removes the queues and prices it does not list."""
+        answer = self.post("/v1/config/apply", {"config": dict(config), "dry_run": dry_run, "prune": prune})
+        changes = tuple(
+            ConfigChange(c["kind"], c["name"], c["action"], {k: (v[0], v[1]) for k, v in c["fields"].items()})
+            for c in answer["changes"]
+        )
+        secrets = {str(t["name"]): str(t["secret"]) for t in answer["tokens"]}
+        return ApplyResult(changes, int(answer["unchanged"]), bool(answer["applied"]), secrets)
 
     # --- act ----------------------------------------------------------------------------------------------
 
