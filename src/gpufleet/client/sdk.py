@@ -267,15 +267,15 @@ class Client(Transport):
         return ArrayStatus(body["id"], body["name"], body["queue"], int(body["tasks"]), dict(body["states"]))
 
     def wait(self, job_id: str, *, timeout: float | None = None, poll_s: float = 0.5) -> Job:
-        """The job once it has ended (an array's id: its first task once every task has ended). Raises
+        """The job once it has ended (an array's id: its newest task, once every task has ended). Raises
         JobTimeoutError after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            job = self._job_or_array(job_id)
-            if job[1]:
-                return job[0]
+            job, ended = self._job_or_array(job_id)
+            if ended:
+                return job
             if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeoutError(job[0], timeout or 0.0)
+                raise JobTimeoutError(job, timeout or 0.0)
             time.sleep(poll_s)
 
     def _job_or_array(self, job_id: str) -> tuple[Job, bool]:
