@@ -1,7 +1,7 @@
 """The optional parts of gpufleet, and what to install when a command needs one that is missing.
 
 `pip install gpufleet` is the CLI client and the simulator. The rest are extras (`pyproject.toml`):
-`server` (`gpufleet up`, the exporter and the API benchmarks), `postgres`, `nvml`, `plots`, `ray`. Their
+`server` (`gpufleet up`, the exporter and the API benchmarks), `postgres`, `nvml`, `plots`, `ray`, `kubernetes`. Their
 libraries are imported only where they are used, so a command that needs a missing one fails on that import;
 `main` turns that into one line that says which extra to install, instead of a stack trace.
 """
@@ -30,6 +30,7 @@ EXTRA_OF: Mapping[str, str] = {
     "pynvml": "nvml",
     "matplotlib": "plots",
     "ray": "ray",
+    "kubernetes": "kubernetes",
 }
 
 PURPOSE: Mapping[str, str] = {
@@ -38,6 +39,7 @@ PURPOSE: Mapping[str, str] = {
     "nvml": "NVIDIA's management library",
     "plots": "plotting",
     "ray": "the Ray backend",
+    "kubernetes": "the Kubernetes client",
 }
 
 

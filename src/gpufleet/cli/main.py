@@ -264,6 +264,24 @@ def bench_ray(
     print_result(result, as_json)
 
 
+@bench_app.command("kubernetes")
+def bench_kubernetes(
+    nodes: int = typer.Option(100, min=1, help="kwok GPU nodes (8 GPUs each, three models)."),
+    pods: int = typer.Option(1000, min=1, help="Pending whole-GPU pods each scheduler binds."),
+    seed: int = typer.Option(0, help="Seed of the synthetic pod mix."),
+    as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
+) -> None:
+    """gpufleet and kube-scheduler bind the same pods on one real API server: pods/s and GPUs allocated."""
+    from gpufleet.bench import kubernetes as k8s_bench
+
+    try:
+        result = k8s_bench.run(nodes, pods, seed)
+    except GpufleetError as error:
+        fail(error)
+        return
+    print_result(result, as_json)
+
+
 @bench_app.command("web")
 def bench_web(
     jobs: int = typer.Option(10_000, min=100, help="Jobs in the store before the pages are timed."),

@@ -191,6 +191,15 @@ def up(
     ray_dashboard: Annotated[
         bool, typer.Option(help="With --ray local: also run Ray's dashboard (on 127.0.0.1, token required).")
     ] = False,
+    kubernetes: Annotated[
+        str | None,
+        typer.Option(
+            metavar="KUBECONFIG|in-cluster",
+            help="Be the GPU scheduler of a Kubernetes cluster: bind its pods that name schedulerName: gpufleet "
+            "to its nodes. A kubeconfig's path, or `in-cluster` (the service account of the pod gpufleet runs in). "
+            "Needs gpufleet[kubernetes].",
+        ),
+    ] = None,
 ) -> None:
     """Start the control plane: HTTP API, scheduling loop and executor (this machine, or a Ray cluster's
     nodes with --ray), on embedded defaults."""
@@ -242,6 +251,7 @@ def up(
         ray_token_file=ray_token_file.expanduser().absolute() if ray_token_file is not None else None,
         ray_insecure=ray_insecure,
         ray_dashboard=ray_dashboard,
+        kubernetes=kubernetes,
     )
     try:
         plane = ControlPlane(settings)

@@ -50,6 +50,8 @@ from gpufleet.server.spot_watch import SpotWatch
 from gpufleet.server.store_guard import open_store
 
 if TYPE_CHECKING:
+    from gpufleet.adapters.kubernetes.kube_backend import KubernetesBackend
+    from gpufleet.adapters.kubernetes.kube_fleet import KubeFleet
     from gpufleet.adapters.ray.backend import RayBackend
     from gpufleet.adapters.ray.local_cluster import LocalRayCluster
     from gpufleet.adapters.ray.ray_inventory import RayFleet
@@ -125,6 +127,8 @@ class UpSettings:
     ray_token_file: Path | None = None  # the Ray cluster's token (default: RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)
     ray_insecure: bool = False  # join a Ray cluster that runs without authentication
     ray_dashboard: bool = False  # --ray local: also run Ray's dashboard
+    # Be the GPU scheduler of a Kubernetes cluster: a kubeconfig's path, or "in-cluster" (the pod's service account).
+    kubernetes: str | None = None
 
     @property
     def url(self) -> str:
@@ -153,6 +157,13 @@ def discover_inventory(settings: UpSettings) -> Inventory:
         raise GpufleetError("both --emulate and --inventory were given", "give one of them")
     if settings.ray is not None and not (settings.emulate or settings.inventory_file):
         return Inventory((), False, "ray")
+    if settings.kubernetes is not None:
+        if settings.ray is not None or settings.emulate or settings.inventory_file:
+            raise GpufleetError(
+                "--kubernetes schedules the nodes of a Kubernetes cluster and takes no other inventory",
+                "leave out --ray, --emulate and --inventory",
+            )
+        return Inventory((), False, "kubernetes")
     if settings.emulate:
         from gpufleet.adapters.inventory.emulated_inventory import parse_emulate
 
@@ -420,6 +431,7 @@ class ControlPlane:
             )
         self.fleet: RayFleet | None = None  # with --ray: the cluster's nodes and agents
         self.local_cluster: LocalRayCluster | None = None  # with --ray local: the cluster this process started
+        self.kube: KubeFleet | None = None  # with --kubernetes: the cluster's nodes and pods
         self.lock = DataDirLock(settings.data_dir)
         try:
             make_private(settings.data_dir)
@@ -435,6 +447,8 @@ class ControlPlane:
             make_private(settings.data_dir)  # the store's files, just created
             if settings.ray is not None:
                 self.inventory = self._join_ray(settings, self.inventory)
+            if settings.kubernetes is not None:
+                self.inventory = self._join_kubernetes(settings.kubernetes)
             self.store.set_nodes(self.inventory.nodes)
             if not self.store.queues():
                 self.store.set_queue(QueueSpec(DEFAULT_QUEUE))
@@ -452,12 +466,12 @@ class ControlPlane:
                 queue_disk=settings.queue_disk,
                 sandbox=settings.private_tmp,
             )
-            if settings.ray is None:
+            if settings.ray is None and settings.kubernetes is None:
                 # Queues with jobs of this store not finished (adopted, or to start): their users' homes move
                 # to --jobs-home now, or `up` says why not. Other queues' users move at their next job.
                 busy = {record.job.queue for record in self.store.active()}
                 self.isolation.settle_homes([(q.name, q.run_as) for q in self.store.queues() if q.name in busy])
-            self.backend: LocalBackend | RayBackend
+            self.backend: LocalBackend | RayBackend | KubernetesBackend
             make_probe: ProbeFactory | None = None
             # Every worker's report URL and job-scoped token, on whichever executor runs it.
             job_tokens = JobTokens(self.store)
@@ -466,16 +480,26 @@ class ControlPlane:
             def job_env(job_id: str, attempt: int) -> Mapping[str, str]:
                 return job_tokens.env(report_base, job_id, attempt)
 
-            if self.fleet is not None:
+            if self.kube is not None:
+                from gpufleet.adapters.kubernetes.kube_backend import KubernetesBackend
+                from gpufleet.adapters.probes.absent import AbsentProbe
+
+                self.backend = KubernetesBackend(self.kube.api, self.kube, self.clock)
+                self.isolation_report: IsolationReport = _kubelet_isolation()
+
+                def make_probe(
+                    activity: Callable[[], Mapping[tuple[str, int], GpuActivity]],
+                    weights: Callable[[], Mapping[int, int]],
+                ) -> GpuProbe:
+                    return AbsentProbe()
+            elif self.fleet is not None:
                 from gpufleet.adapters.ray.agent_probe import RayProbe
                 from gpufleet.adapters.ray.backend import RayBackend
 
                 fleet = self.fleet
                 self.backend = RayBackend(fleet, self.clock, job_env=job_env)
                 fleet.backend = self.backend
-                self.isolation_report: IsolationReport = fleet.isolation_report() or self.isolation.report(
-                    settings.single_user
-                )
+                self.isolation_report = fleet.isolation_report() or self.isolation.report(settings.single_user)
 
                 def make_probe(
                     activity: Callable[[], Mapping[tuple[str, int], GpuActivity]],
@@ -500,7 +524,7 @@ class ControlPlane:
                 settings.log_prune_interval_s,
             )
             refused = None
-            if not self.isolation.switches_users and not settings.single_user:
+            if not self.isolation.switches_users and not settings.single_user and self.kube is None:
                 refused = (
                     f"this control plane runs every job as its own user {RunAs.me().name} (it is not root), so a "
                     "team's job could read every other team's jobs and logs and the admin token"
@@ -545,6 +569,9 @@ class ControlPlane:
             if self.fleet is not None:
                 self.fleet.on_nodes = self._nodes_changed
                 self.fleet.wake = self.loop.wake
+            if self.kube is not None:
+                self.kube.on_nodes = self._nodes_changed
+                self.kube.wake = self.loop.wake
             self.budgets = BudgetWatch(
                 self.store, self.clock, book=lambda: self.telemetry.book, interval_s=settings.budget_check_s
             )
@@ -555,7 +582,7 @@ class ControlPlane:
                 store=self.store,
                 clock=self.clock,
                 log_paths=self.backend.log_paths,
-                read_log=self.backend.read_log if self.fleet is not None else read_log_file,
+                read_log=self.backend.read_log if self.fleet is not None or self.kube is not None else read_log_file,
                 emulated_node=self.fleet.is_emulated if self.fleet is not None else None,
                 wake=self.loop.wake,
                 emulated=self.inventory.emulated,
@@ -574,7 +601,9 @@ class ControlPlane:
                 isolation=self.isolation_report,
                 team_tokens_refused=refused,
                 check_run_as=self.isolation.check_run_as,
-                check_queue_disk=self.isolation.check_queue_disk if self.fleet is None else _no_disk_check,
+                check_queue_disk=(
+                    self.isolation.check_queue_disk if self.fleet is None and self.kube is None else _no_disk_check
+                ),
             )
             for line in (self.isolation_report.users, self.isolation_report.cgroups, *self.isolation_report.notes):
                 log.info("isolation: %s", line)
@@ -631,6 +660,25 @@ class ControlPlane:
         source = f"{where}: {up} node(s) up" + (f", {emulated.source}" if emulated.nodes else "")
         return Inventory(nodes, self.fleet.all_emulated(), source)
 
+    def _join_kubernetes(self, where: str) -> Inventory:
+        """List the cluster's nodes and pods (the watches go on), and say what was found."""
+        from gpufleet.adapters.kubernetes.kube_api import KubeApi
+        from gpufleet.adapters.kubernetes.kube_fleet import KubeFleet
+
+        api = KubeApi(None if where == "in-cluster" else Path(where).expanduser())
+        self.kube = KubeFleet(api, self.store, self.clock)
+        nodes = self.kube.start()
+        found = self.kube.found_at_start
+        log.info(
+            "kubernetes: found %d node(s) and %d pod(s) for gpufleet (%d bound, %d pending) at %s",
+            found["nodes"],
+            found["pods"],
+            found["bound"],
+            found["pending"],
+            api.server,
+        )
+        return Inventory(nodes, False, f"Kubernetes API server at {api.server}: {len(nodes)} node(s)")
+
     def _after_step(self, reconciler: Reconciler, report: StepReport, now: float) -> None:
         """After every loop step: telemetry, and the spot breakers at once when a half-open pool may just have
         taken its probe job, so that its gate shuts before the next cycle rather than at the next spot check."""
@@ -657,6 +705,8 @@ class ControlPlane:
         data reuses it and adopts them."""
         if self.fleet is not None:
             self.fleet.close()
+        if self.kube is not None:
+            self.kube.close()
         cluster = self.local_cluster
         if cluster is not None and (not cluster.reused if stop_cluster is None else stop_cluster):
             cluster.shutdown()
@@ -688,6 +738,8 @@ class ControlPlane:
         self.spot.start()
         if self.fleet is not None:
             self.fleet.start()
+        if self.kube is not None:
+            self.kube.run()
         try:
             if on_ready is not None:
                 _call_when_started(server, on_ready)
@@ -744,6 +796,15 @@ def _call_when_started(server: object, callback: Callable[[], None]) -> None:
             callback()
 
     threading.Thread(target=watch, name="gpufleet-ready", daemon=True).start()
+
+
+def _kubelet_isolation() -> IsolationReport:
+    return IsolationReport(
+        users="each job runs as its pods say (securityContext), on the kubelet of its node",
+        cgroups="the kubelet's: each pod's requests and limits",
+        single_trust_domain=False,
+        notes=("GPUs through the NVIDIA device plugin (nvidia.com/gpu); gpufleet binds pods and runs no process",),
+    )
 
 
 def _no_disk_check(_queue: str, _user: str | None, _size: int | None) -> None:

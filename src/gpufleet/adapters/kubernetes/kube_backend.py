@@ -1,0 +1,312 @@
+"""The execution backend on Kubernetes: where the local and Ray backends start processes, this one binds pods.
+
+- `launch` binds each pod of the job to the node its worker was placed on, through the `pods/binding`
+  subresource, many at once (a thread pool). The API server refuses to bind a pod twice (409), so a restarted
+  control plane that binds again binds nothing twice: a conflict on the node asked for is the bind done
+  before, one elsewhere loses the job.
+- STARTED when every pod runs; EXITED when every pod succeeded, or one failed (its exit code; a gang's other
+  pods are deleted, as they hold GPUs nobody counts any more).
+- `stop` evicts the pods through the Eviction API with the grace asked for, which the kubelet gives as
+  SIGTERM then SIGKILL (the checkpoint signal); PodDisruptionBudgets are respected (an eviction they refuse is
+  tried again until it passes). `grace_s <= 0` deletes at once. STOPPED once every pod is gone.
+- A pod that vanished under a running job (deleted by a user, its node removed) cancels the job through the
+  fleet: a deleted pod never comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet.adapters.inbox import ObservationInbox
+from gpufleet.adapters.kubernetes.kube_api import KubeApi, KubeApiError
+from gpufleet.adapters.kubernetes.kube_fleet import KubeFleet
+from gpufleet.adapters.kubernetes.objects import PodInfo
+from gpufleet.domain.cluster import WorkerPlacement
+from gpufleet.domain.jobs import JobId
+from gpufleet.ports import BackendCapabilities, Clock, Launch, Observation, ObservationKind
+
+log = logging.getLogger("gpufleet.kubernetes")
+
+BINDERS = 16
+EVICT_RETRY_S = 2.0
+
+
+@dataclass
+class _Job:
+    job_id: JobId
+    attempt: int
+    workers: tuple[WorkerPlacement, ...]  # where each pod was placed, by rank
+    started: bool = False
+    stopping: bool = False
+    stop_grace_s: float = 0.0
+    done: bool = False
+    refused: dict[str, float] = field(default_factory=dict)  # pods whose eviction a PDB refused: when to retry
+
+
+class KubernetesBackend:
+    capabilities = BackendCapabilities(multi_node=True, gpu_isolation=True, checkpoint_signal=True)
+
+    def __init__(self, api: KubeApi, fleet: KubeFleet, clock: Clock, binders: int = BINDERS) -> None:
+        self.api = api
+        self.fleet = fleet
+        self.clock = clock
+        self.inbox = ObservationInbox(clock)
+        self._jobs: dict[JobId, _Job] = {}
+        self._lock = threading.RLock()
+        self._pool = ThreadPoolExecutor(max_workers=binders, thread_name_prefix="gpufleet-k8s-bind")
+        self.binds = 0
+        self.conflicts = 0
+        fleet.backend = self
+
+    # -- the port -------------------------------------------------------------------------------------------
+
+    def launch(self, launch: Launch) -> None:
+        job_id = launch.job.id
+        with self._lock:
+            known = self._jobs.get(job_id)
+            if known is not None and known.attempt == launch.attempt:
+                return
+            nodes = tuple(worker.node for worker in launch.workers)
+            self._jobs[job_id] = _Job(job_id, launch.attempt, launch.workers)
+        pods = self.fleet.pods_of(job_id)
+        if not pods or any(pod is None for pod in pods):
+            # Its pods were deleted while it waited; the fleet cancels it. Nothing to bind.
+            self.fleet.request_cancel(job_id, "its pod was deleted from Kubernetes before it could start")
+            return
+        if len(pods) != len(nodes):
+            self._lose(job_id, launch.attempt, f"placed {len(nodes)} worker(s) for {len(pods)} pod(s)")
+            return
+        for pod, node in zip(pods, nodes, strict=True):
+            assert pod is not None
+            self._pool.submit(self._bind, job_id, launch.attempt, pod, node)
+
+    def _bind(self, job_id: JobId, attempt: int, pod: PodInfo, node: str) -> None:
+        for tries in range(5):
+            try:
+                self.api.bind(pod.namespace, pod.name, node, pod.uid)
+                with self._lock:
+                    self.binds += 1
+                return
+            except KubeApiError as error:
+                if error.status == 409:
+                    with self._lock:
+                        self.conflicts += 1
+                    if self._bound_to(pod, node):
+                        return  # bound before (by this control plane, before a restart)
+                    self._lose(job_id, attempt, f"pod {pod.key} was bound elsewhere: {error.message}")
+                    return
+                if error.status == 404:
+                    self.fleet.request_cancel(job_id, f"pod {pod.key} was deleted before it was bound")
+                    return
+                if error.status in (0, 429, 500, 503, 504) and tries < 4:
+                    time.sleep(0.2 * (tries + 1))
+                    continue
+                self._lose(job_id, attempt, f"binding pod {pod.key} to {node} failed: {error.message}")
+                return
+
+    def _bound_to(self, pod: PodInfo, node: str) -> bool:
+        try:
+            current = self.api.call("GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}")
+        except KubeApiError:
+            return False
+        spec = (current or {}).get("spec") or {}
+        return bool(spec.get("nodeName") == node and (current or {}).get("metadata", {}).get("uid") == pod.uid)
+
+    def _lose(self, job_id: JobId, attempt: int, why: str) -> None:
+        log.warning("kubernetes: job %s: %s", job_id, why)
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.attempt != attempt or job.done:
+                return
+            job.done = True
+        # Pods of it that were bound hold resources the scheduler no longer counts: they go.
+        for pod in self.fleet.pods_of(job_id):
+            if pod is not None and pod.node:
+                self._delete(pod, 0)
+        self.inbox.lose((job_id, attempt), why)
+
+    def stop(self, job_id: JobId, attempt: int, grace_s: float, reason: str) -> None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.attempt != attempt or job.done:
+                if job is None:
+                    # Never launched here (its pods are gone, or it was cancelled before a bind): nothing runs.
+                    self._jobs[job_id] = _Job(job_id, attempt, (), stopping=True, done=True)
+                    self.inbox.emit((job_id, attempt), ObservationKind.STOPPED, detail=reason)
+                return
+            again = job.stopping
+            if again and grace_s >= job.stop_grace_s:
+                return
+            job.stopping = True
+            job.stop_grace_s = max(0.0, grace_s)
+        for pod in self.fleet.pods_of(job_id):
+            if pod is not None and not pod.ended:
+                self._pool.submit(self._evict, job_id, pod, grace_s)
+        self.pods_changed(job_id)
+
+    def _evict(self, job_id: JobId, pod: PodInfo, grace_s: float) -> None:
+        # The pod's own grace period is the most it is given; gpufleet's (a queue's cap, a force-cancel) may cut it.
+        grace = max(0, math.ceil(min(grace_s, pod.grace_s)))
+        try:
+            if grace == 0 or not pod.node:
+                self.api.delete_pod(pod.namespace, pod.name, grace)
+            else:
+                self.api.evict(pod.namespace, pod.name, grace)
+        except KubeApiError as error:
+            if error.status == 404:
+                return
+            if error.status == 429:  # a PodDisruptionBudget says not now: try again
+                with self._lock:
+                    job = self._jobs.get(job_id)
+                    if job is not None:
+                        job.refused[pod.key] = time.monotonic() + EVICT_RETRY_S
+                return
+            log.warning("kubernetes: evicting %s failed: %s", pod.key, error)
+
+    def _delete(self, pod: PodInfo, grace_s: int) -> None:
+        def delete() -> None:
+            try:
+                self.api.delete_pod(pod.namespace, pod.name, grace_s)
+            except KubeApiError as error:
+                if error.status != 404:
+                    log.warning("kubernetes: deleting %s failed: %s", pod.key, error)
+
+        self._pool.submit(delete)
+
+    def poll(self) -> Sequence[Observation]:
+        self._retry_refused()
+        return self.inbox.take()
+
+    def _retry_refused(self) -> None:
+        now = time.monotonic()
+        due: list[tuple[JobId, str, float]] = []
+        with self._lock:
+            for job in self._jobs.values():
+                for key, at in list(job.refused.items()):
+                    if at <= now:
+                        del job.refused[key]
+                        due.append((job.job_id, key, job.stop_grace_s))
+        for job_id, key, grace in due:
+            for pod in self.fleet.pods_of(job_id):
+                if pod is not None and pod.key == key:
+                    self._pool.submit(self._evict, job_id, pod, grace)
+
+    def resize(self, launch: Launch, grace_s: float, resize_count: int) -> None:
+        raise NotImplementedError("the Kubernetes backend does not resize pods (its capabilities say so)")
+
+    def adopt(self, live: Sequence[Launch]) -> None:
+        """Jobs the store says hold resources: bound pods are watched again, unbound ones bound now (the control
+        plane died between writing the placement and binding), gone ones cancel their job."""
+        for launch in live:
+            job_id = launch.job.id
+            pods = self.fleet.pods_of(job_id)
+            if pods and all(pod is not None and pod.node for pod in pods):
+                with self._lock:
+                    self._jobs[job_id] = _Job(job_id, launch.attempt, launch.workers)
+                self.pods_changed(job_id)
+            else:
+                self.launch(launch)
+
+    # -- what the fleet tells -------------------------------------------------------------------------------
+
+    def live_jobs(self) -> set[JobId]:
+        with self._lock:
+            return {job_id for job_id, job in self._jobs.items() if not job.done}
+
+    def live_placements(self) -> dict[JobId, tuple[WorkerPlacement, ...]]:
+        with self._lock:
+            return {job_id: job.workers for job_id, job in self._jobs.items() if not job.done}
+
+    def pods_changed(self, job_id: JobId) -> None:
+        """A pod of the job changed: what that makes of the job."""
+        pods = self.fleet.pods_of(job_id)
+        cancel: str | None = None
+        leftovers: list[PodInfo] = []
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.done:
+                return
+            key = (job_id, job.attempt)
+            present = [pod for pod in pods if pod is not None]
+            failed = [pod for pod in present if pod.phase == "Failed"]
+            if job.stopping:
+                if all(pod is None or pod.ended for pod in pods):
+                    job.done = True
+                    self.inbox.emit(key, ObservationKind.STOPPED, detail="its pods are gone")
+            elif len(present) < len(pods) or any(pod.deleting for pod in present):
+                deleting = [pod.key for pod in present if pod.deleting]
+                what = f"pod {deleting[0]} is being deleted" if deleting else "a pod of it was deleted"
+                cancel = f"{what} (not by gpufleet)"
+            elif failed or (present and all(pod.phase == "Succeeded" for pod in present)):
+                job.done = True
+                code = next((p.exit_code for p in failed if p.exit_code), None)
+                code = code if code is not None else (1 if failed else 0)
+                detail = f"pod {failed[0].key} failed" if failed else ""
+                self.inbox.emit(key, ObservationKind.EXITED, exit_code=code, detail=detail)
+                leftovers = [pod for pod in present if not pod.ended]
+            elif not job.started and present and all(pod.phase == "Running" and pod.node for pod in present):
+                job.started = True
+                self.inbox.emit(key, ObservationKind.STARTED)
+        for pod in leftovers:
+            self._delete(pod, 0)  # a gang's pods still running after one failed hold GPUs nobody counts
+        if cancel is not None:
+            self.fleet.request_cancel(job_id, cancel)
+        self.fleet.wake()
+
+    def node_gone(self, name: str) -> None:
+        """A node left the cluster: its pods cannot run, and their jobs end (their pods are deleted, as the
+        pod garbage collector would)."""
+        with self._lock:
+            hit = [job for job in self._jobs.values() if not job.done and any(w.node == name for w in job.workers)]
+        for job in hit:
+            for pod in self.fleet.pods_of(job.job_id):
+                if pod is not None:
+                    self._delete(pod, 0)
+            with self._lock:
+                if job.done:
+                    continue
+                job.done = True
+            detail = f"node {name} left the cluster"
+            self.inbox.emit((job.job_id, job.attempt), ObservationKind.EXITED, exit_code=137, detail=detail)
+
+    # -- what the control plane asks beyond the port ---------------------------------------------------------
+
+    def log_paths(self, job_id: JobId) -> list[Path]:
+        return []
+
+    def read_log(self, job_id: JobId, *args: object, **kwargs: object) -> str:
+        texts = []
+        for pod in self.fleet.pods_of(job_id):
+            if pod is None:
+                continue
+            try:
+                texts.append(self.api.pod_log(pod.namespace, pod.name))
+            except KubeApiError as error:
+                texts.append(f"(logs of pod {pod.key} cannot be read: {error.message})\n")
+        return "".join(texts)
+
+    def prune_logs(self, retention: object, finished: Callable[[str], bool]) -> dict[str, int]:
+        return {"jobs": 0, "bytes": 0}  # pods' logs are the kubelet's to keep
+
+    def shutdown(self, stop_jobs: bool, grace_s: float) -> None:
+        if stop_jobs:
+            with self._lock:
+                running = [(job.job_id, job.attempt) for job in self._jobs.values() if not job.done]
+            for job_id, attempt in running:
+                self.stop(job_id, attempt, grace_s, "the control plane stopped with --stop-jobs")
+        self._pool.shutdown(wait=True, cancel_futures=False)
+
+    def counts(self) -> Mapping[str, int]:
+        with self._lock:
+            return {"binds": self.binds, "conflicts": self.conflicts, "live": len(self.live_jobs())}
+
+    def wait_idle(self, jobs: Iterable[JobId] = ()) -> None:
+        """For tests and the benchmark: until the binds asked so far are done."""
+        self._pool.submit(lambda: None).result()

@@ -1,0 +1,92 @@
+"""One real Kubernetes cluster for the session (gpufleet.adapters.kubernetes.testenv): etcd, kube-apiserver with
+TLS and Node+RBAC authorization, kube-controller-manager and kwok as the kubelet of fake nodes, all Kubernetes
+v1.37.2 binaries built from tools/k8s (a cold build takes minutes; later sessions find them in the cache).
+
+Every test in this folder is marked `kubernetes` (`pytest -m "not kubernetes"` leaves them out). Without the Go
+toolchain and without cached binaries the fixture fails, not skips: CI must run these tests.
+Every wait has a timeout: a test over its deadline fails instead of hanging the run.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from gpufleet.domain.errors import GpufleetError
+
+T = TypeVar("T")
+HERE = Path(__file__).parent
+BUILD_S = 3600.0  # a cold build of Kubernetes on two cores; minutes, but a slow module download adds more
+START_S = 180.0
+STOP_S = 60.0
+TEST_S = 300.0  # generous: the folder also holds tests that start a gpufleet control plane
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.kubernetes)
+
+
+def within(seconds: float, what: str, work: Callable[[], T]) -> T:
+    """Run `work` in the main thread, failing the test when it takes longer than `seconds`."""
+
+    def expired(_signo: int, _frame: object) -> None:
+        raise TimeoutError(f"{what} took more than {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return work()
+    except TimeoutError as error:
+        pytest.fail(str(error), pytrace=False)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[Any]:
+    from gpufleet.adapters.kubernetes.testenv import TestCluster, build
+
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+
+    def echo(line: str) -> None:  # past the output capture: the build and start times are worth seeing
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(line)
+
+    try:
+        built = within(BUILD_S, "building the Kubernetes test binaries", lambda: build(echo=echo))
+        cluster = TestCluster(tmp_path_factory.mktemp("k8s"), built.bin_dir, echo=echo)
+        within(START_S, "starting the Kubernetes test cluster", cluster.start)
+        problem = ""
+    except GpufleetError as error:
+        problem = str(error)
+    if problem:  # failed here rather than in the handler, so that the report shows the message alone
+        pytest.fail(f"the Kubernetes test cluster cannot run: {problem}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        within(STOP_S, "stopping the Kubernetes test cluster", cluster.stop)
+
+
+@pytest.fixture(autouse=True)
+def _deadline() -> Iterator[None]:
+    """Each test of this folder fails after TEST_S rather than hanging on a wait that never ends."""
+
+    def expired(_signo: int, _frame: object) -> None:
+        raise TimeoutError(f"the test took more than {TEST_S:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, TEST_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
