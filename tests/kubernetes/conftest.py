@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+from gpufleet.adapters.kubernetes.kube_api import KubeApi
 from gpufleet.domain.errors import GpufleetError
+from tests.kubernetes.kit import REPO, TEAMS, Plane, Pods, apply_manifest, create, fleet_nodes
 
 T = TypeVar("T")
 HERE = Path(__file__).parent
@@ -90,3 +92,46 @@ def _deadline() -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# gpufleet on the cluster (tests/kubernetes/kit.py): the manifests, the pods a team makes, a running control plane.
+
+
+@pytest.fixture(scope="session")
+def admin(k8s_cluster: Any) -> Iterator[KubeApi]:
+    api = KubeApi(Path(k8s_cluster.admin_kubeconfig))
+    for manifest in ("namespace.yaml", "serviceaccount.yaml", "clusterrole.yaml", "clusterrolebinding.yaml"):
+        apply_manifest(api, REPO / "deploy/kubernetes/base" / manifest)
+    for team in TEAMS:
+        create(api, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": team}})
+    for name, value in (("low", 100), ("high", 10_000)):
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+        create(api, "/apis/scheduling.k8s.io/v1/priorityclasses", body)
+    k8s_cluster.add_nodes(fleet_nodes())
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="module")
+def plane(k8s_cluster: Any, admin: KubeApi, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    token = k8s_cluster.service_account_token("gpufleet-system", "gpufleet")
+    kubeconfig = Path(k8s_cluster.kubeconfig_for_token("gpufleet", token))
+    running = Plane(tmp_path_factory.mktemp("k8s-plane") / "data", kubeconfig)
+    with running.client() as http:
+        for team in TEAMS:
+            answer = http.put(f"/v1/queues/{team}", json={})
+            assert answer.status_code in (200, 201), answer.text
+    yield running
+    running.server.stop()
+
+
+@pytest.fixture
+def pods(admin: KubeApi, plane: Plane) -> Iterator[Pods]:
+    made = Pods(admin)
+    yield made
+    made.clear()

@@ -14,6 +14,7 @@ GPUs, once no more pods fit: with more pods asked than GPUs, FGD's allocation at
 from __future__ import annotations
 
 import random
+import sys
 import tempfile
 import threading
 import time
@@ -172,6 +173,10 @@ def summarise(
     }
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def run(node_count: int, pod_count: int, seed: int = 0, timeout_s: float = 900.0) -> dict[str, Any]:
     from gpufleet.adapters.kubernetes.kube_api import KubeApi
     from gpufleet.adapters.kubernetes.testenv import TestCluster, build
@@ -190,7 +195,7 @@ def run(node_count: int, pod_count: int, seed: int = 0, timeout_s: float = 900.0
         "build_cached": built.cached,
     }
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-k8s-") as scratch:
-        cluster = TestCluster(Path(scratch) / "cluster", built.bin_dir)
+        cluster = TestCluster(Path(scratch) / "cluster", built.bin_dir, echo=_to_stderr)
         cluster.start()
         try:
             api = KubeApi(cluster.admin_kubeconfig, pool_size=32)

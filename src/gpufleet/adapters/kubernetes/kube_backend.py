@@ -155,7 +155,9 @@ class KubernetesBackend:
         # The pod's own grace period is the most it is given; gpufleet's (a queue's cap, a force-cancel) may cut it.
         grace = max(0, math.ceil(min(grace_s, pod.grace_s)))
         try:
-            if grace == 0 or not pod.node:
+            # Only a force-cancel (no grace asked) deletes outright; any other stop goes through the Eviction API,
+            # so that PodDisruptionBudgets hold even for a pod whose own grace period is 0.
+            if grace_s <= 0 or not pod.node:
                 self.api.delete_pod(pod.namespace, pod.name, grace)
             else:
                 self.api.evict(pod.namespace, pod.name, grace)
