@@ -34,6 +34,8 @@ class RunSpec:
     grace_s: float = 30.0
     max_runtime_s: float | None = None
     retries: int = 0
+    # The OCI image its workers run in ("": the node's own system). Kubernetes runs it; other executors refuse it.
+    image: str = ""
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []

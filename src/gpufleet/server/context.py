@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpufleet.adapters.local.isolation import IsolationReport
 from gpufleet.adapters.local.logs import read_log_file
-from gpufleet.domain.jobs import JobId
+from gpufleet.domain.jobs import Job, JobId
 from gpufleet.ports import Clock
 from gpufleet.ports.admin import IDEMPOTENCY_TTL_S, AdminStore
 from gpufleet.server.chargeback import BudgetWatch
@@ -54,6 +54,9 @@ class ApiContext:
     team_tokens_refused: str | None = None
     # Raises GpufleetError (with a fix) when a queue may not be mapped to this OS user.
     check_run_as: Callable[[str], None] = lambda _user: None
+    # What the executor cannot run, refused at submit (SpecError): an image without a container runtime, a job
+    # without one on Kubernetes.
+    check_job: Callable[[Job], None] = lambda _job: None
     # Raises GpufleetError (with a fix) when a queue's disk quota may not become this size (queue, its mapped
     # user, the size; None: the default); applies it where it can at once.
     check_queue_disk: Callable[[str, str | None, int | None], None] = lambda _queue, _user, _size: None

@@ -34,7 +34,8 @@ from gpufleet.control.reconciler import Reconciler, ReconcilerSettings, StepRepo
 from gpufleet.control.target import RECENT_JOBS, learned_target
 from gpufleet.control.throughput_learner import LEARN_EVERY_S
 from gpufleet.domain.cluster import Node
-from gpufleet.domain.errors import GpufleetError
+from gpufleet.domain.errors import FieldProblem, GpufleetError, SpecError
+from gpufleet.domain.jobs import Job
 from gpufleet.domain.quotas import DEFAULT_QUEUE, QueueSpec
 from gpufleet.domain.throughput_table import table_from_json
 from gpufleet.policies.catalog import PolicyData, profile
@@ -601,6 +602,7 @@ class ControlPlane:
                 isolation=self.isolation_report,
                 team_tokens_refused=refused,
                 check_run_as=self.isolation.check_run_as,
+                check_job=_needs_image if self.kube is not None else _no_image,
                 check_queue_disk=(
                     self.isolation.check_queue_disk if self.fleet is None and self.kube is None else _no_disk_check
                 ),
@@ -796,6 +798,29 @@ def _call_when_started(server: object, callback: Callable[[], None]) -> None:
             callback()
 
     threading.Thread(target=watch, name="gpufleet-ready", daemon=True).start()
+
+
+def _needs_image(job: Job) -> None:
+    if job.run is not None and not job.run.image:
+        raise SpecError(
+            "job spec",
+            (FieldProblem("image", "is missing", "on Kubernetes every job runs in an image: give `image: REF`"),),
+        )
+
+
+def _no_image(job: Job) -> None:
+    if job.run is not None and job.run.image:
+        raise SpecError(
+            "job spec",
+            (
+                FieldProblem(
+                    "image",
+                    f"is {job.run.image!r}, but this control plane runs jobs as processes on its nodes",
+                    "leave `image` out (the job runs on the node's own system), or submit to a control plane "
+                    "started with --kubernetes",
+                ),
+            ),
+        )
 
 
 def _kubelet_isolation() -> IsolationReport:

@@ -91,6 +91,7 @@ class RunOut(BaseModel):
     grace_period: float
     max_runtime: float | None
     retries: int
+    image: str = ""
 
 
 class CommOut(BaseModel):

@@ -223,7 +223,9 @@ class Service:
         self._check_grace(queue, float(spec.grace_period))
         self.budgets.blocking(queue)
         now = self.ctx.clock.now()
-        return dataclasses.replace(spec.to_job(new_job_id(), queue, now), user=principal.token.name)
+        job = dataclasses.replace(spec.to_job(new_job_id(), queue, now), user=principal.token.name)
+        self.ctx.check_job(job)
+        return job
 
     def _check_grace(self, queue: str, grace_s: float) -> None:
         spec = self.queue_specs.get(queue)

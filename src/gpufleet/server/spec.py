@@ -210,6 +210,13 @@ class JobSpec(BaseModel):
     queue: str | None = Field(None, max_length=63, description="Team queue; default: the token's queue.")
     command: list[str] | str = Field(description="An argv list, or one string run by /bin/sh -c.")
     workdir: str = Field("", max_length=MAX_PATH, description="Working directory of every worker.")
+    image: str = Field(
+        "",
+        max_length=MAX_PATH,
+        pattern=r"^[^\s]*$",
+        description="The OCI image every worker runs in, e.g. ghcr.io/acme/train:1.4 (on a Kubernetes-backed "
+        "control plane, where it is required).",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     gpus: float = Field(
         0, ge=0, le=MAX_GPUS_PER_WORKER, description="Whole GPUs per worker, or a fraction of one GPU such as 0.5."
@@ -497,6 +504,7 @@ class JobSpec(BaseModel):
                 grace_s=float(self.grace_period),
                 max_runtime_s=None if self.max_runtime is None else float(self.max_runtime),
                 retries=self.retries,
+                image=self.image,
             )
         except SpecError as error:
             problems.extend(_rename(error.fields))

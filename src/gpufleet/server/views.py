@@ -128,6 +128,7 @@ def job_out(record: JobRecord, nodes: Mapping[str, Node]) -> JobOut:
             grace_period=run.grace_s,
             max_runtime=run.max_runtime_s,
             retries=run.retries,
+            image=run.image,
         ),
         submit_seq=job.submit_seq,
         submitted_at=record.submitted_at,

@@ -28,6 +28,7 @@ from gpufleet.adapters.inbox import ObservationInbox
 from gpufleet.adapters.kubernetes.kube_api import KubeApi, KubeApiError
 from gpufleet.adapters.kubernetes.kube_fleet import KubeFleet
 from gpufleet.adapters.kubernetes.objects import PodInfo
+from gpufleet.adapters.kubernetes.pod_specs import dns_name, namespace_of, pod_bodies, service_body
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.jobs import JobId
 from gpufleet.ports import BackendCapabilities, Clock, Launch, Observation, ObservationKind
@@ -43,17 +44,27 @@ class _Job:
     job_id: JobId
     attempt: int
     workers: tuple[WorkerPlacement, ...]  # where each pod was placed, by rank
+    own: bool = False  # its pods are gpufleet's to make (a job submitted to gpufleet, with an image)
+    namespace: str = ""
     started: bool = False
     stopping: bool = False
     stop_grace_s: float = 0.0
     done: bool = False
+    seen: set[str] = field(default_factory=set)  # pods seen to exist: one of them gone is a deletion
     refused: dict[str, float] = field(default_factory=dict)  # pods whose eviction a PDB refused: when to retry
 
 
 class KubernetesBackend:
     capabilities = BackendCapabilities(multi_node=True, gpu_isolation=True, checkpoint_signal=True)
 
-    def __init__(self, api: KubeApi, fleet: KubeFleet, clock: Clock, binders: int = BINDERS) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        fleet: KubeFleet,
+        clock: Clock,
+        binders: int = BINDERS,
+        job_env: Callable[[JobId, int], Mapping[str, str]] | None = None,
+    ) -> None:
         self.api = api
         self.fleet = fleet
         self.clock = clock
@@ -61,6 +72,7 @@ class KubernetesBackend:
         self._jobs: dict[JobId, _Job] = {}
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=binders, thread_name_prefix="gpufleet-k8s-bind")
+        self.job_env = job_env
         self.binds = 0
         self.conflicts = 0
         fleet.backend = self
@@ -74,7 +86,11 @@ class KubernetesBackend:
             if known is not None and known.attempt == launch.attempt:
                 return
             nodes = tuple(worker.node for worker in launch.workers)
-            self._jobs[job_id] = _Job(job_id, launch.attempt, launch.workers)
+            own = launch.job.run is not None
+            self._jobs[job_id] = _Job(job_id, launch.attempt, launch.workers, own=own, namespace=launch.job.queue)
+        if own:
+            self._make_pods(launch)
+            return
         pods = self.fleet.pods_of(job_id)
         if not pods or any(pod is None for pod in pods):
             # Its pods were deleted while it waited; the fleet cancels it. Nothing to bind.
@@ -86,6 +102,77 @@ class KubernetesBackend:
         for pod, node in zip(pods, nodes, strict=True):
             assert pod is not None
             self._pool.submit(self._bind, job_id, launch.attempt, pod, node)
+
+    def _make_pods(self, launch: Launch, missing_only: bool = False) -> None:
+        """A submitted job's pods for this attempt, made bound to their placement (and a multi-worker job's
+        headless Service for MASTER_ADDR)."""
+        job, attempt = launch.job, launch.attempt
+        namespace = namespace_of(job)
+        extra = dict(self.job_env(job.id, attempt)) if self.job_env is not None else {}
+        bodies = pod_bodies(launch, extra)
+        self.fleet.expect(job.id, [f"{namespace}/{body['metadata']['name']}" for body in bodies])
+
+        def make() -> None:
+            try:
+                if len(bodies) > 1:
+                    self._create(f"/api/v1/namespaces/{namespace}/services", service_body(job, attempt))
+                existing = {pod.name for pod in self.fleet.pods_of(job.id) if pod is not None}
+                for body in bodies:
+                    if missing_only and body["metadata"]["name"] in existing:
+                        continue
+                    with self._lock:
+                        current = self._jobs.get(job.id)
+                        if current is None or current.attempt != attempt or current.stopping or current.done:
+                            return  # stopped before its pods were all made
+                    self._create(f"/api/v1/namespaces/{namespace}/pods", body)
+                    with self._lock:
+                        self.binds += 1
+            except KubeApiError as error:
+                why = error.message
+                if error.status == 403:
+                    why += f"; to fix: let gpufleet make pods in namespace {namespace} (deploy/kubernetes/team)"
+                elif error.status == 404:
+                    why += f"; to fix: create namespace {namespace}, the namespace of queue {job.queue}"
+                self._fail(job.id, attempt, 126, f"cannot make its pods: {why}")
+
+        self._pool.submit(make)
+
+    def _create(self, path: str, body: Mapping[str, object]) -> None:
+        try:
+            self.api.create(path, body)
+        except KubeApiError as error:
+            if error.status != 409:  # made before a restart
+                raise
+
+    def _fail(self, job_id: JobId, attempt: int, code: int, why: str) -> None:
+        """The attempt cannot run at all: it exits with `code` (no retry makes pods a namespace refuses)."""
+        log.warning("kubernetes: job %s: %s", job_id, why)
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.attempt != attempt or job.done:
+                return
+            job.done = True
+        self._finish(job_id)
+        self.inbox.emit((job_id, attempt), ObservationKind.EXITED, exit_code=code, detail=why)
+
+    def _finish(self, job_id: JobId) -> None:
+        """An own job's attempt is over: its pods are forgotten (the next attempt makes new ones), its Service goes."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is None or not job.own:
+            return
+        self.fleet.release(job_id)
+        if len(job.workers) > 1:
+            name = dns_name(f"{job_id}-a{job.attempt}")
+
+            def delete() -> None:
+                try:
+                    self.api.call("DELETE", f"/api/v1/namespaces/{job.namespace}/services/{name}")
+                except KubeApiError as error:
+                    if error.status != 404:
+                        log.warning("kubernetes: deleting service %s failed: %s", name, error)
+
+            self._pool.submit(delete)
 
     def _bind(self, job_id: JobId, attempt: int, pod: PodInfo, node: str) -> None:
         for tries in range(5):
@@ -208,6 +295,14 @@ class KubernetesBackend:
         plane died between writing the placement and binding), gone ones cancel their job."""
         for launch in live:
             job_id = launch.job.id
+            if launch.job.run is not None:
+                with self._lock:
+                    self._jobs[job_id] = _Job(
+                        job_id, launch.attempt, launch.workers, own=True, namespace=launch.job.queue
+                    )
+                self._make_pods(launch, missing_only=True)
+                self.pods_changed(job_id)
+                continue
             pods = self.fleet.pods_of(job_id)
             if pods and all(pod is not None and pod.node for pod in pods):
                 with self._lock:
@@ -228,6 +323,7 @@ class KubernetesBackend:
 
     def pods_changed(self, job_id: JobId) -> None:
         """A pod of the job changed: what that makes of the job."""
+        keys = self.fleet.pod_keys(job_id)
         pods = self.fleet.pods_of(job_id)
         cancel: str | None = None
         leftovers: list[PodInfo] = []
@@ -236,13 +332,15 @@ class KubernetesBackend:
             if job is None or job.done:
                 return
             key = (job_id, job.attempt)
+            job.seen.update(k for k, pod in zip(keys, pods, strict=False) if pod is not None)
+            gone = [k for k, pod in zip(keys, pods, strict=False) if pod is None and k in job.seen]
             present = [pod for pod in pods if pod is not None]
             failed = [pod for pod in present if pod.phase == "Failed"]
             if job.stopping:
                 if all(pod is None or pod.ended for pod in pods):
                     job.done = True
                     self.inbox.emit(key, ObservationKind.STOPPED, detail="its pods are gone")
-            elif len(present) < len(pods) or any(pod.deleting for pod in present):
+            elif gone or any(pod.deleting for pod in present):
                 deleting = [pod.key for pod in present if pod.deleting]
                 what = f"pod {deleting[0]} is being deleted" if deleting else "a pod of it was deleted"
                 cancel = f"{what} (not by gpufleet)"
@@ -253,9 +351,18 @@ class KubernetesBackend:
                 detail = f"pod {failed[0].key} failed" if failed else ""
                 self.inbox.emit(key, ObservationKind.EXITED, exit_code=code, detail=detail)
                 leftovers = [pod for pod in present if not pod.ended]
-            elif not job.started and present and all(pod.phase == "Running" and pod.node for pod in present):
+            elif (
+                not job.started
+                and len(present) == len(pods)
+                and present
+                and all(pod.phase == "Running" and pod.node for pod in present)
+            ):
                 job.started = True
                 self.inbox.emit(key, ObservationKind.STARTED)
+        with self._lock:
+            ended = job.done
+        if ended:
+            self._finish(job_id)
         for pod in leftovers:
             self._delete(pod, 0)  # a gang's pods still running after one failed hold GPUs nobody counts
         if cancel is not None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpufleet.adapters.kubernetes.informer import Informer
 from gpufleet.adapters.kubernetes.kube_api import KubeApi, KubeApiError
 from gpufleet.adapters.kubernetes.objects import (
+    JOB_ID_LABEL,
     GroupKey,
     ObjectError,
     PodInfo,
@@ -95,6 +96,7 @@ class KubeFleet:
         self._pod_job: dict[str, JobId] = {}  # our pods that are part of a job
         self._job_pods: dict[JobId, list[str]] = {}  # the job's pods, by rank
         self._known: set[JobId] = set()  # jobs the store has (submitted now or before)
+        self._own: set[JobId] = set()  # jobs whose pods gpufleet makes (`expect`)
         self._bad: dict[str, str] = {}  # pods that cannot be a job, and why (said once)
         self._said: dict[str, _Said] = {}
         self._pod_groups: dict[tuple[str, str], int | str] = {}  # PodGroup minMember, or why it is unreadable
@@ -321,6 +323,8 @@ class KubeFleet:
             for pod in self._pods.values():
                 if not pod.ours or pod.key in self._pod_job or pod.deleting or pod.ended:
                     continue
+                if JOB_ID_LABEL in pod.labels:
+                    continue  # made by gpufleet for a job it was given: never a job of its own
                 try:
                     group = group_of(pod)
                 except ObjectError as bad:
@@ -376,6 +380,25 @@ class KubeFleet:
             for pod in pods:
                 self._pod_job[pod.key] = job_id
         self._tell_backend(job_id)
+
+    def expect(self, job_id: JobId, keys: Sequence[str]) -> None:
+        """The pods gpufleet makes for a job it was given (`pod_specs`): theirs, by rank, before they exist."""
+        with self._lock:
+            self._known.add(job_id)
+            self._own.add(job_id)
+            for old in self._job_pods.get(job_id, ()):
+                self._pod_job.pop(old, None)
+            self._job_pods[job_id] = list(keys)
+            for key in keys:
+                self._pod_job[key] = job_id
+
+    def release(self, job_id: JobId) -> None:
+        """Forget an own job's pods: its attempt ended (a next one makes new pods)."""
+        with self._lock:
+            for key in self._job_pods.pop(job_id, ()):
+                self._pod_job.pop(key, None)
+            self._nodes_changed = True
+        self._dirty.set()
 
     def _pod_group_size(self, key: tuple[str, str]) -> int | str:
         """A coscheduling PodGroup's minMember, or why it cannot be read."""
@@ -443,7 +466,7 @@ class KubeFleet:
             job_id = record.job.id
             with self._lock:
                 keys = self._job_pods.get(job_id)
-                if keys is None:
+                if keys is None or job_id in self._own:
                     continue
                 pods = [self._pods.get(key) for key in keys]
             if job_id not in live and any(p is None or p.deleting for p in pods):

@@ -5,7 +5,7 @@
     cluster.add_nodes(nodes)         gpufleet `Node`s as kwok Nodes: nvidia.com/gpu, GPU feature discovery labels
     cluster.stop()
 
-kwok is the kubelet of the fake nodes. Its Stages (`KWOK_STAGES`) give their pods a life: bound, a pod runs
+kwok is the kubelet of the fake nodes. Its Stages (`kwok_stages.py`) give their pods a life: bound, a pod runs
 (containers started and ready) until deleted; annotated `gpufleet.io/kwok-run-s: "S"` it succeeds S seconds after
 its start; annotated `gpufleet.io/kwok-exit-code: "N"` (N != 0) it fails with exit code N (after S seconds, or at
 once). A deleted pod (an eviction, a graceful delete) stays Terminating until its grace period ends. The API keeps
@@ -35,13 +35,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpufleet.adapters.kubernetes.kwok_stages import KWOK_STAGES
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import GpufleetError
 
 RELEASE = "v1.37.2"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"  # kwok manages the nodes that carry it with the value "fake"
-RUN_S_ANNOTATION = "gpufleet.io/kwok-run-s"
-EXIT_CODE_ANNOTATION = "gpufleet.io/kwok-exit-code"
 KWOK_USER = "gpufleet-testenv:kwok"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 SERVICE_CIDR = "10.0.0.0/24"
@@ -110,7 +109,7 @@ def build(echo: Callable[[str], None] = print) -> BuildResult:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (missing := _missing(target)):
             return BuildResult(target, 0.0, cached=True)
-        if (go := shutil.which("go")) is None:
+        if (go := shutil.which("go") or _installed_go()) is None:
             raise GpufleetError(
                 f"the Go toolchain (`go`) is not on PATH, and {target} lacks {', '.join(missing)}: the Kubernetes "
                 "test cluster is built from the Go modules in tools/k8s",
@@ -133,10 +132,16 @@ def build(echo: Callable[[str], None] = print) -> BuildResult:
         return BuildResult(target, seconds, cached=False)
 
 
+def _installed_go() -> str | None:
+    """Go where its installer puts it, for a shell whose PATH lacks it (a CI runner's)."""
+    default = Path("/usr/local/go/bin/go")
+    return str(default) if os.access(default, os.X_OK) else None
+
+
 def _go_build(go: str, module: str, names: list[str], out: Path, echo: Callable[[str], None]) -> None:
     # One package builds to a file of our name (etcd's package would name it "v3"), several into a folder.
     output = str(out / names[0]) if len(names) == 1 else f"{out}{os.sep}"
-    command = [go, "build", "-trimpath", f"-ldflags={LDFLAGS[module]}", "-o", output]
+    command = [go, "build", "-trimpath", "-buildvcs=false", f"-ldflags={LDFLAGS[module]}", "-o", output]
     command += [BINARIES[name][1] for name in names]
     folder, log, started = tools_dir() / module, out / f"build-{module}.log", time.monotonic()
     echo(f"k8s testenv: building {', '.join(names)} in {folder}")
@@ -229,142 +234,6 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path, user: Mapping[str, 
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_secret(path, yaml.safe_dump(config, sort_keys=False).encode())
     return path
-
-
-# --- kwok ---------------------------------------------------------------------------------------------
-
-# Placeholders are @…@, so that the braces of kwok's Go templates stay as they are.
-_POD_ENDED = """\
-      conditions:
-      - {type: Ready, status: "False", reason: @REASON@, lastTransitionTime: {{ Now | Quote }}}
-      - {type: ContainersReady, status: "False", reason: @REASON@, lastTransitionTime: {{ Now | Quote }}}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: false, started: false, restartCount: 0,
-         state: {terminated: {exitCode: @EXIT_CODE@, reason: @TERMINATED@,
-                              startedAt: {{ $.status.startTime | Quote }}, finishedAt: {{ Now | Quote }}}}}
-      {{ end }}
-      phase: @PHASE@"""
-_POD_ENDS = """\
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {jq: {key: .metadata.deletionTimestamp, operator: DoesNotExist}}
-    - {jq: {key: .status.phase, operator: In, values: [Running]}}
-    - {jq: {key: '.metadata.annotations["@EXIT@"] // "0"', operator: @OP@, values: ["0"]}}
-    - {jq: {key: '.metadata.annotations["@RUN_S@"] // .metadata.annotations["@EXIT@"]', operator: Exists}}
-  # The time kwok counts the delay down to, from the pod's start (whole seconds, a fraction of run-s rounded up):
-  # kwok works a delay out anew at every change of the pod, and a delay of run-s would start again each time.
-  delay: {durationMilliseconds: 0, durationFrom: {jq: {expression: '(.status.startTime | fromdateiso8601)
-    + (.metadata.annotations["@RUN_S@"] // "0" | tonumber) | ceil | todateiso8601'}}}
-  next:
-    statusTemplate: |"""
-_KWOK_STAGES = """\
-# Nodes: Ready at once, keeping the capacity, labels and status.images they were created with; kwok keeps
-# their lease (node-lease-duration-seconds), which is all a kubelet's heartbeat is nowadays.
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: node-initialize}
-spec:
-  resourceRef: {apiGroup: v1, kind: Node}
-  selector:
-    matchExpressions:
-    - {jq: {key: '.status.conditions.[] | select(.type == "Ready") | .status', operator: NotIn, values: ["True"]}}
-  next:
-    statusTemplate: |
-      conditions:
-      {{ range NodeConditions }}
-      - {type: {{ .type | Quote }}, status: {{ .status | Quote }}, reason: {{ .reason | Quote }},
-         message: {{ .message | Quote }}, lastHeartbeatTime: {{ Now | Quote }}, lastTransitionTime: {{ Now | Quote }}}
-      {{ end }}
-      addresses:
-      - {address: {{ NodeIP | Quote }}, type: InternalIP}
-      - {address: {{ NodeName | Quote }}, type: Hostname}
-      phase: Running
----
-# Pods bound to a kwok node: Running, containers started and ready, until deleted or ended below.
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: pod-ready}
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {jq: {key: .metadata.deletionTimestamp, operator: DoesNotExist}}
-    - {jq: {key: .status.phase, operator: In, values: [Pending]}}
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      - {type: Ready, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      - {type: ContainersReady, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      {{ range .spec.readinessGates }}
-      - {type: {{ .conditionType | Quote }}, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      {{ end }}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: true, started: true, restartCount: 0,
-         state: {running: {startedAt: {{ $now | Quote }}}}}
-      {{ end }}
-      {{ with .spec.initContainers }}
-      initContainerStatuses:
-      {{ range . }}
-      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: true, restartCount: 0,
-         state: {terminated: {exitCode: 0, reason: Completed, finishedAt: {{ $now | Quote }}}}}
-      {{ end }}
-      {{ end }}
-      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
-      {{ with .metadata }}
-      podIP: {{ PodIPWith $.spec.nodeName (or $.spec.hostNetwork false) .uid .name .namespace | Quote }}
-      {{ end }}
-      phase: Running
-      startTime: {{ $now | Quote }}
----
-# Annotated pods end: Succeeded after run-s seconds, or Failed with a non-zero exit-code (after run-s, or at once).
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: pod-succeed}
-spec:
-@SUCCEED@
-@SUCCEEDED@
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: pod-fail}
-spec:
-@FAIL@
-@FAILED@
----
-# A deleted pod goes when its grace period ends (the delay counts down to its deletionTimestamp), as a kubelet
-# removes it once its containers stopped; kwok's stock stage picks a random moment before that instead.
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: pod-delete}
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {jq: {key: .metadata.deletionTimestamp, operator: Exists}}
-  delay: {durationMilliseconds: 0, durationFrom: {jq: {expression: .metadata.deletionTimestamp}}}
-  next:
-    delete: true
-"""
-
-
-def _fill(text: str, **values: str) -> str:
-    for key, value in values.items():
-        text = text.replace(f"@{key}@", value)
-    return text
-
-
-_SUCCEEDED = _fill(_POD_ENDED, REASON="PodCompleted", EXIT_CODE="0", TERMINATED="Completed", PHASE="Succeeded")
-_EXIT_CODE = '{{ index $.metadata.annotations "@EXIT@" | atoi }}'
-_FAILED = _fill(_POD_ENDED, REASON="PodFailed", EXIT_CODE=_EXIT_CODE, TERMINATED="Error", PHASE="Failed")
-_STAGES = _fill(_KWOK_STAGES, SUCCEED=_fill(_POD_ENDS, OP="In"), FAIL=_fill(_POD_ENDS, OP="NotIn"))
-KWOK_STAGES = _fill(
-    _fill(_STAGES, SUCCEEDED=_SUCCEEDED, FAILED=_FAILED), RUN_S=RUN_S_ANNOTATION, EXIT=EXIT_CODE_ANNOTATION
-)
 
 
 # --- nodes --------------------------------------------------------------------------------------------

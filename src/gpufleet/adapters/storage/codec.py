@@ -92,6 +92,7 @@ def encode_run(run: RunSpec) -> Json:
         "grace_s": _float_out(run.grace_s),
         "max_runtime_s": _opt_float_out(run.max_runtime_s),
         "retries": run.retries,
+        "image": run.image,
     }
 
 
@@ -104,6 +105,7 @@ _RUN_READERS: dict[str, Callable[[Any], Any]] = {
     "grace_s": _float_in,
     "max_runtime_s": _opt_float_in,
     "retries": int,
+    "image": str,
 }
 
 
