@@ -27,13 +27,18 @@ def test_pods_are_bound_run_and_end_as_their_containers_do(pods: Pods, plane: Pl
         time.sleep(0.2)
 
 
+def condition_message(pod: dict[str, Any] | None) -> str:
+    conditions = (pod or {}).get("status", {}).get("conditions") or []
+    return " ".join(c.get("message", "") for c in conditions if c["type"] == "PodScheduled")
+
+
 def test_a_gang_is_bound_all_or_nothing(pods: Pods) -> None:
     group = {"kueue.x-k8s.io/pod-group-name": "llm"}
     total = {"kueue.x-k8s.io/pod-group-total-count": "3"}
     pods.make("llm-0", gpus=8, labels=group, annotations=total)
     pods.make("llm-1", gpus=8, labels=group, annotations=total)
-    time.sleep(3)
-    assert not bound(pods.get("llm-0"))
+    waiting = pods.wait("llm-0", lambda p: "2 of its 3 pods exist" in condition_message(p), timeout_s=20)
+    assert not bound(waiting)
     assert not bound(pods.get("llm-1"))
     pods.make("llm-2", gpus=8, labels=group, annotations=total)
     nodes = {pods.wait(f"llm-{i}", bound)["spec"]["nodeName"] for i in range(3)}  # type: ignore[index]

@@ -20,11 +20,17 @@ def readme_block(language: str, start: str) -> str:
 
 def test_the_readmes_kubectl_commands_apply_as_written(k8s_cluster: Any, admin: KubeApi) -> None:
     commands = readme_block("bash", "kubectl apply -k")
-    for line in commands.splitlines():
-        words = line.split("#")[0].split()
-        if words and words[0] == "kubectl":
-            done = k8s_cluster.kubectl(*words[1:], check=False)
-            assert done.returncode == 0, f"{line}: {done.stderr}"
+    try:
+        for line in commands.splitlines():
+            words = line.split("#")[0].split()
+            if words and words[0] == "kubectl":
+                done = k8s_cluster.kubectl(*words[1:], check=False)
+                assert done.returncode == 0, f"{line}: {done.stderr}"
+        deployment = admin.call("GET", "/apis/apps/v1/namespaces/gpufleet-system/deployments/gpufleet")
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "gpufleet"
+    finally:
+        # No image of gpufleet runs here: the Deployment's pod would wait forever (and its ReplicaSet make another).
+        k8s_cluster.kubectl("-n", "gpufleet-system", "delete", "deployment/gpufleet", "pvc/gpufleet-data", check=False)
 
 
 def test_the_readmes_pod_is_bound_by_gpufleet(admin: KubeApi, plane: Plane, pods: Pods) -> None:

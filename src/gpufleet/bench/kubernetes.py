@@ -177,7 +177,9 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def run(node_count: int, pod_count: int, seed: int = 0, timeout_s: float = 900.0) -> dict[str, Any]:
+def run(
+    node_count: int, pod_count: int, seed: int = 0, timeout_s: float = 900.0, scheduler_qps: float | None = None
+) -> dict[str, Any]:
     from gpufleet.adapters.kubernetes.kube_api import KubeApi
     from gpufleet.adapters.kubernetes.testenv import TestCluster, build
     from gpufleet.bench.api import LocalServer
@@ -193,13 +195,14 @@ def run(node_count: int, pod_count: int, seed: int = 0, timeout_s: float = 900.0
         "gpus_asked": sum(pod.gpus for pod in pods),
         "workload": f"synthetic whole-GPU pods, seed {seed}",
         "build_cached": built.cached,
+        "kube_scheduler_qps": scheduler_qps if scheduler_qps is not None else "default (50, bursts of 100)",
     }
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-k8s-") as scratch:
         cluster = TestCluster(Path(scratch) / "cluster", built.bin_dir, echo=_to_stderr)
         cluster.start()
         try:
             api = KubeApi(cluster.admin_kubeconfig, pool_size=32)
-            cluster.add_nodes(nodes, timeout_s=max(60.0, node_count / 10))
+            cluster.add_nodes(nodes, timeout_s=max(60.0, node_count * 0.6))
             cluster.ensure_namespace(NAMESPACE)
             for scheduler in ("kube_scheduler", "gpufleet"):
                 watch = BindWatch(api)
@@ -208,7 +211,7 @@ def run(node_count: int, pod_count: int, seed: int = 0, timeout_s: float = 900.0
                 watch.start()
                 started = time.monotonic()
                 if scheduler == "kube_scheduler":
-                    cluster.start_scheduler()
+                    cluster.start_scheduler(scheduler_qps)
                     server = None
                 else:
                     server = LocalServer(

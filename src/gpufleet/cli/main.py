@@ -269,13 +269,16 @@ def bench_kubernetes(
     nodes: int = typer.Option(100, min=1, help="kwok GPU nodes (8 GPUs each, three models)."),
     pods: int = typer.Option(1000, min=1, help="Pending whole-GPU pods each scheduler binds."),
     seed: int = typer.Option(0, help="Seed of the synthetic pod mix."),
+    scheduler_qps: float | None = typer.Option(
+        None, help="kube-scheduler's client rate limit to the API server [default: its own, 50/s]."
+    ),
     as_json: bool = typer.Option(True, "--json/--no-json", help="Print one JSON object (default)."),
 ) -> None:
     """gpufleet and kube-scheduler bind the same pods on one real API server: pods/s and GPUs allocated."""
     from gpufleet.bench import kubernetes as k8s_bench
 
     try:
-        result = k8s_bench.run(nodes, pods, seed)
+        result = k8s_bench.run(nodes, pods, seed, scheduler_qps=scheduler_qps)
     except GpufleetError as error:
         fail(error)
         return

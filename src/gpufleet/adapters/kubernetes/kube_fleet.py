@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpufleet.adapters.kubernetes.informer import Informer
@@ -55,6 +55,7 @@ WAITING_REASON = "Unschedulable"
 QUOTA_NAME = "gpufleet-gpus"  # the ResourceQuota gpufleet writes in each team namespace
 PUBLISH_S = 0.2
 REASONS_S = 2.0
+REASONS_PER_PASS = 500
 
 
 class JobStore(Protocol):
@@ -71,13 +72,6 @@ class JobStore(Protocol):
     def queues(self) -> tuple[QueueSpec, ...]: ...
 
     def cluster_version(self) -> int: ...
-
-
-@dataclass
-class _Said:
-    """What was last written to a pod, so that nothing is written twice."""
-
-    reason: str = ""
 
 
 class KubeFleet:
@@ -98,7 +92,8 @@ class KubeFleet:
         self._known: set[JobId] = set()  # jobs the store has (submitted now or before)
         self._own: set[JobId] = set()  # jobs whose pods gpufleet makes (`expect`)
         self._bad: dict[str, str] = {}  # pods that cannot be a job, and why (said once)
-        self._said: dict[str, _Said] = {}
+        self._said: dict[str, str] = {}  # the reason last written to each waiting pod
+        self._writers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpufleet-k8s-say")
         self._pod_groups: dict[tuple[str, str], int | str] = {}  # PodGroup minMember, or why it is unreadable
         self._published: tuple[Node, ...] | None = None
         self._nodes_changed = True
@@ -148,6 +143,7 @@ class KubeFleet:
     def close(self) -> None:
         self._halt.set()
         self._dirty.set()
+        self._writers.shutdown(wait=False, cancel_futures=True)
 
     # -- what the watches tell ------------------------------------------------------------------------------
 
@@ -345,8 +341,13 @@ class KubeFleet:
                 for pod in pods:
                     self._bad_pod(pod, size)
                 continue
-            if len(pods) < size:
-                continue  # the rest of the gang is not there yet
+            if len(pods) < size:  # the rest of the gang is not there yet
+                why = f"pod group {key[1]}: {len(pods)} of its {size} pods exist; gpufleet binds them all at once"
+                for pod in pods:
+                    if self._said.get(pod.key) != why:
+                        self._said[pod.key] = why
+                        self._writers.submit(self._say, pod, why)
+                continue
             ranked = rank_order(pods)[:size]
             job_id = job_id_for(key[0], key[1], min(p.uid for p in ranked))
             candidates.append((job_id, ranked))
@@ -462,6 +463,7 @@ class KubeFleet:
     def _check_jobs(self) -> None:
         """Jobs whose pods are gone are cancelled; waiting jobs' reasons reach their pods."""
         live = self.backend.live_jobs() if self.backend is not None else set()
+        due: list[tuple[PodInfo, str]] = []
         for record in self.store.active():
             job_id = record.job.id
             with self._lock:
@@ -474,8 +476,13 @@ class KubeFleet:
                 continue
             if record.state is JobState.PENDING and record.waiting_reason:
                 for pod in pods:
-                    if pod is not None and not pod.node:
-                        self._say(pod, record.waiting_reason)
+                    if pod is not None and not pod.node and self._said.get(pod.key) != record.waiting_reason:
+                        due.append((pod, record.waiting_reason))
+        # Two writes per pod whose reason changed, off this thread and at most REASONS_PER_PASS a pass: 10,000
+        # pods waiting at once must not hold up the nodes and the intake for minutes.
+        for pod, reason in due[:REASONS_PER_PASS]:
+            self._said[pod.key] = reason
+            self._writers.submit(self._say, pod, reason)
 
     def request_cancel(self, job_id: JobId, why: str) -> None:
         record = self.store.get(job_id)
@@ -485,10 +492,6 @@ class KubeFleet:
         self.wake()
 
     def _say(self, pod: PodInfo, reason: str) -> None:
-        said = self._said.setdefault(pod.key, _Said())
-        if said.reason == reason:
-            return
-        said.reason = reason
         try:
             self.api.pod_condition(pod.namespace, pod.name, WAITING_REASON, reason)
             self.api.event(pod.namespace, pod.name, pod.uid, "Warning", "FailedScheduling", reason)

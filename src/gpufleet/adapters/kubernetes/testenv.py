@@ -32,6 +32,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -432,13 +433,22 @@ class TestCluster:
         if process.popen is not None:
             process.popen.wait(timeout=10)
 
-    def start_scheduler(self) -> None:
-        """kube-scheduler: the default scheduler, with its own client certificate and no leader election."""
+    def start_scheduler(self, qps: float | None = None) -> None:
+        """kube-scheduler: the default scheduler and profile, with its own client certificate and no leader election.
+        `qps`: its client's rate limit to the API server (None: its default, 50 requests/s with bursts of 100)."""
         kubeconfig, pki, port = self._kubeconfig("kube-scheduler"), self.state_dir / "pki", self.ports["kube-scheduler"]
+        config = self.state_dir / "kube-scheduler.yaml"
+        connection = f"  kubeconfig: {kubeconfig}\n"
+        if qps is not None:
+            connection += f"  qps: {qps:g}\n  burst: {max(1, int(qps * 2))}\n"
+        config.write_text(
+            "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
+            f"clientConnection:\n{connection}leaderElection:\n  leaderElect: false\n"
+        )
         self._spawn(
             "kube-scheduler",
-            f"--kubeconfig={kubeconfig} --authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig} --leader-elect=false --bind-address=127.0.0.1",
+            f"--config={config} --authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig} --bind-address=127.0.0.1",
             f"--secure-port={port} --tls-cert-file={pki / 'serving.crt'} --tls-private-key-file={pki / 'serving.key'}",
         )
         self._wait_healthy("kube-scheduler", f"https://127.0.0.1:{port}/healthz", 60)
@@ -613,20 +623,35 @@ class TestCluster:
         """A kwok Node for each gpufleet `Node` (`node_object`), with `images[name]` ((image, bytes) each) as its
         status.images (kwok's status patches keep them); returns once all are Ready and rid of the not-ready taint
         (the node lifecycle controller takes it off), so that a scheduler sees them as it would a kubelet's."""
-        core = self._api("CoreV1Api")
+        from gpufleet.adapters.kubernetes.kube_api import KubeApi, KubeApiError
+
+        api = KubeApi(self.admin_kubeconfig)
         wanted = {node.name: node_object(node, (images or {}).get(node.name, ())) for node in nodes}
-        for body in wanted.values():
-            core.create_node(body)
+
+        def create(body: dict[str, Any]) -> None:
+            try:
+                api.create("/api/v1/nodes", body)
+            except KubeApiError as error:
+                if error.status != 409:
+                    raise
+
+        # Raw JSON and many at once: a thousand nodes through the typed client took minutes.
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            list(pool.map(create, wanted.values()))
 
         def ready() -> bool:
-            listed = {n.metadata.name: n for n in core.list_node().items if n.metadata.name in wanted}
-            for node in listed.values():
-                conditions = {c.type: c.status for c in node.status.conditions or ()}
-                if conditions.get("Ready") != "True" or any(t.key == NOT_READY_TAINT for t in node.spec.taints or ()):
+            listed = [n for n in api.list("/api/v1/nodes")["items"] if n["metadata"]["name"] in wanted]
+            for node in listed:
+                conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions") or ()}
+                taints = node.get("spec", {}).get("taints") or ()
+                if conditions.get("Ready") != "True" or any(t["key"] == NOT_READY_TAINT for t in taints):
                     return False
             return len(listed) == len(wanted)
 
-        self._wait(f"{len(wanted)} kwok nodes to be Ready and untainted", ready, timeout_s)
+        try:
+            self._wait(f"{len(wanted)} kwok nodes to be Ready and untainted", ready, timeout_s)
+        finally:
+            api.close()
 
     def bind_pod(self, namespace: str, name: str, node: str) -> None:
         """Binds a pod to a node through the pods/binding subresource, as a scheduler does."""
