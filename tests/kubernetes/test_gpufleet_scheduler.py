@@ -60,6 +60,18 @@ def test_a_pod_no_node_can_hold_waits_with_gpufleets_reason_where_kubectl_shows_
     assert "FailedScheduling" in reasons
 
 
+def test_cancelling_a_waiting_pods_job_in_gpufleet_deletes_the_pod(pods: Pods, plane: Plane) -> None:
+    pods.make("unwanted", gpus=9)
+    deadline = time.monotonic() + 20
+    while "team-a/unwanted" not in plane.jobs():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    job_id = plane.jobs()["team-a/unwanted"]["id"]
+    with plane.client() as http:
+        assert http.post(f"/v1/jobs/{job_id}/cancel").status_code in (200, 202)
+    pods.wait("unwanted", lambda pod: pod is None, timeout_s=20)
+
+
 def test_a_malformed_pod_group_is_reported_on_the_pod_and_nothing_crashes(pods: Pods, plane: Plane) -> None:
     pods.make(
         "odd",

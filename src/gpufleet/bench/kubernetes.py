@@ -87,7 +87,9 @@ def pod_body(pod: BenchPod, scheduler: str) -> dict[str, Any]:
     }
     if pod.model is not None:
         spec["nodeSelector"] = {"nvidia.com/gpu.product": gpu_product(pod.model, MODEL_GIB[pod.model] * GiB)}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod.name, "namespace": NAMESPACE}, "spec": spec}
+    # gpufleet's queue by label: the control plane's own `default` queue, there before it starts.
+    meta = {"name": pod.name, "namespace": NAMESPACE, "labels": {"gpufleet.io/queue": "default"}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 class BindWatch(threading.Thread):
@@ -220,8 +222,6 @@ def run(
                         extra=("--kubernetes", str(cluster.admin_kubeconfig)),
                         ready_timeout_s=120,
                     )
-                    with server.client() as http:
-                        http.put(f"/v1/queues/{NAMESPACE}", json={})
                 try:
                     wait_settled(watch, len(pods), timeout_s)
                 finally:

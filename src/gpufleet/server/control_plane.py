@@ -826,9 +826,8 @@ def _no_image(job: Job) -> None:
 def _kubelet_isolation() -> IsolationReport:
     return IsolationReport(
         users="each job runs as its pods say (securityContext), on the kubelet of its node",
-        cgroups="the kubelet's: each pod's requests and limits",
+        cgroups="the kubelet's: each pod's requests and limits, GPUs through the NVIDIA device plugin",
         single_trust_domain=False,
-        notes=("GPUs through the NVIDIA device plugin (nvidia.com/gpu); gpufleet binds pods and runs no process",),
     )
 
 

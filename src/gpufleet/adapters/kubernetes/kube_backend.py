@@ -224,9 +224,13 @@ class KubernetesBackend:
             job = self._jobs.get(job_id)
             if job is None or job.attempt != attempt or job.done:
                 if job is None:
-                    # Never launched here (its pods are gone, or it was cancelled before a bind): nothing runs.
+                    # Never launched here (cancelled before a bind): nothing runs. Its pods, if a team made them,
+                    # go: cancelling a pod's job in gpufleet is deleting the pod.
                     self._jobs[job_id] = _Job(job_id, attempt, (), stopping=True, done=True)
                     self.inbox.emit((job_id, attempt), ObservationKind.STOPPED, detail=reason)
+                    for pod in self.fleet.pods_of(job_id):
+                        if pod is not None and not pod.ended and not pod.deleting:
+                            self._delete(pod, 0)
                 return
             again = job.stopping
             if again and grace_s >= job.stop_grace_s:
@@ -312,6 +316,10 @@ class KubernetesBackend:
                 self.launch(launch)
 
     # -- what the fleet tells -------------------------------------------------------------------------------
+
+    def launched(self, job_id: JobId) -> bool:
+        with self._lock:
+            return job_id in self._jobs
 
     def live_jobs(self) -> set[JobId]:
         with self._lock:

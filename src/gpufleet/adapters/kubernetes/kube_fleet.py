@@ -124,7 +124,10 @@ class KubeFleet:
                     "check that the API server is up and that gpufleet's credentials may list nodes and pods "
                     "(apply deploy/kubernetes)",
                 )
-        self._take_in()  # maps the pods of jobs the store already has (a restart), so they are not others' use
+        # The jobs the store has not finished: their pods are mapped, not taken in again (a restart). A pod whose job
+        # ended while the pod stayed is found by the store refusing its id again.
+        self._known.update(record.job.id for record in self.store.active())
+        self._take_in()  # maps the pods of jobs the store already has, so they are not counted as others' use
         live = self._live()
         with self._lock:
             ours = [p for p in self._pods.values() if p.ours]
@@ -354,7 +357,7 @@ class KubeFleet:
         new: list[tuple[Job, list[PodInfo]]] = []
         now = self.clock.now()
         for job_id, pods in candidates:
-            if job_id in self._known or self.store.get(job_id) is not None:
+            if job_id in self._known:
                 self._map(job_id, pods)
                 continue
             try:
@@ -464,7 +467,12 @@ class KubeFleet:
         """Jobs whose pods are gone are cancelled; waiting jobs' reasons reach their pods."""
         live = self.backend.live_jobs() if self.backend is not None else set()
         due: list[tuple[PodInfo, str]] = []
-        for record in self.store.active():
+        records = self.store.active()
+        active = {record.job.id for record in records}
+        with self._lock:
+            ended = {job_id for job_id in self._job_pods if job_id not in active and job_id not in self._own}
+        self._forget_ended(ended - live)
+        for record in records:
             job_id = record.job.id
             with self._lock:
                 keys = self._job_pods.get(job_id)
@@ -483,6 +491,25 @@ class KubeFleet:
         for pod, reason in due[:REASONS_PER_PASS]:
             self._said[pod.key] = reason
             self._writers.submit(self._say, pod, reason)
+
+    def _forget_ended(self, ended: set[JobId]) -> None:
+        """Jobs that ended leave the fleet's maps. One that ended before it ever started (cancelled while it
+        waited) takes its pods with it: a pod left pending would wait for a scheduler that no longer means to
+        place it."""
+        for job_id in ended:
+            pods = self.pods_of(job_id)
+            with self._lock:
+                for key in self._job_pods.pop(job_id, ()):
+                    self._pod_job.pop(key, None)
+            if self.backend is not None and self.backend.launched(job_id):
+                continue
+            for pod in pods:
+                if pod is not None and not pod.node and not pod.deleting:
+                    try:
+                        self.api.delete_pod(pod.namespace, pod.name, 0)
+                    except KubeApiError as error:
+                        if error.status != 404:
+                            log.warning("kubernetes: deleting pod %s of an ended job failed: %s", pod.key, error)
 
     def request_cancel(self, job_id: JobId, why: str) -> None:
         record = self.store.get(job_id)
@@ -507,6 +534,9 @@ class KubeFleet:
 
     def _warn(self, namespace: str, name: str, uid: str, why: str) -> None:
         log.warning("kubernetes: pod %s/%s: %s", namespace, name, why)
+        self._writers.submit(self._write_warning, namespace, name, uid, why)
+
+    def _write_warning(self, namespace: str, name: str, uid: str, why: str) -> None:
         try:
             self.api.pod_condition(namespace, name, "Invalid", why)
             self.api.event(namespace, name, uid, "Warning", "FailedScheduling", why)
