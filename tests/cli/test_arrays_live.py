@@ -61,7 +61,12 @@ def test_an_array_gives_each_task_its_ids_and_never_runs_more_than_its_throttle(
 
 
 def test_afterok_and_afternotok_follow_a_failed_parent(cli: Cli) -> None:
-    parent = cli("run", "--no-wait", *HERE, "--", "sh", "-c", "sleep 8; exit 3").stdout.strip()
+    # The parent fails once the test has seen its children wait (a file the test makes), not after a fixed time: on a
+    # loaded machine the five CLI calls below took longer than the eight seconds it once slept.
+    release = cli.live.shared / "release-failing-parent"
+    release.unlink(missing_ok=True)
+    wait = f"for i in $(seq 600); do [ -e {release} ] && break; sleep 0.1; done; exit 3"
+    parent = cli("run", "--no-wait", *HERE, "--", "sh", "-c", wait).stdout.strip()
     ok = cli("run", "--no-wait", *HERE, "--dependency", f"afterok:{parent}", "--", "true").stdout.strip()
     notok = cli("run", "--no-wait", *HERE, "-d", f"afternotok:{parent}", "--", "true").stdout.strip()
     chained = cli("run", "--no-wait", *HERE, "-d", f"afterany:{ok}", "--", "true").stdout.strip()
@@ -69,6 +74,7 @@ def test_afterok_and_afternotok_follow_a_failed_parent(cli: Cli) -> None:
     assert why.returncode == 0, why.stderr
     assert f"afterok:{parent}" in why.stdout, why.stdout
     assert "waiting for its dependencies" in why.stdout, why.stdout
+    release.touch()
     p, o, n, c = _jobs(cli, [parent, ok, notok, chained])
     assert p["state"] == "failed"
     assert o["state"] == "cancelled"
