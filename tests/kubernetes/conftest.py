@@ -51,7 +51,7 @@ def within(seconds: float, what: str, work: Callable[[], T]) -> T:
         signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def k8s_cluster(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[Any]:
     from gpufleet.adapters.kubernetes.testenv import TestCluster, build
 
@@ -97,7 +97,7 @@ def _deadline() -> Iterator[None]:
 # gpufleet on the cluster (tests/kubernetes/kit.py): the manifests, the pods a team makes, a running control plane.
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def admin(k8s_cluster: Any) -> Iterator[KubeApi]:
     api = KubeApi(Path(k8s_cluster.admin_kubeconfig))
     for manifest in ("namespace.yaml", "serviceaccount.yaml", "clusterrole.yaml", "clusterrolebinding.yaml"):
