@@ -10,17 +10,17 @@ Every wait has a timeout: a test over its deadline fails instead of hanging the 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from gpufleet.adapters.kubernetes.kube_api import KubeApi
 from gpufleet.domain.errors import GpufleetError
+from tests.kit.deadline import within
 from tests.kubernetes.kit import REPO, TEAMS, Plane, Pods, apply_manifest, create, fleet_nodes
 
-T = TypeVar("T")
 HERE = Path(__file__).parent
 BUILD_S = 3600.0  # a cold build of Kubernetes on two cores; minutes, but a slow module download adds more
 START_S = 180.0
@@ -32,23 +32,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.kubernetes)
-
-
-def within(seconds: float, what: str, work: Callable[[], T]) -> T:
-    """Run `work` in the main thread, failing the test when it takes longer than `seconds`."""
-
-    def expired(_signo: int, _frame: object) -> None:
-        raise TimeoutError(f"{what} took more than {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return work()
-    except TimeoutError as error:
-        pytest.fail(str(error), pytrace=False)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="package")

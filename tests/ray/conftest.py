@@ -11,20 +11,18 @@ Every wait has a timeout: a Ray cluster on a wrong address hangs rather than fai
 from __future__ import annotations
 
 import os
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 
 from gpufleet.adapters.inventory.emulated_inventory import load_inventory_yaml
+from tests.kit.deadline import within
 from tests.kit.jobusers import reachable_by_jobs, share, shared_ledger
 from tests.server.live import JOB_PROGRAM, Live
-
-T = TypeVar("T")
 
 INVENTORY = """\
 nodes:
@@ -43,24 +41,6 @@ FAST_HEALTH_CHECKS = {
 }
 CLUSTER_START_S = 180.0
 PLANE_START_S = 120.0
-
-
-def within(seconds: float, what: str, work: Callable[[], T]) -> T:
-    """Run `work` in this (the main) thread, failing the test if it takes longer than `seconds`: Ray calls may
-    hang rather than fail. (Ray installs signal handlers, so the work cannot move to another thread.)"""
-
-    def expired(_signo: int, _frame: object) -> None:
-        raise TimeoutError(f"{what} took more than {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return work()
-    except TimeoutError as error:
-        pytest.fail(str(error), pytrace=False)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="session")

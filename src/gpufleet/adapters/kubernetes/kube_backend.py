@@ -147,13 +147,19 @@ class KubernetesBackend:
     def _fail(self, job_id: JobId, attempt: int, code: int, why: str) -> None:
         """The attempt cannot run at all: it exits with `code` (no retry makes pods a namespace refuses)."""
         log.warning("kubernetes: job %s: %s", job_id, why)
+        if not self._end(job_id, attempt):
+            return
+        self._finish(job_id)
+        self.inbox.emit((job_id, attempt), ObservationKind.EXITED, exit_code=code, detail=why)
+
+    def _end(self, job_id: JobId, attempt: int) -> bool:
+        """Mark the attempt done; False when it was already (or is another attempt's)."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None or job.attempt != attempt or job.done:
-                return
+                return False
             job.done = True
-        self._finish(job_id)
-        self.inbox.emit((job_id, attempt), ObservationKind.EXITED, exit_code=code, detail=why)
+            return True
 
     def _finish(self, job_id: JobId) -> None:
         """An own job's attempt is over: its pods are forgotten (the next attempt makes new ones), its Service goes."""
@@ -208,11 +214,8 @@ class KubernetesBackend:
 
     def _lose(self, job_id: JobId, attempt: int, why: str) -> None:
         log.warning("kubernetes: job %s: %s", job_id, why)
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None or job.attempt != attempt or job.done:
-                return
-            job.done = True
+        if not self._end(job_id, attempt):
+            return
         # Pods of it that were bound hold resources the scheduler no longer counts: they go.
         for pod in self.fleet.pods_of(job_id):
             if pod is not None and pod.node:
