@@ -19,7 +19,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -422,11 +422,3 @@ class KubernetesBackend:
             for job_id, attempt in running:
                 self.stop(job_id, attempt, grace_s, "the control plane stopped with --stop-jobs")
         self._pool.shutdown(wait=True, cancel_futures=False)
-
-    def counts(self) -> Mapping[str, int]:
-        with self._lock:
-            return {"binds": self.binds, "conflicts": self.conflicts, "live": len(self.live_jobs())}
-
-    def wait_idle(self, jobs: Iterable[JobId] = ()) -> None:
-        """For tests and the benchmark: until the binds asked so far are done."""
-        self._pool.submit(lambda: None).result()

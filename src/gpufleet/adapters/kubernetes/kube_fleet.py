@@ -34,7 +34,6 @@ from gpufleet.adapters.kubernetes.objects import (
     job_for_pods,
     job_id_for,
     node_from_k8s,
-    node_images,
     pod_info,
     rank_order,
 )
@@ -235,11 +234,6 @@ class KubeFleet:
     def pod_keys(self, job_id: JobId) -> list[str]:
         with self._lock:
             return list(self._job_pods.get(job_id, ()))
-
-    def images_on(self, node: str) -> dict[str, int]:
-        with self._lock:
-            raw = self._raw_nodes.get(node)
-            return node_images(raw) if raw is not None else {}
 
     def nodes(self) -> tuple[Node, ...]:
         live = self._live()

@@ -128,16 +128,6 @@ def node_from_k8s(obj: Mapping[str, Any], held_by_others: Usage = Usage(), highe
     )
 
 
-def node_images(obj: Mapping[str, Any]) -> dict[str, int]:
-    """The images a node holds (`status.images`): every name of each, with its size in bytes."""
-    held: dict[str, int] = {}
-    for image in (obj.get("status") or {}).get("images") or ():
-        size = int(image.get("sizeBytes") or 0)
-        for image_name in image.get("names") or ():
-            held[image_name] = size
-    return held
-
-
 @dataclass(frozen=True, slots=True)
 class PodInfo:
     """What gpufleet reads of a pod."""
