@@ -366,6 +366,28 @@ def test_a_crashed_runs_leftover_tmpfs_is_swept_at_start(iso: Isolated, groups: 
     assert not leftover.exists()
 
 
+def test_a_tmpfs_mounted_without_its_folders_by_a_killed_control_plane_is_made_whole(
+    iso: Isolated, groups: cg.Cgroups
+) -> None:
+    """kill -9 between the attempt's tmpfs mount and its `tmp/` and `shm/`: the next start finds the tmpfs mounted
+    and must still give the worker a /tmp and /dev/shm it can write (it once failed with 'mount bind on /dev/shm:
+    No such file or directory')."""
+    tenants = Tenants(iso, groups)
+    half = tenants.backend.layout.attempt_tmp("half", 1)
+    tenants.tmp_root.mkdir(mode=0o700, exist_ok=True)
+    namespaces.attempt_tmp(str(half), 8 * MiB)
+    (half / "shm").rmdir()
+    (half / "tmp").chmod(0o700)  # made, but killed before its mode was set
+    result, name = iso.out("half"), f"gpufleet-test-{secrets.token_hex(3)}"
+    restarted = iso.backend(tenants.isolation())
+    restarted.launch(tenants.launch("half", tenants.run("shm", result, None, name, "1"), "pt-a"))
+    seen = wait_for(restarted, ended("half"))
+    assert only(seen, "half", K.EXITED).exit_code == 0, seen
+    found = read_out(result)
+    assert (found["written"], found["error"]) == (1, None)
+    assert found["shm_dev"] == found["tmp_dev"] != os.stat("/dev/shm").st_dev
+
+
 def test_a_working_folder_under_tmp_is_refused_with_the_reason(iso: Isolated, groups: cg.Cgroups) -> None:
     tenants = Tenants(iso, groups)
     # The folder exists in the host's /tmp, not in the job's.

@@ -94,7 +94,11 @@ def test_kill_9_during_submits_loses_and_duplicates_nothing(tmp_path: Path) -> N
     duplicated = sorted(name for name, count in names.items() if count > 1)
     by_name = {j["name"]: j for j in listed}
     lost = sorted(name for name, job_id in told.items() if by_name.get(name, {}).get("id") != job_id)
-    unfinished = sorted(j["name"] for j in listed if j["state"] != "succeeded")
+    # Name, state and the job's own words, so that a failure says which way it went wrong.
+    unfinished = sorted(
+        f'{j["name"]}: {j["state"]} {json.dumps({k: v for k, v in j.items() if k not in ("command", "env")})}'
+        for j in listed if j["state"] != "succeeded"
+    )  # fmt: skip
     runs = Counter(line.split()[0] for line in ledger.read_text().splitlines() if line.strip())
     twice = sorted(job_id for job_id, count in runs.items() if count > 1)
     figures = {

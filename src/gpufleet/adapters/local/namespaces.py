@@ -148,16 +148,16 @@ def attempt_tmp(path: str, size: int) -> None:
     if not os.path.ismount(path):
         os.makedirs(path, mode=0o700, exist_ok=True)
         _mount(SOURCE, path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=0700,{option}")
-        for name in (TMP, SHM):
-            folder = os.path.join(path, name)
-            os.mkdir(folder)
-            os.chmod(folder, 0o1777)  # as the host's /tmp and /dev/shm: sticky, for the attempt's one user
-        return
-    if size <= 0:
-        return
-    st = os.statvfs(path)
-    if size > st.f_blocks * st.f_frsize:
-        _mount(SOURCE, path, None, _MS_REMOUNT | _MS_NOSUID | _MS_NODEV, option)
+    elif size > 0:
+        st = os.statvfs(path)
+        if size > st.f_blocks * st.f_frsize:
+            _mount(SOURCE, path, None, _MS_REMOUNT | _MS_NOSUID | _MS_NODEV, option)
+    # Made (or made whole) on every call: a control plane killed between the mount and these leaves a tmpfs
+    # without them, and the next start's workers would find no /dev/shm to bind.
+    for name in (TMP, SHM):
+        folder = os.path.join(path, name)
+        os.makedirs(folder, exist_ok=True)
+        os.chmod(folder, 0o1777)  # as the host's /tmp and /dev/shm: sticky, for the attempt's one user
 
 
 def release(path: str) -> None:
