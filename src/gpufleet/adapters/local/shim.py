@@ -189,6 +189,8 @@ def _become_command(spec: dict[str, Any], cgroup: list[str], into: int, report: 
     except OSError as error:
         code = 127 if isinstance(error, FileNotFoundError) else 126
         message = f"cannot {step}: {error.strerror}"
+        if error.filename and str(error.filename) not in step:
+            message += f" ({error.filename})"
         if code == 127 and spec.get("private_tmp") and ("'/tmp/" in step or "'/dev/shm/" in step):
             message += (
                 " (each job attempt has a private /tmp and /dev/shm: put the job's files in its working folder "
