@@ -78,3 +78,14 @@ def test_the_readme_set_example_builds_the_spec_it_shows() -> None:
     sets = re.findall(r"--set (\S+?=(?:'[^']*'|\S+))", line)
     spec = apply_sets({}, [s.replace("'", "") for s in sets])
     assert spec == {"command": ["python3", "eval.py"], "gpus": 1, "env": {"SEED": 7}}
+
+
+def test_every_policy_the_readme_names_builds() -> None:
+    from gpufleet.policies.catalog import profile
+
+    named = set(re.findall(r"--policy ([\w.+=-]+)", README.read_text()))
+    assert "fifo-backfill+reserve=2h" in named
+    for name in sorted(named):
+        built = profile(name)
+        assert built.name == name
+    assert profile("fifo-backfill+reserve=2h").reserve_after_s == 7200.0

@@ -609,6 +609,10 @@ REPRODUCE_OPTIONS: dict[str, dict[str, str]] = {
     "pollux": {"load": "load=1.5 (arrivals scaled; default 1)"},
     "gavel-jobs": {"lists": "lists=DIR (Gavel's generated job lists)", "only": "only=single_5.6 (lists named so)"},
     "pollux-loads": {"loads": "loads=0.5,1,1.5,2"},
+    "starvation": {
+        "reserve": "reserve=2h (the +reserve= threshold compared)",
+        "only": "only=gang-stream,philly-december,openb",
+    },
 }
 
 
@@ -674,7 +678,8 @@ def _reproduce(
             f"--set {', '.join(unknown)} does not apply to --reproduce {name}", f"{takes}; drop the others"
         )
     kwargs |= {
-        key: str(value) if key in ("pods", "window", "lists", "only") else value for key, value in options.items()
+        key: str(value) if key in ("pods", "window", "lists", "only", "reserve") else value
+        for key, value in options.items()
     }
     if "loads" in kwargs:
         kwargs["loads"] = parse_loads(str(kwargs["loads"]))

@@ -129,6 +129,13 @@ class Reconciler:
         self.learning = Learning(profile.learner)
         self.inventory = InventoryCache()  # the node inventory's table and memo, kept across rebuilds
         self.nominated: set[JobId] = set()
+        # Jobs with a start reserved by the last cycle (`Profile.reserve_after_s`): decided in every cycle, so that
+        # their room is held whenever other jobs are placed.
+        self.reserved: set[JobId] = set()
+        # Pending jobs by submission time, for the first to wait past `reserve_after_s` (a parked job is woken by
+        # events that may let it in; crossing the threshold is not one of them). Entries of jobs no longer pending
+        # are dropped when they reach the top.
+        self._by_age: list[tuple[float, JobId]] = []
         self._cursor = 0
         self._request_cursor = 0
         self._cluster_version = -1
@@ -191,6 +198,8 @@ class Reconciler:
         self.pending = self._pending_index()
         self.gate = holds.gate_of(self)
         self.nominated.clear()
+        self.reserved.clear()
+        self._by_age.clear()
         self._rebuild()
         self._dirty = False
 
@@ -227,7 +236,7 @@ class Reconciler:
         # while a faster one is idle): one cycle then decides no job and asks only for its moves.
         plan_moves = round_begins and self.profile.migrate is not None
         for _ in range(self.settings.max_cycles_per_step):
-            jobs = self.pending.to_decide(self.nominated)
+            jobs = self.pending.to_decide(self.nominated | self.reserved | self._aged(now))
             if not jobs and not plan_moves:
                 break
             plan_moves = False
@@ -235,6 +244,7 @@ class Reconciler:
             work = self.base.fork(now)
             work.queued = tuple(self.pending.jobs.values())
             result = decide(work, jobs, self.profile, sorted(self.nominated))
+            self.reserved = {reservation.job for reservation in result.reservations}
             report.core_seconds += time.perf_counter() - started
             report.cycles += 1
             report.decided += len(jobs)
@@ -277,6 +287,10 @@ class Reconciler:
         if self.resizer is not None and self.resizer.active:
             at = self.resizer.next_at(self.clock.now())
             retry = at if retry is None else min(retry, at)
+        after = self.profile.reserve_after_s
+        oldest = self._oldest_pending() if after is not None else None
+        if after is not None and oldest is not None and oldest[0] + after > self.clock.now():
+            retry = oldest[0] + after if retry is None else min(retry, oldest[0] + after)
         return retry
 
     def _pending_index(self) -> PendingIndex:
@@ -334,6 +348,23 @@ class Reconciler:
         self.learning.pending(job, now)
         key: SortKey = self.profile.order.job_key(job, self.base.view)
         self.pending.add(job, key)
+        if self.profile.reserve_after_s is not None:
+            heapq.heappush(self._by_age, (job.submitted_at, job.id))
+
+    def _oldest_pending(self) -> tuple[float, JobId] | None:
+        heap = self._by_age
+        while heap and heap[0][1] not in self.pending:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def _aged(self, now: float) -> set[JobId]:
+        """The job that has waited longest, once past `reserve_after_s`: decided every cycle, parked or not, so that
+        the cycle may reserve its start (`Profile.reserve_after_s`)."""
+        after = self.profile.reserve_after_s
+        oldest = self._oldest_pending() if after is not None else None
+        if after is None or oldest is None or oldest[0] > now - after:
+            return set()
+        return {oldest[1]}
 
     def _intake(self, now: float) -> None:
         submitted, self._cursor = self.store.take_submissions(self._cursor)

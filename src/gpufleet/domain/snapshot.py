@@ -65,3 +65,16 @@ class Migration:
 
     job: JobId
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A start reserved for a job that has waited too long (EASY backfill): it runs on `nodes` by `start_by`, when
+    the running jobs it waits for (`waits_for`) have ended by their run time limits; until then only jobs that end
+    before `start_by`, or that use other room, may go first. `start_by` None: one of those jobs declares no limit,
+    so the room is kept from every other job until they end (the nodes are drained for it)."""
+
+    job: JobId
+    start_by: float | None
+    nodes: tuple[str, ...]
+    waits_for: tuple[JobId, ...]

@@ -55,6 +55,11 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
     default-qssf   `default`'s order (`fair_qssf`), priority preemption and reclaim only (no LAS preemption),
                    bin_pack + topology placement
 
+Any profile takes modifiers after its name: `+reserve=DURATION` (e.g. `fifo-backfill+reserve=2h`) gives the job
+that has waited that long a reserved start (EASY backfill, `scheduling/reservation.py`): jobs that would delay it
+keep off the room it will start in. No named profile reserves by default: on Philly December x8 it cost mean JCT
+for no gain in large jobs' waits (docs/results, `starvation`).
+
 Profiles that order by QSSF (`default`, `qssf`, `default-qssf`) carry its learner (`RunTimeLearner`,
 registered as `qssf` in `LEARNER`), which the control loop feeds and whose estimates every cycle reads.
 
@@ -71,6 +76,7 @@ Two ways to give them their data:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -431,8 +437,36 @@ PROFILES: dict[str, Callable[[], Profile]] = {
 
 
 def profile(name: str, data: PolicyData | None = None) -> Profile:
-    """The named profile, with fresh plugins; data-driven plugins get `data` (default: `PolicyData()`)."""
-    builder = PROFILE_BUILDERS.get(name)
+    """The named profile, with fresh plugins; data-driven plugins get `data` (default: `PolicyData()`).
+
+    A name may end with modifiers: `+reserve=DURATION` (`fifo-backfill+reserve=1h`) gives a job that waited that
+    long a reserved start (`Profile.reserve_after_s`; DURATION in seconds, or with s, m, h or d)."""
+    base, *modifiers = name.split("+")
+    builder = PROFILE_BUILDERS.get(base)
     if builder is None:
-        raise UnknownNameError(f"no scheduling profile named {name!r}", f"use one of: {', '.join(sorted(PROFILES))}")
-    return builder(data if data is not None else PolicyData())
+        raise UnknownNameError(f"no scheduling profile named {base!r}", f"use one of: {', '.join(sorted(PROFILES))}")
+    built = builder(data if data is not None else PolicyData())
+    for modifier in modifiers:
+        key, _, value = modifier.partition("=")
+        if key != "reserve":
+            raise UnknownNameError(
+                f"profile {name!r}: no modifier {key!r}", "use +reserve=DURATION, e.g. fifo-backfill+reserve=1h"
+            )
+        built = dataclasses.replace(built, name=name, reserve_after_s=_duration(value, name))
+    return built
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(text: str, name: str) -> float:
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise UnknownNameError(
+            f"profile {name!r}: {text!r} is not a duration", "give seconds, or a number with s, m, h or d: +reserve=30m"
+        )
+    return seconds

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpufleet.domain.cluster import GpuShare, WorkerPlacement
+from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
-from gpufleet.domain.snapshot import ClusterSnapshot, Migration, Placement, Preemption
+from gpufleet.domain.snapshot import ClusterSnapshot, Migration, Placement, Preemption, Reservation
 from gpufleet.scheduling.classes import JobClass, PlacementClass, RequestClass, placement_class
 from gpufleet.scheduling.ledger import job_usage
 from gpufleet.scheduling.placer import evaluate, fits, place_gang, place_worker
 from gpufleet.scheduling.plugin_api import GangContext, JobView, Profile, RunEstimate, SortKey
+from gpufleet.scheduling.reservation import HeadReservation, free_part, reserve
 from gpufleet.scheduling.state import CycleState, InventoryCache
 from gpufleet.scheduling.status import Code, Status, unresolvable, wait
 from gpufleet.scheduling.table import WorkerArrays
@@ -38,13 +39,17 @@ class CycleResult:
     preemptions: tuple[Preemption, ...]
     waiting: Mapping[JobId, Status]
     migrations: tuple[Migration, ...] = ()  # running jobs the profile moves (`Profile.migrate`)
+    reservations: tuple[Reservation, ...] = ()  # starts reserved for jobs that waited too long (`reservation.py`)
 
     def to_json(self) -> str:
-        """Canonical serialisation: equal results give equal strings (`migrations` only when there are any)."""
+        """Canonical serialisation: equal results give equal strings (`migrations` and `reservations` only when
+        there are any)."""
         moved = {"migrations": [dataclasses.asdict(m) for m in self.migrations]} if self.migrations else {}
+        reserved = {"reservations": [dataclasses.asdict(r) for r in self.reservations]} if self.reservations else {}
         return json.dumps(
             {
                 **moved,
+                **reserved,
                 "placements": [
                     {
                         "job": p.job,
@@ -162,6 +167,15 @@ class _Cycle:
         self.searches: dict[str, int] = defaultdict(int)
         # Jobs that may have victims stopping for them: they always take the full path.
         self.claimants = {j for j, victims in state.evicting_for.items() if victims}
+        # A start reserved in this cycle for a job that waited too long: its room is held from the jobs decided
+        # after it, except those that end before it starts, which take the full path (the caches hold for the
+        # others only).
+        self.reservation: HeadReservation | None = None
+
+    def lets_in(self, job: Job) -> bool:
+        """Whether the job may use the reserved room (it ends before the reserved start)."""
+        reservation = self.reservation
+        return reservation is not None and reservation.lets(job, self.state.now)
 
     def number(self, job_class: JobClass) -> int:
         """The job class's number (given in order of first appearance)."""
@@ -189,7 +203,7 @@ class _Cycle:
         while stack:
             _, job_class, job = stack[-1]
             status = known.get(job_class)
-            if status is None or job.id in claimants:
+            if status is None or job.id in claimants or self.lets_in(job):
                 return
             stack.pop()
             waiting[job.id] = status
@@ -201,13 +215,29 @@ class _Cycle:
         free nothing until they stop), so once a request failed in a queue, the same request in
         the same queue fails again: its status is reused instead of recomputed.
         """
+        if self.lets_in(job):
+            return self._decide_in_reserved_room(job, job_class)
+        return self._decide(job, job_class, self.profile.job_specific)
+
+    def _decide_in_reserved_room(self, job: Job, job_class: int) -> bool:
+        """Decide a job that ends before the reserved start, with the reserved room given back for its turn. Its
+        outcome is its own: it neither reads nor fills the caches, which hold for jobs without that room."""
+        reservation = self.reservation
+        assert reservation is not None
+        table = self.state.table
+        reservation.release(table)
+        try:
+            return self._decide(job, job_class, True)
+        finally:
+            reservation.hold(table)
+
+    def _decide(self, job: Job, job_class: int, job_specific: bool) -> bool:
         state = self.state
         request_class = self.job_class(job_class).request_class
-        job_specific = self.profile.job_specific
         status = None if job_specific else self.failed_requests.get(request_class)
         view: JobView | None = None
         if status is None:
-            view, status = self._try(job)
+            view, status = self._try(job, job_specific)
             if status is None:
                 return True
             if not job_specific:
@@ -223,7 +253,7 @@ class _Cycle:
             )
             return False
         if status.code is Code.UNSCHEDULABLE and self.profile.preempt is not None:
-            status, settled = self._preempt(job, view, status, job_class)
+            status, settled = self._preempt(job, view, status, job_class, job_specific)
         else:
             settled = True
         if settled and not job_specific:
@@ -231,30 +261,32 @@ class _Cycle:
         self.waiting[job.id] = status
         return False
 
-    def _try(self, job: Job) -> tuple[JobView, Status | None]:
+    def _try(self, job: Job, job_specific: bool) -> tuple[JobView, Status | None]:
         """Admit and place the job (None: placed and committed), or why it does not fit now."""
         view, status = _admit(self.profile, job, self.state)
         if not status.ok:
             return view, status
         key = placement_class(job, view.model_lut.tobytes())
-        cached = self.unfit_placements.get(key)
+        cached = None if job_specific else self.unfit_placements.get(key)
         if cached is not None:
             return view, cached
         outcome = place_gang(self.profile, view, self.state, job.gang_size)
         if isinstance(outcome, Status):
-            self.unfit_placements[key] = outcome
+            if not job_specific:
+                self.unfit_placements[key] = outcome
             return view, outcome
         self._commit(job, outcome)
         return view, None
 
-    def _preempt(self, job: Job, view: JobView | None, blocked_by: Status, job_class: int) -> tuple[Status, bool]:
+    def _preempt(
+        self, job: Job, view: JobView | None, blocked_by: Status, job_class: int, job_specific: bool
+    ) -> tuple[Status, bool]:
         """Victims for the job, or why none: the status, and whether it holds for every later job of
         the same job class in this cycle (no victims were chosen).
 
         Cached by the job's class: what blocked it is the request class's one cached failure, so a
         cached answer carries this job's reasons."""
         assert self.profile.preempt is not None
-        job_specific = self.profile.job_specific
         cached = None if job_specific else self.victimless.get(job_class)
         if cached is not None:
             return cached, True
@@ -297,23 +329,7 @@ class _Cycle:
                 state.table.apply(worker, +1)
         table = state.table
         for worker in outcome:
-            node = table.index[worker.node]
-            shares = tuple(
-                GpuShare(
-                    share.index,
-                    min(share.milli, int(table.gpu_milli_free[node, share.index])),
-                    min(share.memory, int(table.gpu_mem_free[node, share.index])),
-                )
-                for share in worker.gpus
-                if table.gpu_milli_free[node, share.index] > 0
-            )
-            held = WorkerPlacement(
-                worker.node,
-                shares,
-                min(worker.cpu_milli, int(table.cpu_free[node])),
-                min(worker.memory, int(table.mem_free[node])),
-            )
-            table.apply(held, -1)
+            table.apply(free_part(table, worker), -1)
 
     def _reserve_quota(self, job: Job, victims: list[JobId]) -> None:
         """Hold the quota a job preempted for, so that others of its queue or cohort do not take it
@@ -404,11 +420,18 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
         claims, by_queue = _intake(cycle, pending, set(nominated))
         queues = _ordered(cycle, by_queue)  # keyed before anything is decided: keys see the cycle's input
         _decide_claims(cycle, claims)
+        if profile.reserve_after_s is not None:
+            _decide_starving(cycle, queues, profile.reserve_after_s)
         _decide_in_order(cycle, queues)
         migrations = _migrations(cycle)
         waiting = cycle.waiting
+        reservations = (cycle.reservation.result(),) if cycle.reservation is not None else ()
         return CycleResult(
-            tuple(cycle.placements), tuple(cycle.preemptions), {j: waiting[j] for j in sorted(waiting)}, migrations
+            tuple(cycle.placements),
+            tuple(cycle.preemptions),
+            {j: waiting[j] for j in sorted(waiting)},
+            migrations,
+            reservations,
         )
 
 
@@ -479,6 +502,49 @@ def _ordered(cycle: _Cycle, by_queue: dict[str, list[Job]]) -> dict[str, Stack]:
         keyed.sort(reverse=True)  # keys are unique (they end with the job id): nothing else is compared
         queues[name] = keyed
     return queues
+
+
+def _starving(queues: dict[str, Stack], cutoff: float) -> tuple[str, int] | None:
+    """The job that has waited longest of those submitted at `cutoff` or before and of their queue's highest
+    pending priority (age does not overtake priority; it does overtake the order inside a priority, which may
+    put small jobs first for ever): its queue and place in its stack."""
+    found: tuple[tuple[float, int, str], str, int] | None = None
+    for name in sorted(queues):
+        stack = queues[name]
+        highest = max(job.priority for _, _, job in stack)
+        for place, (_, _, job) in enumerate(stack):
+            if job.priority == highest and job.submitted_at <= cutoff:
+                key = (job.submitted_at, job.submit_seq, job.id)
+                if found is None or key < found[0]:
+                    found = (key, name, place)
+    return None if found is None else (found[1], found[2])
+
+
+def _decide_starving(cycle: _Cycle, queues: dict[str, Stack], reserve_after_s: float) -> None:
+    """The job that has waited past `reserve_after_s` longest goes before the others; if it cannot start, it gets
+    a reserved start (`reservation.py`) whose room the jobs decided after it may use only if they end first."""
+    state = cycle.state
+    starving = _starving(queues, state.now - reserve_after_s)
+    if starving is None:
+        return
+    name, place = starving
+    _, job_class, job = queues[name].pop(place)
+    if not queues[name]:
+        del queues[name]
+    if cycle.decide(job, job_class):
+        return
+    status = cycle.waiting[job.id]
+    if status.code is not Code.UNSCHEDULABLE or state.evicting_for.get(job.id):
+        return  # it can never run, or victims are stopping for it (their room is held for it already)
+    reservation = reserve(cycle.profile, job, state, cycle.what_if)
+    if reservation is None:
+        return
+    reservation.hold(state.table)
+    cycle._reserve_quota(job, list(reservation.waits_for))
+    cycle.reservation = reservation
+    cycle.waiting[job.id] = Status(
+        status.code, (*status.reasons, reservation.describe()), status.plugin, status.wake_on
+    )
 
 
 def _decide_in_order(cycle: _Cycle, queues: dict[str, Stack]) -> None:

@@ -546,6 +546,10 @@ class Profile:
     outcome of an earlier job of the same class.
     `resize`: resizes running elastic jobs (grow into idle GPUs, shrink to admit waiting jobs); the control loop
     asks it every `resize_every_s` while elastic jobs run. None: running jobs keep their size.
+    `reserve_after_s`: a job that has waited this long is decided before the others and, if it cannot start, gets a
+    reserved start (EASY backfill, `scheduling/reservation.py`): the earliest time its room frees by the running jobs'
+    run time limits, which only jobs ending before then may use meanwhile. None: no reservations (a large gang may
+    wait for ever behind a stream of small jobs).
     """
 
     name: str
@@ -564,6 +568,7 @@ class Profile:
     job_specific: bool = False
     resize: ResizePlugin | None = None
     resize_every_s: float = 60.0
+    reserve_after_s: float | None = None
 
     @property
     def local_scores(self) -> bool:
@@ -583,4 +588,6 @@ class Profile:
             parts.append(f"learner={self.learner.name}")
         if self.resize is not None:
             parts.append(f"resize={self.resize.name}")
+        if self.reserve_after_s is not None:
+            parts.append(f"reserve-after={self.reserve_after_s:g}s")
         return ", ".join(parts)

@@ -42,6 +42,7 @@ from gpufleet.sim.prices import PriceTable
 from gpufleet.sim.reproduce_base import chosen_policies, data_folder, ratio, rounded
 from gpufleet.sim.reproduce_gavel_jobs import reproduce_gavel_jobs
 from gpufleet.sim.reproduce_pollux import reproduce_pollux
+from gpufleet.sim.starvation_study import reproduce_starvation
 from gpufleet.sim.workload import WorkloadError
 from gpufleet.sim.workloads import (
     fgd_workload,
@@ -640,4 +641,5 @@ REPRODUCTIONS: Mapping[str, Callable[..., Comparison]] = {
     "gavel-jobs": reproduce_gavel_jobs,
     "pollux": reproduce_pollux,
     "pollux-loads": partial(reproduce_pollux_loads, reproduce_pollux=reproduce_pollux),
+    "starvation": reproduce_starvation,
 }
