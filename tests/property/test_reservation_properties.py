@@ -35,8 +35,8 @@ def test_every_result_keeps_the_invariants_with_reservations(world: World, data:
     policy = dataclasses.replace(profile(world.profile_name), reserve_after_s=0.0)
     result = run_cycle(snapshot, pending, policy)
     check_all(snapshot, pending, result, policy)
-    assert len(result.reservations) <= 1
-    for reservation in result.reservations:
+    assert len(result.reserved_starts) <= 1
+    for reservation in result.reserved_starts:
         assert reservation.job in result.waiting
         assert reservation.job not in {p.job for p in result.placements}
     assert result.to_json() == run_cycle(snapshot, list(reversed(pending)), policy).to_json()
@@ -102,7 +102,7 @@ def test_a_reserved_job_starts_no_later_than_its_reserved_start(
         snapshot = ClusterSnapshot(nodes, tuple(running.values()), now=now)
         result = run_cycle(snapshot, sorted(pending.values(), key=lambda j: j.id), policy)
         check_all(snapshot, list(pending.values()), result, policy)
-        for reservation in result.reservations:
+        for reservation in result.reserved_starts:
             if reservation.job == "gang" and reservation.start_by is not None and reserved_by is None:
                 reserved_by = reservation.start_by
         for placement in result.placements:

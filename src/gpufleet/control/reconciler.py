@@ -244,7 +244,7 @@ class Reconciler:
             work = self.base.fork(now)
             work.queued = tuple(self.pending.jobs.values())
             result = decide(work, jobs, self.profile, sorted(self.nominated))
-            self.reserved = {reservation.job for reservation in result.reservations}
+            self.reserved = {reservation.job for reservation in result.reserved_starts}
             report.core_seconds += time.perf_counter() - started
             report.cycles += 1
             report.decided += len(jobs)

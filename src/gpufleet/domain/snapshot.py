@@ -68,7 +68,7 @@ class Migration:
 
 
 @dataclass(frozen=True, slots=True)
-class Reservation:
+class ReservedStart:
     """A start reserved for a job that has waited too long (EASY backfill): it runs on `nodes` by `start_by`, when
     the running jobs it waits for (`waits_for`) have ended by their run time limits; until then only jobs that end
     before `start_by`, or that use other room, may go first. `start_by` None: one of those jobs declares no limit,

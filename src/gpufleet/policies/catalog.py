@@ -57,8 +57,8 @@ Named profiles (kebab-case; every one has the standard admission `gang`+`quota` 
 
 Any profile takes modifiers after its name: `+reserve=DURATION` (e.g. `fifo-backfill+reserve=2h`) gives the job
 that has waited that long a reserved start (EASY backfill, `scheduling/reservation.py`): jobs that would delay it
-keep off the room it will start in. No named profile reserves by default: on Philly December x8 it cost mean JCT
-for no gain in large jobs' waits (docs/results, `starvation`).
+keep off the room it will start in. No named profile reserves by default: on Philly December x8 it bought nothing
+(its large jobs wait for their teams' quota, not for room; docs/results, `starvation`).
 
 Profiles that order by QSSF (`default`, `qssf`, `default-qssf`) carry its learner (`RunTimeLearner`,
 registered as `qssf` in `LEARNER`), which the control loop feeds and whose estimates every cycle reads.

@@ -20,7 +20,7 @@ import numpy as np
 
 from gpufleet.domain.cluster import WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
-from gpufleet.domain.snapshot import ClusterSnapshot, Migration, Placement, Preemption, Reservation
+from gpufleet.domain.snapshot import ClusterSnapshot, Migration, Placement, Preemption, ReservedStart
 from gpufleet.scheduling.classes import JobClass, PlacementClass, RequestClass, placement_class
 from gpufleet.scheduling.ledger import job_usage
 from gpufleet.scheduling.placer import evaluate, fits, place_gang, place_worker
@@ -39,13 +39,15 @@ class CycleResult:
     preemptions: tuple[Preemption, ...]
     waiting: Mapping[JobId, Status]
     migrations: tuple[Migration, ...] = ()  # running jobs the profile moves (`Profile.migrate`)
-    reservations: tuple[Reservation, ...] = ()  # starts reserved for jobs that waited too long (`reservation.py`)
+    reserved_starts: tuple[ReservedStart, ...] = ()  # starts reserved for jobs that waited too long (`reservation.py`)
 
     def to_json(self) -> str:
-        """Canonical serialisation: equal results give equal strings (`migrations` and `reservations` only when
+        """Canonical serialisation: equal results give equal strings (`migrations` and `reserved_starts` only when
         there are any)."""
         moved = {"migrations": [dataclasses.asdict(m) for m in self.migrations]} if self.migrations else {}
-        reserved = {"reservations": [dataclasses.asdict(r) for r in self.reservations]} if self.reservations else {}
+        reserved = (
+            {"reserved_starts": [dataclasses.asdict(r) for r in self.reserved_starts]} if self.reserved_starts else {}
+        )
         return json.dumps(
             {
                 **moved,
@@ -425,13 +427,13 @@ def decide(state: CycleState, pending: Sequence[Job], profile: Profile, nominate
         _decide_in_order(cycle, queues)
         migrations = _migrations(cycle)
         waiting = cycle.waiting
-        reservations = (cycle.reservation.result(),) if cycle.reservation is not None else ()
+        reserved = (cycle.reservation.result(),) if cycle.reservation is not None else ()
         return CycleResult(
             tuple(cycle.placements),
             tuple(cycle.preemptions),
             {j: waiting[j] for j in sorted(waiting)},
             migrations,
-            reservations,
+            reserved,
         )
 
 
@@ -536,6 +538,12 @@ def _decide_starving(cycle: _Cycle, queues: dict[str, Stack], reserve_after_s: f
     status = cycle.waiting[job.id]
     if status.code is not Code.UNSCHEDULABLE or state.evicting_for.get(job.id):
         return  # it can never run, or victims are stopping for it (their room is held for it already)
+    view = JobView(job, state.table.model_lut(job.request.models))
+    for plugin in cycle.profile.admit:
+        if getattr(plugin, "checks_quota", False) and not plugin.admit(view, state.view).ok:
+            # It waits for its queue's own jobs to end (quota), not for room: holding room for it would keep every
+            # other queue off that room for nothing.
+            return
     reservation = reserve(cycle.profile, job, state, cycle.what_if)
     if reservation is None:
         return

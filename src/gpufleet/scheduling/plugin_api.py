@@ -338,7 +338,9 @@ class AdmitPlugin(Protocol):
     """An admission check. A plugin may declare `monotone: ClassVar[bool] = True` when its verdict can only
     turn from refusal to success as free resources grow and quota usage shrinks (node by node, GPU by GPU,
     queue by queue): victim searches then test several victims taken out or put back at once
-    (`WhatIf.admission_monotone`). Without it, they test them one by one."""
+    (`WhatIf.admission_monotone`). Without it, they test them one by one. A plugin that checks a queue's quota
+    declares `checks_quota: ClassVar[bool] = True`: a job it refuses waits for its own queue's usage to fall, which
+    no reserved start (`Profile.reserve_after_s`) can give it."""
 
     name: ClassVar[str]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
-from gpufleet.domain.snapshot import Reservation
+from gpufleet.domain.snapshot import ReservedStart
 from gpufleet.scheduling.placer import place_gang
 from gpufleet.scheduling.plugin_api import JobView, Profile, WhatIf
 from gpufleet.scheduling.state import CycleState
@@ -92,9 +92,9 @@ class HeadReservation:
         end = run_end(job, now)
         return end is not None and end <= self.start_by
 
-    def result(self) -> Reservation:
+    def result(self) -> ReservedStart:
         nodes = tuple(sorted({worker.node for worker in self.workers}))
-        return Reservation(self.job.id, self.start_by, nodes, self.waits_for)
+        return ReservedStart(self.job.id, self.start_by, nodes, self.waits_for)
 
     def describe(self) -> str:
         nodes = ", ".join(sorted({worker.node for worker in self.workers}))

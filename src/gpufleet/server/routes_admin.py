@@ -12,7 +12,7 @@ from starlette.background import BackgroundTask
 from gpufleet.ports.admin import Role
 from gpufleet.server.auth import Principal
 from gpufleet.server.fleet_export import take_snapshot
-from gpufleet.server.http_app import isolation_out, principal, service
+from gpufleet.server.request_deps import isolation_out, principal, service
 from gpufleet.server.schemas import (
     AuditOut,
     DrainOut,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends
 
 from gpufleet.server.auth import Principal
 from gpufleet.server.fleet_config import ApplyIn, ApplyOut, FleetConfig, FleetConfigOut
-from gpufleet.server.http_app import principal, service
+from gpufleet.server.request_deps import principal, service
 from gpufleet.server.service import Service
 
 router = APIRouter(tags=["config"])

@@ -18,9 +18,9 @@ from gpufleet.domain.costs import Budget, BudgetAction, BudgetPeriod, BudgetUnit
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.server.auth import Principal
 from gpufleet.server.chargeback import UNKNOWN_MODEL, CostGroup, cost_report, job_cost
-from gpufleet.server.http_app import principal, service
 from gpufleet.server.http_errors import NotFoundError
 from gpufleet.server.lost_work import LostWorkGroup, lost_work_report
+from gpufleet.server.request_deps import principal, service
 from gpufleet.server.schemas_cost import (
     BudgetIn,
     BudgetOut,

@@ -10,9 +10,9 @@ from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.ports.admin import JobQuery
 from gpufleet.server.auth import Principal
-from gpufleet.server.http_app import principal, service
 from gpufleet.server.job_verbs import JobVerbs, SelectIn
 from gpufleet.server.limits import MAX_IDEMPOTENCY_KEY, MAX_SEQ
+from gpufleet.server.request_deps import principal, service
 from gpufleet.server.schemas import CancelOut, EventsOut, ExplainOut, JobListOut, JobOut, LogsOut
 from gpufleet.server.service import MAX_LOG_CHUNK, Service
 from gpufleet.server.spec import JobSpec

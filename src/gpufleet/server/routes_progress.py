@@ -12,9 +12,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.ports.admin import Role
 from gpufleet.server.auth import Principal
-from gpufleet.server.http_app import client_address, principal, service
 from gpufleet.server.http_errors import UnauthorizedError
 from gpufleet.server.progress_reports import ProgressService, not_reported
+from gpufleet.server.request_deps import client_address, principal, service
 from gpufleet.server.routes_jobs import JobIdPath
 from gpufleet.server.schemas import ProgressOut, ReportsAcceptedOut
 from gpufleet.server.service import Service

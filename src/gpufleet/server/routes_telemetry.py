@@ -13,8 +13,8 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from gpufleet.server.auth import Principal
 from gpufleet.server.gpu_monitor import Telemetry, idle_policy, set_idle_policy
-from gpufleet.server.http_app import principal, service
 from gpufleet.server.http_errors import NotFoundError
+from gpufleet.server.request_deps import principal, service
 from gpufleet.server.schemas import (
     IdlePolicyIn,
     IdlePolicyOut,

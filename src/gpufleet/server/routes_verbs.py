@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 
 from gpufleet.server.auth import Principal
-from gpufleet.server.http_app import principal, service
 from gpufleet.server.job_verbs import ArrayOut, BulkOut, JobVerbs, SelectIn, UpdateIn
+from gpufleet.server.request_deps import principal, service
 from gpufleet.server.routes_jobs import JobIdPath
 from gpufleet.server.schemas import JobOut
 from gpufleet.server.service import Service

@@ -288,9 +288,6 @@ class LocalRayCluster:
         _release(node.block, self.owner)
         self._save()
 
-    def raylet_pid(self, name: str) -> int:
-        return self._nodes[name].raylet
-
     def shutdown(self) -> None:
         """Stop every node, the head last. Disconnects this process from Ray first if it is connected."""
         if "ray" in sys.modules:

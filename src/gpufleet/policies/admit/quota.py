@@ -24,6 +24,7 @@ class QuotaAdmission:
     name: ClassVar[str] = NAME
     # Less usage never fails a limit (queue, cohort pool, per model) that more usage passed: monotone.
     monotone: ClassVar[bool] = True
+    checks_quota: ClassVar[bool] = True
 
     def admit(self, view: JobView, cluster: ClusterView) -> Status:
         job = view.job

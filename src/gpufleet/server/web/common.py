@@ -24,8 +24,8 @@ from markupsafe import Markup
 from gpufleet.domain.costs import gpu_hours_text
 from gpufleet.domain.errors import GpufleetError
 from gpufleet.ports.admin import Role
-from gpufleet.server.http_app import authenticate, error_status
 from gpufleet.server.http_errors import TeamTokenRefusedError, UnauthorizedError
+from gpufleet.server.request_deps import authenticate, error_status
 from gpufleet.server.service import Service
 from gpufleet.server.web.security import (
     SESSION_COOKIE,

@@ -11,8 +11,8 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from gpufleet.ports.admin import Role
-from gpufleet.server.http_app import authenticate
 from gpufleet.server.http_errors import TeamTokenRefusedError, UnauthorizedError
+from gpufleet.server.request_deps import authenticate
 from gpufleet.server.web.common import (
     WebRoute,
     prefix_of,

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Form, Path, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from gpufleet.server.http_app import isolation_out
+from gpufleet.server.request_deps import isolation_out
 from gpufleet.server.web.common import WebRoute, render, service_of, url_for, web_session
 from gpufleet.server.web.fleet import gpu_grid, overview, queue_views, telemetry_of
 from gpufleet.server.web.security import WebSession, check_csrf

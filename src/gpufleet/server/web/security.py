@@ -34,7 +34,6 @@ from gpufleet.server.auth import Principal
 SESSION_COOKIE = "gpufleet_session"
 SIGNIN_COOKIE = "gpufleet_signin"
 CSRF_HEADER = "x-csrf-token"
-CSRF_FIELD = "csrf"
 CSRF_KEY_SETTING = "web:csrf_key"
 
 
