@@ -195,9 +195,9 @@ def reproduce_starvation(
             "VC sizes from Helios (SC'21); openb: Weng et al., ATC'23, Alibaba cluster-trace-gpu-v2023."
         ),
         notes=(
-            f"Large jobs: {LARGE_GPUS} GPUs or more in all; wait: submission to first start (never started: until the "
-            "end of the run). In the FGD protocol (pods never end) only how many large pods never started is shown, and "
-            "gpu_alloc_pct is the allocation at 100 % arrived load; elsewhere it is the time average.",
+            f"Large jobs: {LARGE_GPUS} GPUs or more in all; wait: submission to first start (never started: until "
+            "the end of the run). In the FGD protocol (pods never end) only how many large pods never started is "
+            "shown, and gpu_alloc_pct is the allocation at 100 % arrived load; elsewhere it is the time average.",
             "Philly December x8 is held out: no constant was tuned on it (the thresholds, 2 h and 6 h, were chosen by "
             "judgement). One rule was added after a first run on it: a job refused by its queue's quota gets no "
             "reserved start (it waits for its own team's jobs, not for room). Before that rule, on this data, "
