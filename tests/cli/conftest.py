@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -41,6 +42,16 @@ class Cli:
         )
         assert "Traceback" not in done.stderr, done.stderr
         return done
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The job as the API shows it now."""
+        with self.live.http() as client:
+            return self.live.job(client, job_id)
+
+    def until(self, job_id: str, check: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0) -> dict[str, Any]:
+        """The job once `check` holds for it (an error after `timeout_s`)."""
+        with self.live.http() as client:
+            return self.live.wait(client, job_id, check, timeout_s)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,10 @@ def test_a_snapshot_of_the_live_cluster_replays_in_the_simulator(tmp_path: Path)
             live.wait_state(client, blocker, "running")
             waiting = live.submit(client, "sleep", "5", name="big", gpus=4, priority=-1)
             live.wait(client, waiting, lambda j: bool(j["waiting_reason"]))
+            node = client.get("/v1/nodes").json()["nodes"][0]["name"]
+            window_start = time.time() + 3_600
+            held = {"nodes": [node], "start": window_start, "end": window_start + 7_200, "maintenance": True}
+            assert client.put("/v1/reservations/fw", json=held).status_code == 201
         env = {"GPUFLEET_URL": live.url, "GPUFLEET_TOKEN": live.server.token, "PATH": "/usr/bin:/bin"}
         result = subprocess.run(
             [sys.executable, "-m", "gpufleet", "snapshot", "--out", str(snap), "--since", "1h"],
@@ -52,6 +57,11 @@ def test_a_snapshot_of_the_live_cluster_replays_in_the_simulator(tmp_path: Path)
         assert 0.25 <= runs[job] <= 2.0  # it slept 0.3 s
     assert runs[waiting] == pytest.approx(sorted(runs[j] for j in done)[1])  # never ran: its queue's median
     assert "snapshot of a gpufleet control plane (emulated GPUs)" in workload.citation
+    # The maintenance window comes along, on the workload's clock (seconds from the first submission).
+    (window,) = workload.windows
+    first = min(r["submitted_at"] for r in json.loads(snap.read_text())["jobs"])
+    assert (window.name, window.nodes, window.maintenance) == ("fw", (node,), True)
+    assert window.start == pytest.approx(window_start - first)
 
     sim = subprocess.run(
         [sys.executable, "-m", "gpufleet", "sim", "--workload", str(snap), "--policies", "fifo,best-fit", "--json"],

@@ -238,3 +238,18 @@ def test_las_min_run_setting_replaces_the_minimum_of_las_profiles_only() -> None
     assert tiresias.preempt.min_run_s == 300.0
     fifo = profile("fifo")
     assert adjust(fifo) is fifo
+
+
+def test_a_maintenance_window_what_if_costs_jct_and_is_named_in_the_result(runner: CliRunner) -> None:
+    """`--reservation`: what a maintenance window on a quarter of the nodes costs, on the same seeded workload."""
+    base = ["sim", "-w", "synthetic", "-p", "fifo-backfill", "--json"]
+    plain = json.loads(runner.invoke(app, base).stdout)
+    nodes = ",".join(f"syn-{i:04d}" for i in range(8))
+    held = runner.invoke(app, [*base, "--reservation", f"fw:{nodes}:2h:8h"])
+    assert held.exit_code == 0, held.output
+    changed = json.loads(held.stdout)
+    assert any("reservation fw (maintenance" in c for c in changed["what_if"])
+    assert changed["policies"]["fifo-backfill"]["avg_jct_s"] > plain["policies"]["fifo-backfill"]["avg_jct_s"]
+    bad = runner.invoke(app, ["sim", "-w", "synthetic", "--reservation", "fw:syn-0000:2h"])
+    assert bad.exit_code == 2
+    assert "NAME:NODES:START:END" in bad.output

@@ -62,3 +62,31 @@ def test_a_parked_job_that_crosses_the_threshold_is_woken_and_reserved() -> None
     assert started["fifo-backfill"]["gang"] == 27_600.0  # once the last small job that went before it ended
     assert started["fifo-backfill+reserve=2h"]["gang"] == 10_000.0  # when the long jobs end
     assert all(started["fifo-backfill+reserve=2h"][f"small{i}"] == 10_100.0 for i in range(4))
+
+
+def test_a_maintenance_window_known_from_the_start_keeps_jobs_that_would_run_into_it_off_its_node() -> None:
+    """Maintenance on n0 from 3,600 s: a job without a limit goes to n1; one that ends before the window may use
+    n0 meanwhile; one that would still run at 3,600 waits for the window's end rather than start there."""
+    from gpufleet.domain import GiB, Job, QueueSpec, WorkerRequest, make_node
+    from gpufleet.domain.jobs import RunSpec
+    from gpufleet.domain.windows import Window
+    from gpufleet.sim.workload import TraceJob, Workload
+
+    def job(job_id: str, at: float, seconds: float, limit: float | None, seq: int) -> TraceJob:
+        run = RunSpec(("train",), grace_s=60.0, max_runtime_s=limit)
+        return TraceJob(
+            Job(job_id, "default", WorkerRequest(gpus=4), submit_seq=seq, submitted_at=at, run=run), seconds
+        )
+
+    nodes = (make_node("n0", "A100-80GB", 4, 80 * GiB), make_node("n1", "A100-80GB", 4, 80 * GiB))
+    jobs = (
+        job("unlimited", 0.0, 20_000.0, None, 0),
+        job("short", 100.0, 1_000.0, 1_000.0, 1),
+        job("long", 1_200.0, 3_000.0, 3_000.0, 2),
+    )
+    maintenance = Window("fw", ("n0",), start=3_600.0, end=7_200.0)
+    workload = Workload("maint", "test", "test", nodes, (QueueSpec("default"),), jobs, windows=(maintenance,))
+    run = run_experiment(workload, ["fifo-backfill"]).results[0].run
+    started = {r.id: r.first_started_at for r in run.store.all()}
+    assert started == {"unlimited": 0.0, "short": 100.0, "long": 7_200.0}
+    assert not [t for t in run.store.log if t.target.value == "evicting"]

@@ -16,6 +16,7 @@ from gpufleet.cli.commands_config import register_config_commands
 from gpufleet.cli.commands_cost import register_cost_commands
 from gpufleet.cli.commands_report import idle_policy as idle_policy_command
 from gpufleet.cli.commands_report import report_app
+from gpufleet.cli.commands_reservations import reservation_app
 from gpufleet.cli.commands_run import register_run_commands
 from gpufleet.cli.commands_verbs import register_verb_commands
 from gpufleet.cli.exporter import exporter as exporter_command
@@ -46,6 +47,7 @@ app.command("up")(up_command)
 app.command("top")(top_command)
 app.command("exporter")(exporter_command)
 app.add_typer(report_app, name="report")
+app.add_typer(reservation_app, name="reservation")
 quota_app.command("idle-policy")(idle_policy_command)
 throughput_app = typer.Typer(
     help="Measured throughputs the round allocator (gavel profiles) reads.", no_args_is_help=True

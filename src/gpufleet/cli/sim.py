@@ -366,6 +366,13 @@ def sim(
             "1h:add:8xH100@2 (repeatable; times on the workload's clock)."
         ),
     ] = None,
+    reservation: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="What if: nodes held NAME:NODES:START:END[:QUEUE] (comma-separated nodes; no QUEUE: maintenance), "
+            "e.g. fw:syn-0001,syn-0002:2h:6h; jobs that would run into it do not start there (repeatable).",
+        ),
+    ] = None,
     checkpoint_every_s: Annotated[
         float | None,
         typer.Option(help="Jobs checkpoint every S seconds of run time (a node failure loses work since then)."),
@@ -429,7 +436,9 @@ def sim(
         if load_scale is not None and not (math.isfinite(load_scale) and load_scale > 0):
             raise WorkloadError(f"--load-scale is {load_scale}", "give a factor > 0, e.g. 4")
         failures = failure_model(node_mtbf_hours, repair_hours, seed)
-        what_if = WhatIf(add_nodes or [], grow_quotas, quota or [], event or [], failures, checkpoint_every_s)
+        what_if = WhatIf(
+            add_nodes or [], grow_quotas, quota or [], event or [], failures, checkpoint_every_s, reservation or []
+        )
         output = Output(out, as_json, bar)
         if reproduce is not None:
             what_if.refuse(reproduce, repair_hours)
@@ -511,6 +520,7 @@ class WhatIf:
     events: list[str]
     failures: FailureModel | None
     checkpoint_every_s: float | None
+    reservations: list[str]
 
     def refuse(self, reproduce: str, repair_hours: float | None) -> None:
         """A reproduction runs a published setup as published: no what-if flag may change it."""
@@ -524,6 +534,7 @@ class WhatIf:
                 ("--node-mtbf-hours", self.failures),
                 ("--repair-hours", repair_hours),
                 ("--checkpoint-every-s", self.checkpoint_every_s),
+                ("--reservation", self.reservations),
             )
             if value
         ]
@@ -538,7 +549,12 @@ class WhatIf:
         if self.grow_quotas and not self.add_nodes:
             raise WorkloadError("--grow-quotas grows quotas with the GPUs added", "add --add-nodes, or drop it")
         changed = apply_what_if(
-            workload, add_nodes=self.add_nodes, quotas=self.quotas, events=self.events, grow_quotas=self.grow_quotas
+            workload,
+            add_nodes=self.add_nodes,
+            quotas=self.quotas,
+            events=self.events,
+            grow_quotas=self.grow_quotas,
+            reservations=self.reservations,
         )
         changes = list(changed.changes)
         if self.failures is not None:

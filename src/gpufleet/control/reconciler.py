@@ -45,6 +45,7 @@ from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.records import JobRecord, StopCause
 from gpufleet.domain.snapshot import ClusterSnapshot
 from gpufleet.domain.throughput_table import ThroughputTable
+from gpufleet.domain.windows import Window, run_limit
 from gpufleet.ports import (
     Clock,
     EventSink,
@@ -132,6 +133,9 @@ class Reconciler:
         # Jobs with a start reserved by the last cycle (`Profile.reserve_after_s`): decided in every cycle, so that
         # their room is held whenever other jobs are placed.
         self.reserved: set[JobId] = set()
+        self._windows: tuple[Window, ...] = ()
+        self._next_window_stop: float | None = None  # when `_window_stops` will stop a job next
+        self._window_phases: tuple[tuple[str, bool, bool], ...] = ()
         # Pending jobs by submission time, for the first to wait past `reserve_after_s` (a parked job is woken by
         # events that may let it in; crossing the threshold is not one of them). Entries of jobs no longer pending
         # are dropped when they reach the top.
@@ -218,6 +222,12 @@ class Reconciler:
         self._requests(now, report, requests)
         self._request_cursor = cursor  # taken only once acted on: a failed step reads them again
         self._timeouts(now, report)
+        self._window_stops(now, report)
+        phases = tuple((w.name, now >= w.start, now >= w.end) for w in self._windows)
+        if phases != self._window_phases:
+            # A window began or ended: what it held is free for other jobs now, or no longer free for them.
+            self._window_phases = phases
+            self.pending.wake_all()
         holds.release_dependents(self, now)
         if self.throughput_learner is not None and self.throughput_learner.due(now):
             holding = (self._known[job_id] for job_id in self.base.holdings if job_id in self._known)
@@ -287,10 +297,18 @@ class Reconciler:
         if self.resizer is not None and self.resizer.active:
             at = self.resizer.next_at(self.clock.now())
             retry = at if retry is None else min(retry, at)
+        now = self.clock.now()
         after = self.profile.reserve_after_s
         oldest = self._oldest_pending() if after is not None else None
-        if after is not None and oldest is not None and oldest[0] + after > self.clock.now():
-            retry = oldest[0] + after if retry is None else min(retry, oldest[0] + after)
+        times = [oldest[0] + after] if after is not None and oldest is not None else []
+        # A window's bounds (jobs may start on its nodes again), and the next stop one makes due.
+        for window in self._windows:
+            times += [window.start, window.end] if not window.over(now) else []
+        if self._next_window_stop is not None:
+            times.append(self._next_window_stop)
+        upcoming = [t for t in times if t > now]
+        if upcoming:
+            retry = min(upcoming) if retry is None else min(retry, *upcoming)
         return retry
 
     def _pending_index(self) -> PendingIndex:
@@ -324,7 +342,8 @@ class Reconciler:
         now = self.clock.now()
         nodes = self.store.nodes()
         self._nodes = {node.name: node for node in nodes}
-        snapshot = ClusterSnapshot(nodes, running, self.store.queues(), now=now)
+        self._windows = self.store.windows()
+        snapshot = ClusterSnapshot(nodes, running, self.store.queues(), now=now, windows=self._windows)
         learned = self.throughput_learner.table if self.throughput_learner is not None else None
         self.base = LoopState(snapshot, self.inventory, self.learning.estimates, learned)
         self._deadlines = []
@@ -475,6 +494,39 @@ class Reconciler:
             limit = record.job.run.max_runtime_s if record.job.run is not None else None
             reason = f"ran past its max runtime of {limit:g} s"
             stops.append(self._stop(record, StopCause.TIMEOUT, reason, now, changes))
+        self._write(changes)
+        self._send_stops(stops, report)
+
+    def _window_stops(self, now: float, report: StepReport) -> None:
+        """Stop the jobs an admin's window must not find running on its nodes (maintenance: every job; a queue's
+        window: other queues' jobs), their grace period before it starts: they go back to their queue, and the
+        cycle starts them again where the windows let them (`domain/windows.py`)."""
+        open_windows = [w for w in self._windows if not w.over(now)]
+        self._next_window_stop = None
+        if not open_windows:
+            return
+        changes = Changes()
+        stops: list[JobRecord] = []
+        for job_id, holding in list(self.base.holdings.items()):
+            if job_id in self.base.evicting:
+                continue
+            nodes = {worker.node for worker in holding.workers}
+            for window in open_windows:
+                if window.queue == holding.job.queue or not nodes.intersection(window.nodes):
+                    continue
+                record = self._latest(job_id, changes)
+                if record is None or record.state not in (S.RUNNING, S.LAUNCHING):
+                    break
+                limit = run_limit(record.job)
+                if limit is not None and (record.started_at or now) + limit <= window.start:
+                    continue  # it ends by the window's start (as the cycle let it in for)
+                due = window.start - self._grace(record)
+                if now < due:
+                    self._next_window_stop = due if self._next_window_stop is None else min(self._next_window_stop, due)
+                    continue
+                reason = f"{window.describe()} on its node(s): stopped before it starts, back to its queue"
+                stops.append(self._stop(record, StopCause.PREEMPTED, reason, now, changes))
+                break
         self._write(changes)
         self._send_stops(stops, report)
 

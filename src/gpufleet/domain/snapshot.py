@@ -8,6 +8,7 @@ from gpufleet.domain.cluster import Node, WorkerPlacement
 from gpufleet.domain.errors import FieldProblem, check
 from gpufleet.domain.jobs import JobId, RunningJob
 from gpufleet.domain.quotas import QueueSpec
+from gpufleet.domain.windows import Window
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +17,8 @@ class ClusterSnapshot:
 
     Jobs whose placement was decided but not yet confirmed are in `running` too (assume-then-bind).
     `nominated` lists pending jobs that preempted others in an earlier cycle: they go first, so the
-    room their victims left is not taken by someone else (Kubernetes' nominated pods).
+    room their victims left is not taken by someone else (Kubernetes' nominated pods). `windows` hold nodes for a
+    queue or for maintenance: a job starts on them only if the window lets it (`Window.lets`).
     """
 
     nodes: tuple[Node, ...]
@@ -25,6 +27,7 @@ class ClusterSnapshot:
     now: float = 0.0
     seed: int = 0
     nominated: tuple[JobId, ...] = ()
+    windows: tuple[Window, ...] = ()  # an admin's maintenance windows and queue reservations (`domain/windows.py`)
 
     def __post_init__(self) -> None:
         problems: list[FieldProblem] = []

@@ -15,6 +15,7 @@ from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import Transition
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.records import JobRecord
+from gpufleet.domain.windows import Window
 
 
 class Clock(Protocol):
@@ -142,7 +143,11 @@ class StateStore(Protocol):
     def queues(self) -> tuple[QueueSpec, ...]: ...
 
     def cluster_version(self) -> int:
-        """Bumped whenever nodes or queues change."""
+        """Bumped whenever nodes, queues or windows change."""
+        ...
+
+    def windows(self) -> tuple[Window, ...]:
+        """An admin's maintenance windows and queue reservations, ended ones included until deleted."""
         ...
 
     def submit(self, job: Job, at: float) -> JobRecord:

@@ -19,6 +19,7 @@ from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.progress import JobProgress
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.records import JobRecord
+from gpufleet.domain.windows import Window
 from gpufleet.ports import RequestKind, StateStore
 
 
@@ -125,6 +126,14 @@ class AdminStore(StateStore, Protocol):
 
     def request_many(self, items: Sequence[tuple[JobId, RequestKind, str]], at: float) -> None:
         """Record requests (job, kind, reason) for many jobs in one transaction."""
+        ...
+
+    def set_window(self, window: Window) -> bool:
+        """Create or replace a maintenance window or queue reservation (the cluster changes). True if it is new."""
+        ...
+
+    def delete_window(self, name: str) -> None:
+        """Remove one; UnknownNameError if there is none of that name."""
         ...
 
     def forget_idempotency_keys(self, before: float) -> int:

@@ -25,7 +25,7 @@ from gpufleet.scheduling.classes import JobClass, PlacementClass, RequestClass, 
 from gpufleet.scheduling.ledger import job_usage
 from gpufleet.scheduling.placer import evaluate, fits, place_gang, place_worker
 from gpufleet.scheduling.plugin_api import GangContext, JobView, Profile, RunEstimate, SortKey
-from gpufleet.scheduling.reservation import HeadReservation, free_part, reserve
+from gpufleet.scheduling.reservation import HeadReservation, RoomHold, WindowHold, free_part, reserve
 from gpufleet.scheduling.state import CycleState, InventoryCache
 from gpufleet.scheduling.status import Code, Status, unresolvable, wait
 from gpufleet.scheduling.table import WorkerArrays
@@ -169,15 +169,23 @@ class _Cycle:
         self.searches: dict[str, int] = defaultdict(int)
         # Jobs that may have victims stopping for them: they always take the full path.
         self.claimants = {j for j, victims in state.evicting_for.items() if victims}
-        # A start reserved in this cycle for a job that waited too long: its room is held from the jobs decided
-        # after it, except those that end before it starts, which take the full path (the caches hold for the
-        # others only).
+        # Room held from most jobs: the nodes of an admin's windows (maintenance, or held for a queue), and the
+        # start reserved in this cycle for a job that waited too long. A job some of it lets in takes the full path
+        # with that room given back for its turn (the caches hold for the others only).
         self.reservation: HeadReservation | None = None
+        self.holds: list[RoomHold] = []
+        for window in state.snapshot.windows:
+            if not window.over(state.now):
+                self.hold(WindowHold(window, state.table))
+
+    def hold(self, room: RoomHold) -> None:
+        room.hold(self.state.table)
+        self.holds.append(room)
 
     def lets_in(self, job: Job) -> bool:
-        """Whether the job may use the reserved room (it ends before the reserved start)."""
-        reservation = self.reservation
-        return reservation is not None and reservation.lets(job, self.state.now)
+        """Whether some held room lets the job in (it ends before the reserved start, or the window allows it)."""
+        now = self.state.now
+        return any(room.lets(job, now) for room in self.holds)
 
     def number(self, job_class: JobClass) -> int:
         """The job class's number (given in order of first appearance)."""
@@ -222,16 +230,18 @@ class _Cycle:
         return self._decide(job, job_class, self.profile.job_specific)
 
     def _decide_in_reserved_room(self, job: Job, job_class: int) -> bool:
-        """Decide a job that ends before the reserved start, with the reserved room given back for its turn. Its
-        outcome is its own: it neither reads nor fills the caches, which hold for jobs without that room."""
-        reservation = self.reservation
-        assert reservation is not None
+        """Decide a job some held room lets in, with that room given back for its turn. Its outcome is its own: it
+        neither reads nor fills the caches, which hold for jobs without that room."""
+        now = self.state.now
         table = self.state.table
-        reservation.release(table)
+        given = [room for room in self.holds if room.lets(job, now)]
+        for room in reversed(given):
+            room.release(table)
         try:
             return self._decide(job, job_class, True)
         finally:
-            reservation.hold(table)
+            for room in given:
+                room.hold(table)
 
     def _decide(self, job: Job, job_class: int, job_specific: bool) -> bool:
         state = self.state
@@ -242,6 +252,7 @@ class _Cycle:
             view, status = self._try(job, job_specific)
             if status is None:
                 return True
+            status = self._noting_holds(job, status)
             if not job_specific:
                 self.failed_requests[request_class] = status
         outstanding = [v for v in state.evicting_for.get(job.id, ()) if v in state.holdings]
@@ -262,6 +273,14 @@ class _Cycle:
             self.known_outcomes[job_class] = status
         self.waiting[job.id] = status
         return False
+
+    def _noting_holds(self, job: Job, status: Status) -> Status:
+        """The status with what an admin's windows that keep the job out say (why the room looks taken)."""
+        now = self.state.now
+        notes = [note for room in self.holds if room.held and not room.lets(job, now) and (note := room.note(now))]
+        if not notes or status.code is Code.UNRESOLVABLE:
+            return status
+        return Status(status.code, (*status.reasons, *notes), status.plugin, status.wake_on)
 
     def _try(self, job: Job, job_specific: bool) -> tuple[JobView, Status | None]:
         """Admit and place the job (None: placed and committed), or why it does not fit now."""
@@ -547,7 +566,7 @@ def _decide_starving(cycle: _Cycle, queues: dict[str, Stack], reserve_after_s: f
     reservation = reserve(cycle.profile, job, state, cycle.what_if)
     if reservation is None:
         return
-    reservation.hold(state.table)
+    cycle.hold(reservation)
     cycle._reserve_quota(job, list(reservation.waits_for))
     cycle.reservation = reservation
     cycle.waiting[job.id] = Status(

@@ -17,22 +17,18 @@ into its room: the nodes drain for the waiting job. Such jobs are taken to end i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+
+import numpy as np
 
 from gpufleet.domain.cluster import GpuShare, WorkerPlacement
 from gpufleet.domain.jobs import Job, JobId
+from gpufleet.domain.resources import MILLI_PER_GPU
 from gpufleet.domain.snapshot import ReservedStart
+from gpufleet.domain.windows import Window, run_limit
 from gpufleet.scheduling.placer import place_gang
 from gpufleet.scheduling.plugin_api import JobView, Profile, WhatIf
 from gpufleet.scheduling.state import CycleState
 from gpufleet.scheduling.table import NodeTable
-
-
-def run_limit(job: Job) -> float | None:
-    """How long a run of the job may last: its run time limit, else its declared expected duration."""
-    if job.run is not None and job.run.max_runtime_s is not None:
-        return job.run.max_runtime_s
-    return job.expected_duration
 
 
 def run_end(job: Job, started_at: float) -> float | None:
@@ -61,15 +57,13 @@ def free_part(table: NodeTable, worker: WorkerPlacement) -> WorkerPlacement:
     )
 
 
-@dataclass(slots=True)
-class HeadReservation:
-    """The room a waiting job will have at `start_by` (`workers`), and the part of it held in the cycle's table."""
+class RoomHold:
+    """Room (`workers`) whose free part is held in the cycle's table from every job it does not `lets` in. The cycle
+    gives it back for the turn of a job it lets in (`release`), then holds what is free of it again (`hold`)."""
 
-    job: Job
-    start_by: float | None
-    workers: tuple[WorkerPlacement, ...]
-    waits_for: tuple[JobId, ...]
-    held: list[WorkerPlacement] = field(default_factory=list)
+    def __init__(self, workers: tuple[WorkerPlacement, ...]) -> None:
+        self.workers = workers
+        self.held: list[WorkerPlacement] = []
 
     def hold(self, table: NodeTable) -> None:
         """Take the room's free part out of the table (no job placed now can use it)."""
@@ -80,10 +74,29 @@ class HeadReservation:
             self.held.append(part)
 
     def release(self, table: NodeTable) -> None:
-        """Give the held part back (a job that ends before `start_by` may use it)."""
+        """Give the held part back."""
         for part in self.held:
             table.apply(part, +1)
         self.held.clear()
+
+    def lets(self, job: Job, now: float) -> bool:
+        raise NotImplementedError
+
+    def note(self, now: float) -> str | None:
+        """What a job it keeps out should be told (None: nothing; the room is no admin's)."""
+        return None
+
+
+class HeadReservation(RoomHold):
+    """The room a waiting job will have at `start_by` (`workers`): only jobs that end before then may use it."""
+
+    def __init__(
+        self, job: Job, start_by: float | None, workers: tuple[WorkerPlacement, ...], waits_for: tuple[JobId, ...]
+    ) -> None:
+        super().__init__(workers)
+        self.job = job
+        self.start_by = start_by
+        self.waits_for = waits_for
 
     def lets(self, job: Job, now: float) -> bool:
         """Whether `job`, started now, ends before the reserved start (so it may use the room until then)."""
@@ -105,6 +118,35 @@ class HeadReservation:
                 "no job may use the room meanwhile)"
             )
         return f"reserved: starts by t={self.start_by:.0f} on {nodes}, when {ending}; shorter jobs may use the room"
+
+
+class WindowHold(RoomHold):
+    """An admin's window on nodes (`domain/windows.py`): every free resource of its nodes held from the jobs it does
+    not let in (those that would still run at its start, or of another queue during it)."""
+
+    def __init__(self, window: Window, table: NodeTable) -> None:
+        workers = []
+        for name in window.nodes:
+            node = table.index.get(name)
+            if node is None:
+                continue  # a node no longer in the fleet
+            shares = tuple(
+                GpuShare(int(i), MILLI_PER_GPU, int(table.gpu_mem_total[node, i]))
+                for i in np.flatnonzero(table.gpu_exists[node])
+            )
+            workers.append(WorkerPlacement(name, shares, int(table.cpu_total[node]), int(table.mem_total[node])))
+        super().__init__(tuple(workers))
+        self.window = window
+
+    def lets(self, job: Job, now: float) -> bool:
+        return self.window.lets(job, now)
+
+    def note(self, now: float) -> str | None:
+        window = self.window
+        nodes = ", ".join(window.nodes)
+        if now >= window.start:
+            return f"{window.describe()} holds {nodes}" + ("" if window.maintenance else " for its queue only")
+        return f"{window.describe()} holds {nodes} for jobs whose max_runtime ends them by t={window.start:.0f}"
 
 
 def _ends(state: CycleState) -> list[tuple[float, float, JobId]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.adapters.storage.codec import encode_node, encode_queue, encode_record
+from gpufleet.adapters.storage.codec import encode_node, encode_queue, encode_record, encode_window
 from gpufleet.domain.records import JobRecord
 from gpufleet.ports.admin import AdminStore, JobQuery
 
@@ -37,4 +37,5 @@ def take_snapshot(store: AdminStore, now: float, since: float, source: str, emul
         "nodes": [encode_node(n) for n in store.nodes()],
         "queues": [encode_queue(q) for q in store.queues()],
         "jobs": [encode_record(r) for r in ordered],
+        "windows": [encode_window(w) for w in store.windows()],
     }

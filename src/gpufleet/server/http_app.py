@@ -51,6 +51,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         routes_cost,
         routes_jobs,
         routes_progress,
+        routes_reservations,
         routes_telemetry,
         routes_verbs,
     )
@@ -154,5 +155,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(routes_telemetry.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_progress.router, prefix="/v1", responses=ERRORS)
     app.include_router(routes_cost.router, prefix="/v1", responses=ERRORS)
+    app.include_router(routes_reservations.router, prefix="/v1", responses=ERRORS)
     mount_web(app)  # the dashboard at `/`, over the same service
     return app

@@ -176,6 +176,8 @@ class Simulation:
         self.nodes: dict[str, Node] = {n.name: n for n in workload.nodes}
         self.queues: dict[str, QueueSpec] = {q.name: q for q in workload.queues}
         self.store = InMemoryStore(workload.nodes, workload.queues)
+        for window in workload.windows:
+            self.store.set_window(window)
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._essential = 0  # arrivals and observations in the heap: while any is left, the run goes on

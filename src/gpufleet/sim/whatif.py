@@ -24,6 +24,7 @@ from gpufleet.domain import GPU, Node, QueueSpec, Quota
 from gpufleet.domain.errors import GpufleetError, SpecError
 from gpufleet.domain.quotas import GPU_MODEL_PREFIX
 from gpufleet.domain.throughput_table import model_key
+from gpufleet.domain.windows import Window
 from gpufleet.sim.events import AddNodes, ClusterEvent, NodeDown, NodeUp, QuotaChange, describe, quota_text
 from gpufleet.sim.workload import Workload, WorkloadError
 
@@ -206,6 +207,31 @@ def quota_spec(
         raise WorkloadError(f"{flag} {text!r}: {error.message}", QUOTA_EXAMPLE) from None
 
 
+RESERVATION_EXAMPLE = (
+    "write NAME:NODES:START:END[:QUEUE], e.g. fw:node-1,node-2:2h:6h (maintenance) or demo:node-3:1d:1d4h:team-a "
+    "(held for queue team-a); times on the workload's clock"
+)
+
+
+def reservation_spec(text: str) -> Window:
+    """`NAME:NODES:START:END[:QUEUE]`: nodes (comma-separated) held for QUEUE, or for maintenance without one."""
+    parts = text.split(":")
+    if len(parts) not in (4, 5) or not all(p.strip() for p in parts):
+        raise WorkloadError(f"--reservation {text!r} is not NAME:NODES:START:END[:QUEUE]", RESERVATION_EXAMPLE)
+    name, nodes, start, end = (p.strip() for p in parts[:4])
+    queue = parts[4].strip() if len(parts) == 5 else None
+    try:
+        return Window(
+            name,
+            tuple(n.strip() for n in nodes.split(",") if n.strip()),
+            parse_time(start, "--reservation", text),
+            parse_time(end, "--reservation", text),
+            queue,
+        )
+    except SpecError as error:
+        raise WorkloadError(f"--reservation {text!r}: {error.message}", RESERVATION_EXAMPLE) from None
+
+
 def parse_time(text: str, flag: str, whole: str) -> float:
     match = _DURATION.match(text)
     if match is None:
@@ -301,6 +327,7 @@ def apply_what_if(
     quotas: Sequence[str] = (),
     events: Sequence[str] = (),
     grow_quotas: bool = False,
+    reservations: Sequence[str] = (),
 ) -> WhatIf:
     """Nodes added and quotas set at time 0 (part of the cluster from the start), then timed events attached
     (in time order; a quota event starts from the queue's spec as it is by then). `grow_quotas`: every
@@ -339,8 +366,13 @@ def apply_what_if(
             taken |= {n.name for n in event.nodes}
         timed.append(event)
         changes.append(f"--event {text}: {describe(event)}")
+    windows = list(grown.windows)
+    for text in reservations:
+        window = reservation_spec(text)
+        windows.append(window)
+        changes.append(f"--reservation {text}: {window.describe()} on {', '.join(window.nodes)}")
     try:
-        result = replace(grown, events=tuple(timed))
+        result = replace(grown, events=tuple(timed), windows=tuple(windows))
     except GpufleetError as error:
         raise WorkloadError(f"the what-if changes do not fit the workload: {error.message}", error.fix) from None
     return WhatIf(result, tuple(changes))

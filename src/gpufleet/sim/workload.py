@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from gpufleet.domain import Job, Node, QueueSpec
 from gpufleet.domain.errors import WorkloadError
 from gpufleet.domain.throughput_table import ThroughputEntry, ThroughputTable, model_key
+from gpufleet.domain.windows import Window
 from gpufleet.sim.events import AddNodes, ClusterEvent, event_problems
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class Workload:
     assumptions: tuple[str, ...] = ()
     events: tuple[ClusterEvent, ...] = ()
     work: WorkModel | None = None
+    windows: tuple[Window, ...] = ()  # maintenance windows and queue reservations (`domain/windows.py`)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -130,6 +132,12 @@ class Workload:
                 problems.append(f"job {tj.id!r} is in queue {tj.job.queue!r}, which the workload does not define")
                 break
         problems += event_problems(self.events, set(node_names), queue_names)
+        for window in self.windows:
+            unknown = sorted(set(window.nodes) - set(node_names))
+            if unknown:
+                problems.append(f"reservation {window.name!r} names nodes the workload lacks: {', '.join(unknown)}")
+            if window.queue is not None and window.queue not in queue_names:
+                problems.append(f"reservation {window.name!r} holds nodes for queue {window.queue!r}, which it lacks")
         if self.throughput is not None:
             measured = set(self.throughput.models)
             added = {g.model for e in self.events if isinstance(e, AddNodes) for n in e.nodes for g in n.gpus}

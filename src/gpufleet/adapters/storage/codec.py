@@ -25,6 +25,7 @@ from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.quotas import QueueSpec, Quota
 from gpufleet.domain.records import JobRecord, StopCause
 from gpufleet.domain.resources import WorkerRequest
+from gpufleet.domain.windows import Window
 
 Json = dict[str, Any]
 
@@ -544,3 +545,26 @@ __all__ = [
     "encode_workers",
     "json_text",
 ]
+
+
+# --- windows -----------------------------------------------------------------------------------------------
+
+
+def encode_window(window: Window) -> Json:
+    return {
+        "name": window.name,
+        "nodes": list(window.nodes),
+        "start": window.start,
+        "end": window.end,
+        "queue": window.queue,
+    }
+
+
+def decode_window(data: Mapping[str, Any]) -> Window:
+    return Window(
+        str(data["name"]),
+        tuple(str(n) for n in data["nodes"]),
+        float(data["start"]),
+        float(data["end"]),
+        None if data.get("queue") is None else str(data["queue"]),
+    )

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gpufleet.domain.cluster import Node
-from gpufleet.domain.errors import FieldProblem, SpecError
+from gpufleet.domain.errors import FieldProblem, SpecError, UnknownNameError
 from gpufleet.domain.jobs import Job, JobId
 from gpufleet.domain.lifecycle import JobState, Transition
 from gpufleet.domain.progress import JobProgress
 from gpufleet.domain.quotas import QueueSpec
 from gpufleet.domain.records import JobRecord
+from gpufleet.domain.windows import Window
 from gpufleet.ports import Request, RequestKind, StaleWriteError
 
 
@@ -26,6 +27,7 @@ class InMemoryStore:
         self.log: list[Transition] = []
         self._requests: list[Request] = []
         self._progress: dict[JobId, JobProgress] = {}
+        self._windows: dict[str, Window] = {}
 
     def nodes(self) -> tuple[Node, ...]:
         return self._nodes
@@ -35,6 +37,21 @@ class InMemoryStore:
 
     def cluster_version(self) -> int:
         return self._cluster_version
+
+    def windows(self) -> tuple[Window, ...]:
+        return tuple(self._windows[name] for name in sorted(self._windows))
+
+    def set_window(self, window: Window) -> bool:
+        """Create or replace a window (the cluster changes). True if it was new."""
+        new = window.name not in self._windows
+        self._windows[window.name] = window
+        self._cluster_version += 1
+        return new
+
+    def delete_window(self, name: str) -> None:
+        if self._windows.pop(name, None) is None:
+            raise UnknownNameError(f"reservation {name!r} does not exist", "name one of: " + ", ".join(self._windows))
+        self._cluster_version += 1
 
     def set_cluster(self, nodes: Sequence[Node] | None = None, queues: Sequence[QueueSpec] | None = None) -> None:
         if nodes is not None:

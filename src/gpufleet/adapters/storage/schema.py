@@ -99,6 +99,13 @@ nodes = sa.Table(
     sa.Column("spec", sa.JSON(), nullable=False),  # the whole Node, cordoned and healthy included
 )
 
+windows = sa.Table(
+    "windows",
+    metadata,
+    sa.Column("name", sa.String(), primary_key=True),
+    sa.Column("spec", sa.JSON(), nullable=False),  # the whole Window (`domain/windows.py`)
+)
+
 tokens = sa.Table(
     "tokens",
     metadata,

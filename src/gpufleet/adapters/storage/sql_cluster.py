@@ -11,11 +11,19 @@ from typing import Any
 import sqlalchemy as sa
 
 from gpufleet.adapters.storage import schema as t
-from gpufleet.adapters.storage.codec import decode_node, decode_queue, encode_node, encode_queue
+from gpufleet.adapters.storage.codec import (
+    decode_node,
+    decode_queue,
+    decode_window,
+    encode_node,
+    encode_queue,
+    encode_window,
+)
 from gpufleet.adapters.storage.sql_base import ACTIVE_STATES, CHUNK, QUEUE_NAMES, SqlBase, names
 from gpufleet.domain.cluster import Node
 from gpufleet.domain.errors import FieldProblem, SpecError, UnknownNameError
 from gpufleet.domain.quotas import QueueSpec
+from gpufleet.domain.windows import Window
 
 _CLUSTER_VERSION = sa.select(t.meta.c.value).where(t.meta.c.key == t.CLUSTER_VERSION)
 
@@ -40,6 +48,38 @@ class ClusterTables(SqlBase):
     def cluster_version(self) -> int:
         with self._tx(write=False) as c:
             return int(c.execute(_CLUSTER_VERSION).scalar_one())
+
+    def windows(self) -> tuple[Window, ...]:
+        with self._tx(write=False) as c:
+            specs = c.execute(sa.select(t.windows.c.spec).order_by(t.windows.c.name)).scalars().all()
+        return tuple(decode_window(s) for s in specs)
+
+    # --- AdminStore: windows ------------------------------------------------------------------------------
+
+    def set_window(self, window: Window) -> bool:
+        """Create or replace a window; bumps the cluster version if anything changed. True if it was new."""
+        data = encode_window(window)
+        with self._tx(write=True) as c:
+            current = c.execute(
+                sa.select(t.windows.c.spec).where(t.windows.c.name == window.name).with_for_update()
+            ).scalar()
+            if current == data:
+                return False
+            self._upsert(c, t.windows, {"name": window.name, "spec": data})
+            self._bump_cluster_version(c)
+            return current is None
+
+    def delete_window(self, name: str) -> None:
+        """Remove a window; UnknownNameError if there is none of that name."""
+        with self._tx(write=True) as c:
+            removed = c.execute(sa.delete(t.windows).where(t.windows.c.name == name)).rowcount
+            if not removed:
+                known = c.execute(sa.select(t.windows.c.name).order_by(t.windows.c.name)).scalars().all()
+                raise UnknownNameError(
+                    f"reservation {name!r} does not exist",
+                    f"name one of: {names(known)}" if known else "there are no reservations",
+                )
+            self._bump_cluster_version(c)
 
     # --- AdminStore: queues and nodes ---------------------------------------------------------------------
 

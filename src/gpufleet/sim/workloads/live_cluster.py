@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.adapters.storage.codec import decode_node, decode_queue, decode_record
+from gpufleet.adapters.storage.codec import decode_node, decode_queue, decode_record, decode_window
 from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.records import JobRecord
 from gpufleet.sim.workload import TraceJob, Workload, WorkloadError
@@ -62,6 +62,7 @@ def load_snapshot(path: str | Path) -> Workload:
         nodes = tuple(decode_node(n) for n in data["nodes"])
         queues = tuple(decode_queue(q) for q in data["queues"])
         records = [decode_record(r) for r in data["jobs"]]
+        windows = [decode_window(w) for w in data.get("windows", ())]  # snapshots before reservations have none
         taken_at = float(data["taken_at"])
     except (KeyError, TypeError, ValueError) as error:
         raise WorkloadError(f"has a malformed field: {error}", FIX, path=source) from None
@@ -99,6 +100,14 @@ def load_snapshot(path: str | Path) -> Workload:
         assumptions.append(
             f"{guessed} job(s) that had not run: their expected_duration, else their queue's median run time, else 1 h"
         )
+    # Reservations on the workload's clock (seconds from the first submission); those over by then are left out.
+    shifted = tuple(
+        dataclasses.replace(w, start=max(w.start - start, 0.0), end=w.end - start) for w in windows if w.end > start
+    )
+    if shifted:
+        assumptions.append(
+            f"{len(shifted)} reservation(s) of the cluster, as set there: {', '.join(w.name for w in shifted)}"
+        )
     taken = datetime.fromtimestamp(taken_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
     emulated = " (emulated GPUs)" if data.get("emulated") else ""
     return Workload(
@@ -110,4 +119,5 @@ def load_snapshot(path: str | Path) -> Workload:
         queues=queues,
         jobs=tuple(jobs),
         assumptions=tuple(assumptions),
+        windows=shifted,
     )
