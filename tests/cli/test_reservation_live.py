@@ -67,6 +67,8 @@ def test_the_readme_reservation_commands_run_as_written(cli: Cli) -> None:
         done = cli(*args)
         assert done.returncode == 0, (line, done.stderr)
     listed = json.loads(cli("reservation", "list", "--json").stdout)["reservations"]
-    assert [r["name"] for r in listed] == ["paper-deadline"]  # fw-upgrade was deleted by the last line
-    assert (listed[0]["queue"], listed[0]["state"]) == ("team-a", "upcoming")
-    assert cli("reservation", "delete", "paper-deadline").returncode == 0
+    assert [r["name"] for r in listed] == ["holidays", "paper-deadline"]  # fw-upgrade was deleted by the last line
+    assert listed[0]["nodes"] == [node]
+    assert (listed[1]["queue"], listed[1]["state"]) == ("team-a", "upcoming")
+    for name in ("holidays", "paper-deadline"):
+        assert cli("reservation", "delete", name).returncode == 0

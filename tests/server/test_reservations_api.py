@@ -53,3 +53,29 @@ def test_bad_reservations_are_refused_whole_with_each_problem_named(api: Api) ->
         assert words in answer.text, (body, answer.text)
     assert api.client.put("/v1/reservations/Bad_Name", json=cases[0][0], headers=api.as_admin()).status_code == 422
     assert api.store.windows() == ()
+
+
+def test_gpus_by_count_and_model_pick_whole_free_nodes_or_say_how_many_there_are(api: Api) -> None:
+    # node-a: 4 A100-80GB; node-h: 2 H100.
+    h100 = {"gpus": 2, "gpu_model": "H100", "start": 2_000, "end": 3_000, "maintenance": True}
+    made = api.client.put("/v1/reservations/h", json=h100, headers=api.as_admin())
+    assert made.status_code == 201, made.text
+    assert made.json()["nodes"] == ["node-h"]
+    # The H100 node is held then: asking again for another window at the same time finds none left.
+    clash = api.client.put("/v1/reservations/h2", json=h100, headers=api.as_admin())
+    assert clash.status_code == 422
+    assert "asks for 2 GPUs of model H100" in clash.text
+    assert "have 0" in clash.text
+    later = api.client.put("/v1/reservations/h2", json={**h100, "start": 3_000, "end": 4_000}, headers=api.as_admin())
+    assert later.status_code == 201
+    both = api.client.put(
+        "/v1/reservations/all",
+        json={"gpus": 6, "start": 5_000, "end": 6_000, "queue": "team-b"},
+        headers=api.as_admin(),
+    )
+    assert both.json()["nodes"] == ["node-a", "node-h"]
+    neither = api.client.put(
+        "/v1/reservations/x", json={"start": 5_000, "end": 6_000, "maintenance": True}, headers=api.as_admin()
+    )
+    assert neither.status_code == 422
+    assert "either the nodes, or how many GPUs" in neither.text

@@ -41,16 +41,21 @@ def moment(text: str, now: float) -> float:
 @reservation_app.command("create")
 def create(
     name: Annotated[str, typer.Argument(help="Its name: lower-case letters, digits and '-'.")],
-    nodes: Annotated[str, typer.Option(help="Comma-separated node names.")],
     start: Annotated[str, typer.Option(help=f"When it begins: {WHEN_HELP}.")],
     end: Annotated[str, typer.Option(help=f"When it ends: {WHEN_HELP} (+ counts from the start).")],
+    nodes: Annotated[str | None, typer.Option(help="Comma-separated node names.")] = None,
+    gpus: Annotated[
+        int | None, typer.Option(help="Instead of --nodes: whole nodes with this many GPUs in all.")
+    ] = None,
+    gpu_model: Annotated[str | None, typer.Option(help="With --gpus: nodes of this GPU model only.")] = None,
     queue: Annotated[str | None, typer.Option(help="The queue the nodes are held for.")] = None,
     maintenance: Annotated[bool, typer.Option(help="Take the nodes out of service instead.")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Hold nodes for a queue, or for maintenance, from START to END (replaces one of the same name).
+    """Hold nodes for a queue, or for maintenance, from START to END (replaces one of the same name): the nodes
+    named, or whole nodes with --gpus GPUs in all (of --gpu-model), those running the fewest jobs now first.
 
     Jobs that would still run at START (by their max_runtime) do not start on the nodes; jobs running there get
     their checkpoint signal a grace period before START and go back to their queue. A queue's own jobs may use its
@@ -58,7 +63,11 @@ def create(
     now = time.time()
     begins = moment(start, now)
     ends = moment(end, begins) if end.strip().startswith("+") else moment(end, now)
-    body: dict[str, Any] = {"nodes": [n.strip() for n in nodes.split(",") if n.strip()], "start": begins, "end": ends}
+    body: dict[str, Any] = {"start": begins, "end": ends}
+    if nodes is not None:
+        body["nodes"] = [n.strip() for n in nodes.split(",") if n.strip()]
+    if gpus is not None:
+        body |= {"gpus": gpus} | ({"gpu_model": gpu_model} if gpu_model is not None else {})
     body |= {"maintenance": True} if maintenance else {"queue": queue} if queue is not None else {}
     with _client(url, token) as client:
         answer = client.call("PUT", f"/v1/reservations/{name}", json_body=body)
