@@ -289,6 +289,29 @@ def test_a_base_cgroup_removed_while_empty_is_made_again_for_the_next_worker(iso
     assert all(Path(base).is_dir() for base in bases)
 
 
+def test_a_worker_whose_cgroup_vanishes_before_it_joins_is_lost_and_retried_not_failed(
+    iso: Isolated, groups: cg.Cgroups, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something on the node removed the worker's (still empty) cgroup between its creation and the shim joining
+    it: nothing of the job ran, so the attempt is lost (the loop starts the job again), not failed with 127."""
+    isolation = iso.per_queue_users(groups)
+    backend = iso.backend(isolation)
+    made = isolation.prepare
+
+    def prepare_then_vanish(*args: object, **kwargs: object) -> object:
+        prepared = made(*args, **kwargs)  # type: ignore[arg-type]
+        for folder in prepared.cgroup:
+            os.rmdir(folder)
+        return prepared
+
+    monkeypatch.setattr(isolation, "prepare", prepare_then_vanish)
+    backend.launch(iso.launch("vanish", iso.run("whoami", iso.out("vanish"))))
+    seen = wait_for(backend, ended("vanish"))
+    lost = only(seen, "vanish", K.LOST)
+    assert "cannot join its cgroup" in lost.detail
+    assert not Path(iso.out("vanish")).exists()  # the command never ran
+
+
 def test_after_a_crash_adoption_kills_and_removes_the_cgroup_of_a_lost_or_orphaned_worker(
     iso: Isolated, groups: cg.Cgroups
 ) -> None:

@@ -384,6 +384,11 @@ class LocalBackend:
     def _watch(self, job: _Job) -> None:
         self._refresh(job)
         key = (job.job_id, job.attempt)
+        gone = [w for w in job.workers if w.exit is not None and w.exit.get("lost")]
+        if gone and job.lost is None:  # a worker could not start through no fault of the job: retried
+            first = min(gone, key=lambda w: w.rank)
+            assert first.exit is not None
+            job.lost = describe_failure(first.rank, first.exit)[1]
         if not job.resized_reported and job.lost is None:
             refused = [w for w in job.workers if w.exit is not None and "error" in w.exit]
             if refused:  # a resize's new worker could not be started: the attempt cannot go on

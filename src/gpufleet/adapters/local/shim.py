@@ -57,6 +57,10 @@ TIMES_SUFFIX = ".times"  # beside a worker's log: where each second's output sta
 MARK_EVERY_S = 1.0
 
 
+# The exit code of a worker whose cgroup vanished before it joined (EX_TEMPFAIL): its attempt is lost, not failed.
+CGROUP_GONE = 75
+
+
 def _ignore(signum: int, frame: object) -> None:
     """A Python handler rather than SIG_IGN: caught signals go back to default in the command at exec,
     ignored ones would stay ignored and the job could not be stopped by its checkpoint signal."""
@@ -101,7 +105,8 @@ def main(argv: list[str]) -> int:
         code, _, message = failure.decode(errors="replace").partition("\n")
         cgroup_ops.kill(cgroup)
         cgroup_ops.remove(cgroup)
-        return _failed(worker, int(code) if code.isdigit() else 126, message)
+        number = int(code) if code.isdigit() else 126
+        return _failed(worker, number, message, lost=number == CGROUP_GONE)
     try:  # noqa: SIM105 - contextlib would cost the shim an import
         write_json(
             os.path.join(worker, "child.pid"),
@@ -158,7 +163,13 @@ def _become_command(spec: dict[str, Any], cgroup: list[str], into: int, report: 
         os.setpgid(0, 0)
         if cgroup:
             step = "join its cgroup"
-            cgroup_ops.join(cgroup)
+            try:
+                cgroup_ops.join(cgroup)
+            except FileNotFoundError:
+                # Made for it and removed before it joined (something on the node clears empty cgroups): nothing of
+                # the job ran; the attempt is lost, not failed, and the job is started again.
+                code = CGROUP_GONE
+                raise
         private = str(spec.get("private_tmp") or "")
         if private or spec.get("hide_pids"):
             step = "give it a private /tmp, /dev/shm and /proc"
@@ -187,7 +198,8 @@ def _become_command(spec: dict[str, Any], cgroup: list[str], into: int, report: 
         env = spec.get("env")
         _exec(argv, env if isinstance(env, dict) else {})
     except OSError as error:
-        code = 127 if isinstance(error, FileNotFoundError) else 126
+        if code != CGROUP_GONE:
+            code = 127 if isinstance(error, FileNotFoundError) else 126
         message = f"cannot {step}: {error.strerror}"
         if error.filename and str(error.filename) not in step:
             message += f" ({error.filename})"
@@ -492,9 +504,13 @@ def _record_exit(worker: str, record: dict[str, object]) -> None:
     os.replace(reserve, os.path.join(worker, "exit.json"))
 
 
-def _failed(worker: str, code: int, message: str) -> int:
+def _failed(worker: str, code: int, message: str, lost: bool = False) -> int:
+    """Record that the worker could not start. `lost`: through no fault of the job (retried, not failed)."""
     print(f"gpufleet: {message}", file=sys.stderr, flush=True)
-    _record_exit(worker, {"code": code, "error": message[:2000], "ended_at": time.time()})
+    record: dict[str, object] = {"code": code, "error": message[:2000], "ended_at": time.time()}
+    if lost:
+        record["lost"] = True
+    _record_exit(worker, record)
     return 0
 
 
