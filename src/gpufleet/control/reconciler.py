@@ -45,7 +45,7 @@ from gpufleet.domain.lifecycle import JobState
 from gpufleet.domain.records import JobRecord, StopCause
 from gpufleet.domain.snapshot import ClusterSnapshot
 from gpufleet.domain.throughput_table import ThroughputTable
-from gpufleet.domain.windows import Window, run_limit
+from gpufleet.domain.windows import Window
 from gpufleet.ports import (
     Clock,
     EventSink,
@@ -517,9 +517,8 @@ class Reconciler:
                 record = self._latest(job_id, changes)
                 if record is None or record.state not in (S.RUNNING, S.LAUNCHING):
                     break
-                limit = run_limit(record.job)
-                if limit is not None and (record.started_at or now) + limit <= window.start:
-                    continue  # it ends by the window's start (as the cycle let it in for)
+                if window.ends_before(record.job, record.started_at or now):
+                    continue  # as the cycle let it in for
                 due = window.start - self._grace(record)
                 if now < due:
                     self._next_window_stop = due if self._next_window_stop is None else min(self._next_window_stop, due)

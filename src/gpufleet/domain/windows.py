@@ -65,12 +65,14 @@ class Window:
 
     def lets(self, job: Job, now: float) -> bool:
         """Whether `job`, started at `now`, may run on the window's nodes."""
-        if now >= self.end or (self.queue is not None and job.queue == self.queue):
+        if now >= self.end or job.queue == self.queue:
             return True
-        if now >= self.start:
-            return False
+        return now < self.start and self.ends_before(job, now)
+
+    def ends_before(self, job: Job, started_at: float) -> bool:
+        """Whether a run of `job` started at `started_at` has ended by the window's start (by its limit)."""
         limit = run_limit(job)
-        return limit is not None and now + limit <= self.start
+        return limit is not None and started_at + limit <= self.start
 
     def describe(self) -> str:
         what = "maintenance" if self.queue is None else f"held for queue {self.queue}"

@@ -13,11 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpufleet.domain.errors import FieldProblem, SpecError
 from gpufleet.domain.windows import Window
-from gpufleet.ports.admin import JobQuery
 from gpufleet.server.auth import Principal
 from gpufleet.server.http_errors import NotFoundError
 from gpufleet.server.service import Service
-from gpufleet.server.views import HOLDING
 
 MAX_NODES = 10_000
 
@@ -116,7 +114,7 @@ def _pick_nodes(svc: Service, name: str, gpus: int, model: str | None, start: fl
     holds in that time, those whose GPUs run the fewest jobs now first (less to stop), then by name."""
     held = {node for w in svc.store.windows() if w.name != name and w.start < end and start < w.end for node in w.nodes}
     busy: dict[str, int] = {}
-    for record in svc.store.jobs(JobQuery(states=frozenset(HOLDING), limit=1_000_000)):
+    for record in svc._holding():
         for worker in record.workers:
             busy[worker.node] = busy.get(worker.node, 0) + len(worker.gpus)
     candidates = [
